@@ -1,0 +1,43 @@
+# Shared install steps for scripts/test, scripts/demo and scripts/sandbox (sourced, not run).
+# Idempotent: does nothing when everything is already there.
+
+APT_PACKAGES=(slurmctld slurmd slurm-client munge prometheus mariadb-server slurmdbd
+              docker.io busybox-static python3-venv python3-pip lua5.3)
+
+_need_root() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "slurm-idle: this step installs Debian packages and starts daemons: run it as root" >&2
+    exit 1
+  fi
+}
+
+install_system_packages() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    _need_root
+    echo "slurm-idle: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # policy-rc.d keeps Debian's own service units from starting: the sandbox runs its own daemons.
+    local prc=/usr/sbin/policy-rc.d created=0
+    if [ ! -e "$prc" ]; then printf '#!/bin/sh\nexit 101\n' >"$prc"; chmod +x "$prc"; created=1; fi
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    [ "$created" = 1 ] && rm -f "$prc"
+  fi
+}
+
+install_python_env() {
+  local py=${PYTHON:-python3}
+  if [ ! -x .venv/bin/python ]; then
+    "$py" -m venv .venv
+  fi
+  local stamp=.venv/.slurm-idle-installed
+  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+    .venv/bin/python -m pip install -q -e '.[test,plot]'
+    touch "$stamp"
+  fi
+}

@@ -1,0 +1,68 @@
+"""The `slurm-idle` command line: parse, load config, call library code, print.
+
+Each command group lives in its own module here and registers itself on `main`; the library
+code it calls knows nothing about click. Errors of the `SlurmIdleError` family become one line
+on stderr and their exit code (2 for bad config/input, 3 for a feature not built yet).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from slurm_idle import __version__
+from slurm_idle.cli.common import Context, run_guarded
+from slurm_idle.config import CONFIG_ENV, DEFAULT_CONFIG_PATH
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="slurm-idle")
+@click.option(
+    "--config",
+    "config_path",
+    metavar="PATH",
+    default=None,
+    help=f"Config file. Default: ${CONFIG_ENV}, then {DEFAULT_CONFIG_PATH}.",
+)
+@click.option("-v", "--verbose", count=True, help="More log output (repeat for debug).")
+@click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors on stderr.")
+@click.option("--syslog", is_flag=True, help="Also send log lines to syslog.")
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None, verbose: int, quiet: bool, syslog: bool) -> None:
+    """Lend the idle GPUs of an LLM inference fleet to a preemptible Slurm partition.
+
+    slurm-idle reads the vLLM engines' own metrics, decides how many replicas the traffic
+    needs, drains/resumes Slurm nodes accordingly and lends the freed GPUs to the `idle`
+    partition, taking them back (jobs requeued, vLLM restarted) when traffic rises.
+    Run `slurm-idle tick` from cron every minute; see `slurm-idle COMMAND --help`.
+    """
+    from slurm_idle.logs import setup_logging
+
+    setup_logging(verbose=verbose, quiet=quiet, syslog=syslog)
+    ctx.obj = Context(config_path=config_path)
+
+
+def _register() -> None:
+    # Importing a command module registers its commands on `main`.
+    from slurm_idle.cli import (  # noqa: F401
+        config_cmd,
+        jobs_cmd,
+        metrics_cmd,
+        report_cmd,
+        simulate_cmd,
+        tick_cmd,
+    )
+
+
+_register()
+
+
+def entry(argv: list[str] | None = None) -> Any:
+    """Console-script entry point with the error guard."""
+    return run_guarded(main, argv)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(entry())

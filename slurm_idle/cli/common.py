@@ -1,0 +1,65 @@
+"""Helpers every CLI module shares: the context object, JSON output and the error guard."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import click
+
+from slurm_idle.config import Config, load_config, resolve_config_path
+from slurm_idle.errors import NotBuiltYet, SlurmIdleError
+
+
+@dataclass
+class Context:
+    """What the top-level group hands to every command."""
+
+    config_path: str | None = None
+    _config: Config | None = field(default=None, repr=False)
+
+    @property
+    def resolved_config_path(self) -> str:
+        return resolve_config_path(self.config_path)
+
+    def config(self) -> Config:
+        if self._config is None:
+            self._config = load_config(self.resolved_config_path)
+        return self._config
+
+
+pass_ctx = click.make_pass_decorator(Context, ensure=True)
+
+
+def echo_json(data: Any) -> None:
+    """Print a stable, machine-readable JSON document on stdout."""
+    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def not_built(feature: str) -> NoReturn:
+    """Say plainly that a command is not built yet (exit 3) instead of pretending."""
+    raise NotBuiltYet(f"`{feature}` is not built yet in this version of slurm-idle")
+
+
+def run_guarded(command: click.Command, argv: list[str] | None = None) -> NoReturn:
+    """Run the click app; SlurmIdleError becomes one line on stderr and its exit code."""
+    try:
+        command.main(args=argv, prog_name="slurm-idle", standalone_mode=False)
+    except SlurmIdleError as exc:
+        click.echo(f"slurm-idle: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("slurm-idle: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(0)

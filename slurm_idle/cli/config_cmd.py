@@ -1,0 +1,29 @@
+"""`slurm-idle config`: check and show the configuration."""
+
+from __future__ import annotations
+
+import click
+
+from slurm_idle.cli import main
+from slurm_idle.cli.common import Context, echo_json, pass_ctx
+from slurm_idle.config import load_config
+
+
+@main.group()
+def config() -> None:
+    """Validate and show the slurm-idle configuration."""
+
+
+@config.command()
+@click.argument("file", required=False, metavar="[FILE]")
+@click.option("--json", "as_json", is_flag=True, help="Print the validated config as JSON.")
+@pass_ctx
+def check(ctx: Context, file: str | None, as_json: bool) -> None:
+    """Validate FILE (default: the --config path). Exit 0 if valid, 2 with the reason if not."""
+    path = file or ctx.resolved_config_path
+    cfg = load_config(path)
+    if as_json:
+        echo_json(cfg.model_dump(mode="json"))
+        return
+    nodes = len(cfg.pool_nodes)
+    click.echo(f"{path}: OK ({len(cfg.models)} model(s), {nodes} pool node(s))")

@@ -1,0 +1,262 @@
+"""The configuration file (etc/slurm-idle.yaml) as frozen pydantic models, with clear errors.
+
+A typo in a config read by cron every minute must fail loudly and precisely, so every model
+forbids unknown keys and `load_config` turns YAML and validation problems into a one-line
+`ConfigError` that names the file, line or dotted field path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from slurm_idle.errors import ConfigError
+from slurm_idle.hostlist import expand_hostlist
+
+DEFAULT_CONFIG_PATH = "/etc/slurm-idle/slurm-idle.yaml"
+CONFIG_ENV = "SLURM_IDLE_CONFIG"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SlurmConfig(_Strict):
+    """How to talk to Slurm and which partitions/tags are ours."""
+
+    backend: Literal["cli", "pyslurm", "auto"] = "cli"
+    lend_partition: str = "idle"
+    serve_partition: str = "inference"
+    tag: str = "slurm-idle"
+    command_timeout_s: float = Field(30.0, gt=0)
+    bin_dir: str | None = None  # where sinfo/scontrol/... live, if not on PATH
+
+
+class MetricsConfig(_Strict):
+    """Where engine metrics come from and how fresh they must be."""
+
+    source: Literal["prometheus", "scrape"] = "prometheus"
+    prometheus_url: str = "http://127.0.0.1:9090"
+    query_timeout_s: float = Field(10.0, gt=0)
+    rate_window_s: int = Field(60, ge=5)
+    staleness_s: float = Field(120.0, gt=0)
+    job_label: str | None = None  # restrict Prometheus queries to one scrape job, if set
+
+
+class EngineConfig(_Strict):
+    """How a vLLM replica is stopped and started on a node.
+
+    `command`: admin-supplied shell commands with `{node}`, `{url}`, `{model}` placeholders.
+    `docker`: a named container per node via the docker SDK (`container` is a template).
+    `http-sleep`: vLLM sleep mode (`POST /sleep?level=..&mode=wait`, `POST /wake_up`).
+    """
+
+    kind: Literal["command", "docker", "http-sleep"] = "command"
+    start_command: str | None = None
+    stop_command: str | None = None
+    container: str = "vllm-{node}"
+    docker_host: str | None = None  # default: DOCKER_HOST / the local socket
+    sleep_level: Literal[1, 2] = 1
+    drain_timeout_s: float = Field(120.0, ge=0)  # wait for in-flight requests before stopping
+    start_timeout_s: float = Field(600.0, gt=0)  # cold start / wake until /health and awake
+    stop_timeout_s: float = Field(60.0, ge=0)
+    http_timeout_s: float = Field(5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _commands_present(self) -> EngineConfig:
+        if self.kind == "command" and not (self.start_command and self.stop_command):
+            raise ValueError("engine kind 'command' needs both start_command and stop_command")
+        return self
+
+
+class ReplicaConfig(_Strict):
+    """One vLLM replica: the Slurm node it runs on and its HTTP endpoint."""
+
+    node: str
+    url: str
+
+
+class ModelConfig(_Strict):
+    """One served model and the replicas (nodes) of the pool that serve it."""
+
+    name: str
+    gpus_per_replica: int = Field(4, ge=1)
+    tokens_per_s_per_replica: float = Field(2000.0, gt=0)
+    min_serving_replicas: int = Field(1, ge=0)
+    replicas: tuple[ReplicaConfig, ...] = ()
+    engine: EngineConfig | None = None  # overrides the top-level engine for this model
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_nodes(cls, data: Any) -> Any:
+        # `nodes: gpu[1-4]` + `url: http://host:{port}` is shorthand for a replica list.
+        if isinstance(data, Mapping) and "nodes" in data:
+            data = dict(data)
+            nodes = data.pop("nodes")
+            url = data.pop("url", "http://{node}:8000")
+            names = expand_hostlist(nodes) if isinstance(nodes, str) else list(nodes)
+            data["replicas"] = [{"node": n, "url": url.format(node=n)} for n in names]
+        return data
+
+
+class PolicyConfig(_Strict):
+    """Knobs of the planner (policy.py). Defaults are safe: service first."""
+
+    target_utilisation: float = Field(0.8, gt=0, le=1)
+    prompt_token_weight: float = Field(0.1, ge=0)
+    max_lent_fraction: float = Field(1.0, ge=0, le=1)
+    max_transitions_per_tick: int = Field(2, ge=1)
+    scale_down_window_s: int = Field(900, ge=0)
+    kv_cache_high: float = Field(0.9, gt=0, le=1)
+    ttft_p95_slo_s: float | None = Field(None, gt=0)
+    queue_waiting_threshold: float = Field(0.0, ge=0)
+    headroom_replicas: int = Field(0, ge=0)
+    learn_capacity: bool = False
+    forecast: bool = True
+    forecast_lead_s: float | None = Field(None, ge=0)  # default: start + grace time
+    lending_windows: tuple[str, ...] = ()  # e.g. ["20:00-08:00"]; empty = always
+    timezone: str = "UTC"
+    reclaim_on_unknown_metrics: bool = False
+
+
+class TimeoutsConfig(_Strict):
+    """How long a transition may take before it is reported as stuck and retried."""
+
+    retire_s: float = Field(300.0, gt=0)
+    lend_s: float = Field(300.0, gt=0)
+    reclaim_s: float = Field(600.0, gt=0)
+    start_s: float = Field(900.0, gt=0)
+    tick_budget_s: float = Field(50.0, gt=0)  # a cron tick gives up waiting after this
+
+
+class PathsConfig(_Strict):
+    """Files the agent writes."""
+
+    journal: str = "/var/lib/slurm-idle/journal.jsonl"
+    lock: str = "/run/lock/slurm-idle.lock"
+    textfile: str | None = None  # node_exporter textfile collector .prom file
+
+
+class ReportConfig(_Strict):
+    """Money saved is priced at what the lent GPU-hours would cost elsewhere."""
+
+    price_per_gpu_hour: float = Field(2.0, ge=0)
+    currency: str = "USD"
+
+
+class Config(_Strict):
+    """The whole etc/slurm-idle.yaml."""
+
+    slurm: SlurmConfig = SlurmConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    engine: EngineConfig | None = None
+    models: tuple[ModelConfig, ...] = Field(..., min_length=1)
+    policy: PolicyConfig = PolicyConfig()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    paths: PathsConfig = PathsConfig()
+    report: ReportConfig = ReportConfig()
+
+    @model_validator(mode="after")
+    def _nodes_unique_and_engines_known(self) -> Config:
+        seen: dict[str, str] = {}
+        for model in self.models:
+            for replica in model.replicas:
+                if replica.node in seen:
+                    raise ValueError(
+                        f"node {replica.node!r} is listed under both {seen[replica.node]!r} "
+                        f"and {model.name!r}"
+                    )
+                seen[replica.node] = model.name
+            if model.engine is None and self.engine is None:
+                raise ValueError(f"model {model.name!r} has no engine and there is no top-level engine")
+        return self
+
+    def engine_for(self, model: str) -> EngineConfig:
+        m = self.model(model)
+        engine = m.engine or self.engine
+        assert engine is not None  # guaranteed by validation
+        return engine
+
+    def model(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise ConfigError(f"no model named {name!r} in the config")
+
+    def model_of_node(self, node: str) -> ModelConfig | None:
+        for m in self.models:
+            if any(r.node == node for r in m.replicas):
+                return m
+        return None
+
+    def replica(self, node: str) -> ReplicaConfig | None:
+        for m in self.models:
+            for r in m.replicas:
+                if r.node == node:
+                    return r
+        return None
+
+    @property
+    def pool_nodes(self) -> tuple[str, ...]:
+        return tuple(r.node for m in self.models for r in m.replicas)
+
+
+def resolve_config_path(path: str | None) -> str:
+    """--config, else $SLURM_IDLE_CONFIG, else the system path."""
+    return path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a config file, raising ConfigError with a one-line message."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{p}: config file not found (use --config PATH or set ${CONFIG_ENV})"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config: {exc.strerror}") from None
+    return parse_config(text, source=str(p))
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    """Validate config text; errors name the source and the line or dotted field path."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{source}: YAML syntax error at {where}: {problem}") from None
+    if data is None:
+        raise ConfigError(f"{source}: config file is empty")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {describe_validation_error(exc)}") from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """The first error of a ValidationError as `dotted.path: message` (+ how many more)."""
+    errors = exc.errors()
+    first = errors[0]
+    path = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        message = f"unknown key {path!r}"
+    elif kind == "missing":
+        message = f"missing required key {path!r}"
+    else:
+        message = f"{path}: {first['msg']}"
+        if "input" in first and kind != "value_error":
+            message += f" (got {first['input']!r})"
+    more = len(errors) - 1
+    return message + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")

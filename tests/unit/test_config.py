@@ -1,0 +1,120 @@
+"""Config validation: the shipped example validates and bad input fails with one clear line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_idle.config import load_config, parse_config
+from slurm_idle.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "etc" / "slurm-idle.yaml"
+
+MINIMAL = """
+engine: {kind: command, start_command: "start {node}", stop_command: "stop {node}"}
+models:
+  - name: m
+    nodes: gpu[1-2]
+    url: "http://{node}:8000"
+"""
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_idle.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_example_config_validates() -> None:
+    """etc/slurm-idle.yaml is complete and valid."""
+    cfg = load_config(EXAMPLE)
+    assert len(cfg.pool_nodes) == 10
+    assert cfg.model_of_node("gpu03") is not None
+    assert cfg.engine_for("Qwen/Qwen2.5-7B-Instruct").kind == "http-sleep"
+
+
+def test_nodes_shorthand_expands_to_replicas() -> None:
+    """`nodes: gpu[1-2]` with a url template becomes one replica per node."""
+    cfg = parse_config(MINIMAL)
+    assert [(r.node, r.url) for r in cfg.models[0].replicas] == [
+        ("gpu1", "http://gpu1:8000"),
+        ("gpu2", "http://gpu2:8000"),
+    ]
+
+
+def test_yaml_syntax_error_names_line() -> None:
+    """A YAML syntax error names the source and the line."""
+    with pytest.raises(ConfigError, match=r"bad.yaml: YAML syntax error at line 2"):
+        parse_config("models:\n  - name: m: x\n", source="bad.yaml")
+
+
+def test_empty_file_says_empty() -> None:
+    """An empty file is reported as empty."""
+    with pytest.raises(ConfigError, match="is empty"):
+        parse_config("   \n# nothing\n", source="e.yaml")
+
+
+def test_unknown_key_is_named() -> None:
+    """An unknown key is named with its dotted path."""
+    with pytest.raises(ConfigError, match=r"unknown key 'policy.max_lend_fraction'"):
+        parse_config(MINIMAL + "policy: {max_lend_fraction: 0.5}\n")
+
+
+def test_wrong_type_names_dotted_path() -> None:
+    """A value of the wrong type names the field's dotted path."""
+    with pytest.raises(ConfigError, match=r"models\.0\.gpus_per_replica"):
+        parse_config(MINIMAL.replace("name: m", "name: m\n    gpus_per_replica: four"))
+
+
+def test_duplicate_node_rejected() -> None:
+    """A node cannot serve two models."""
+    text = MINIMAL + "  - name: m2\n    nodes: gpu2\n"
+    with pytest.raises(ConfigError, match="gpu2"):
+        parse_config(text)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("models: [\n", "line 2"),
+        ("", "is empty"),
+        (MINIMAL + "bogus: 1\n", "unknown key 'bogus'"),
+        (MINIMAL + "timeouts: {start_s: soon}\n", "timeouts.start_s"),
+    ],
+)
+def test_cli_config_check_bad_input_exits_2(tmp_path: Path, content: str, expected: str) -> None:
+    """`config check` prints one line naming the problem and exits 2, never a traceback."""
+    path = tmp_path / "c.yaml"
+    path.write_text(content)
+    proc = run_cli("config", "check", str(path))
+    assert proc.returncode == 2, proc.stderr
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_config_check_example_exits_0() -> None:
+    """`config check etc/slurm-idle.yaml` exits 0."""
+    proc = run_cli("config", "check", str(EXAMPLE))
+    assert proc.returncode == 0, proc.stderr
+    assert "OK" in proc.stdout
+
+
+def test_cli_missing_config_is_clear(tmp_path: Path) -> None:
+    """A missing config file says how to point at one."""
+    proc = run_cli("--config", str(tmp_path / "nope.yaml"), "config", "check")
+    assert proc.returncode == 2
+    assert "not found" in proc.stderr and "--config" in proc.stderr
+
+
+def test_cli_help_lists_every_command() -> None:
+    """`--help` lists every command the product promises."""
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for name in ["tick", "status", "explain", "pin", "unpin", "lend", "reclaim", "submit",
+                 "pipeline", "jobs", "simulate", "report", "metrics", "config"]:
+        assert f"  {name} " in proc.stdout, name
