@@ -1,0 +1,66 @@
+"""The agent's journal: one JSON object per line, appended, never rewritten.
+
+`explain` and `report` read it back, so its shape is a stable interface:
+
+  transition record (one per phase change the agent attempted):
+    {"event": "transition", "time": "2026-12-02T10:00:00Z", "ts": 1796205600.0,
+     "node": "gpu1", "model": "m", "action": "reclaim", "from": "lent", "to": "reclaiming",
+     "reason": "...", "outcome": "ok" | "error" | "timeout" | "dry-run" | "skipped",
+     "error": "..." (only when outcome is error/timeout), "duration_s": 0.12}
+  tick record (one per tick that got the lock):
+    {"event": "tick", "time": ..., "ts": ..., "duration_s": 1.3, "actions": 2, "errors": 0,
+     "dry_run": false, "phases": {"serving": 2, "lent": 2}, "needed": {"m": 2},
+     "serving": {"m": 2}, "error": "..." (only if the tick itself failed)}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+
+def iso(ts: float) -> str:
+    """Unix seconds as an ISO-8601 UTC timestamp (second precision)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Journal:
+    """Append-only JSON-lines file."""
+
+    path: Path
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Append one record; `time` is derived from `ts` if missing."""
+        if "ts" in record and "time" not in record:
+            record = {"time": iso(float(record["ts"])), **record}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(record, sort_keys=False, default=str) + "\n"
+        # One write() of a short line with O_APPEND is atomic enough for concurrent readers.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Every well-formed record, oldest first; a torn last line is skipped."""
+        try:
+            with self.path.open() as fh:
+                for line in fh:
+                    line = line.strip()
+                    if not line:
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    if isinstance(record, dict):
+                        yield record
+        except FileNotFoundError:
+            return

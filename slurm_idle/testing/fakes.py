@@ -1,0 +1,142 @@
+"""In-memory fakes of the Slurm backend, engine control and metrics source.
+
+They follow the same protocols as the real adapters, for pure tests of the agent's glue and
+for users who want to dry-run their own policy code. They are NOT used to claim anything about
+Slurm or vLLM behaviour: contract tests run the real adapters against the real services.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from slurm_idle.config import ModelConfig, ReplicaConfig
+from slurm_idle.model import ModelLoad, ReplicaLoad, SlurmJob, SlurmNode
+
+
+@dataclass
+class FakeSlurm:
+    """A cluster as a dict of nodes and a list of jobs; records every call."""
+
+    node_map: dict[str, SlurmNode] = field(default_factory=dict)
+    job_list: list[SlurmJob] = field(default_factory=list)
+    log: list[tuple[str, ...]] = field(default_factory=list)
+    calls: int = 0
+    fail_on: set[str] = field(default_factory=set)  # method names that raise CommandError
+
+    @classmethod
+    def with_nodes(cls, names: Sequence[str], gpus: int = 4) -> FakeSlurm:
+        return cls({n: SlurmNode(name=n, state="idle", gpus_total=gpus, partitions=("inference", "idle"))
+                    for n in names})
+
+    def _call(self, *entry: str) -> None:
+        from slurm_idle.errors import CommandError
+
+        self.calls += 1
+        self.log.append(entry)
+        if entry[0] in self.fail_on:
+            raise CommandError(["fake", *entry], 1, f"{entry[0]} failed (injected)")
+
+    def nodes(self) -> list[SlurmNode]:
+        self._call("nodes")
+        return list(self.node_map.values())
+
+    def jobs(self) -> list[SlurmJob]:
+        self._call("jobs")
+        return list(self.job_list)
+
+    def drain(self, node: str, reason: str) -> None:
+        self._call("drain", node, reason)
+        n = self.node_map[node]
+        busy = any(node in j.nodes and j.state == "RUNNING" for j in self.job_list)
+        flags = (n.flags - {"DRAIN", "DRAINING"}) | {"DRAINING" if busy else "DRAIN"}
+        self.node_map[node] = replace(n, flags=frozenset(flags), reason=reason)
+
+    def resume(self, node: str) -> None:
+        self._call("resume", node)
+        n = self.node_map[node]
+        self.node_map[node] = replace(n, flags=n.flags - {"DRAIN", "DRAINING", "DRAINED"}, reason="")
+
+    def set_comment(self, node: str, comment: str) -> None:
+        self._call("set_comment", node, comment)
+        self.node_map[node] = replace(self.node_map[node], comment=comment)
+
+    def requeue(self, job_ids: Sequence[int]) -> None:
+        self._call("requeue", *map(str, job_ids))
+        self.job_list = [
+            replace(j, state="PENDING", nodes=(), restart_count=j.restart_count + 1)
+            if j.job_id in job_ids else j
+            for j in self.job_list
+        ]
+
+
+@dataclass(frozen=True)
+class FakeHealth:
+    up: bool
+    awake: bool | None
+    running: float | None = None
+    error: str | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self.up and self.awake is not False
+
+
+@dataclass
+class FakeEngine:
+    """Engines per node: up/down, requests in flight; start/stop are instant unless told."""
+
+    up: dict[str, bool] = field(default_factory=dict)
+    running: dict[str, float] = field(default_factory=dict)
+    start_delay_polls: int = 0  # health() says not serving this many times after a start
+    log: list[tuple[str, str]] = field(default_factory=list)
+    _pending: dict[str, int] = field(default_factory=dict)
+
+    def start(self, replica: ReplicaConfig) -> None:
+        self.log.append(("start", replica.node))
+        if not self.up.get(replica.node):
+            self._pending[replica.node] = self.start_delay_polls
+        self.up[replica.node] = True
+
+    def stop(self, replica: ReplicaConfig) -> None:
+        self.log.append(("stop", replica.node))
+        self.up[replica.node] = False
+
+    def in_flight(self, replica: ReplicaConfig) -> float | None:
+        if not self.up.get(replica.node):
+            return None
+        return self.running.get(replica.node, 0.0)
+
+    def health(self, replica: ReplicaConfig) -> FakeHealth:
+        if not self.up.get(replica.node):
+            return FakeHealth(False, None)
+        if self._pending.get(replica.node, 0) > 0:
+            self._pending[replica.node] -= 1
+            return FakeHealth(False, None)
+        return FakeHealth(True, True, self.running.get(replica.node, 0.0))
+
+
+@dataclass
+class FakeMetrics:
+    """Returns the loads it was given; `fail` makes it raise MetricsUnavailable."""
+
+    replicas: dict[str, ReplicaLoad] = field(default_factory=dict)
+    models: dict[str, ModelLoad] = field(default_factory=dict)
+    fail: bool = False
+    queries: int = 0
+
+    def replica_loads(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> list[ReplicaLoad]:
+        from slurm_idle.errors import MetricsUnavailable
+
+        self.queries += 1
+        if self.fail:
+            raise MetricsUnavailable("fake metrics source is down")
+        return [self.replicas[r.node] for _, r in replicas if r.node in self.replicas]
+
+    def model_loads(self, models: Sequence[ModelConfig], now: float) -> list[ModelLoad]:
+        from slurm_idle.errors import MetricsUnavailable
+
+        self.queries += 1
+        if self.fail:
+            raise MetricsUnavailable("fake metrics source is down")
+        return [self.models.get(m.name, ModelLoad(model=m.name, known=False)) for m in models]

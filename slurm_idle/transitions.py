@@ -1,0 +1,292 @@
+"""The effectors: drive one node along its lifecycle, one allowed edge at a time.
+
+`NodeDriver.drive` is the single function that applies transitions. Every step is idempotent
+(draining a drained node, stopping a stopped engine, resuming a resumed node are no-ops), and
+the phase is written into Slurm before the slow part of the next step starts, so a tick killed
+at any point leaves a node whose Reason says where to carry on. Waiting steps (in-flight
+requests, jobs leaving the node, engine health) poll until the tick's deadline; what is not
+done by then is left for the next tick, and a phase older than its timeout is reported as
+stuck and its step retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from slurm_idle.config import Config, ReplicaConfig
+from slurm_idle.errors import SlurmIdleError
+from slurm_idle.lifecycle import check_transition, format_lent_comment, format_reason
+from slurm_idle.logs import get_logger
+from slurm_idle.model import Action, ActionKind, NodeView, Phase
+
+log = get_logger(__name__)
+
+#: Job states that still occupy a node.
+ACTIVE_JOB_STATES = frozenset(
+    {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "STOPPED"}
+)
+
+POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One attempted phase change, as journaled."""
+
+    node: str
+    model: str
+    action: str
+    from_phase: Phase
+    to_phase: Phase
+    reason: str
+    outcome: str  # ok | waiting | error | stuck
+    started: float
+    duration_s: float
+    error: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "event": "transition",
+            "ts": round(self.started, 3),
+            "node": self.node,
+            "model": self.model,
+            "action": self.action,
+            "from": self.from_phase.value,
+            "to": self.to_phase.value,
+            "reason": self.reason,
+            "outcome": self.outcome,
+            "duration_s": round(self.duration_s, 3),
+        }
+        if self.error:
+            rec["error"] = self.error
+        return rec
+
+
+@dataclass
+class NodeDriver:
+    """Applies transitions to pool nodes through the Slurm backend and engine controls."""
+
+    config: Config
+    slurm: Any  # slurm_idle.slurm.SlurmBackend
+    engine_for: Callable[[str], Any]  # model name -> slurm_idle.engine.EngineControl
+    clock: Callable[[], float]
+    sleep: Callable[[float], None]
+    on_step: Callable[[StepResult], None] = field(default=lambda result: None)
+
+    @property
+    def tag(self) -> str:
+        return self.config.slurm.tag
+
+    # -- public -------------------------------------------------------------------------------
+
+    def drive(self, view: NodeView, action: Action, deadline: float) -> list[StepResult]:
+        """Carry `view`'s node from its phase toward where `action` leads, until settled,
+        blocked on a condition at `deadline`, or failed. Returns every step attempted."""
+        results: list[StepResult] = []
+        target = action.to_phase
+        reason = action.reason
+        current = view
+        while True:
+            if results:
+                target = self._forward(current.phase)
+                if target is None:
+                    return results
+            result = self._step(current, target, action.kind.value, reason, deadline)
+            results.append(result)
+            self.on_step(result)
+            if result.outcome != "ok":
+                return results
+            current = replace(current, phase=target, phase_since=result.started + result.duration_s)
+            reason = check_transition(result.from_phase, result.to_phase)
+
+    # -- the steps, one per edge ----------------------------------------------------------------
+
+    @staticmethod
+    def _forward(phase: Phase) -> Phase | None:
+        from slurm_idle.lifecycle import next_phase
+
+        return next_phase(phase)
+
+    def _step(
+        self, view: NodeView, to_phase: Phase, action: str, reason: str, deadline: float
+    ) -> StepResult:
+        started = self.clock()
+        outcome, error = "ok", None
+        try:
+            check_transition(view.phase, to_phase)
+            handler = self._handlers()[(view.phase, to_phase)]
+            done = handler(view, deadline)
+            if not done:
+                outcome = "waiting"
+                if self._overdue(view, started):
+                    outcome = "stuck"
+                    error = f"{view.phase.value} for longer than its timeout; will retry"
+        except SlurmIdleError as exc:
+            outcome, error = "error", str(exc)
+        result = StepResult(
+            node=view.name,
+            model=view.model,
+            action=action,
+            from_phase=view.phase,
+            to_phase=to_phase,
+            reason=reason,
+            outcome=outcome,
+            started=started,
+            duration_s=self.clock() - started,
+            error=error,
+        )
+        level = log.info if outcome == "ok" else log.warning
+        level(
+            "%s %s -> %s: %s [%s%s]",
+            view.name, view.phase.value, to_phase.value, reason, outcome,
+            f": {error}" if error else "",
+        )
+        return result
+
+    def _handlers(self) -> dict[tuple[Phase, Phase], Callable[[NodeView, float], bool]]:
+        return {
+            (Phase.SERVING, Phase.RETIRING): self._retire,
+            (Phase.RETIRING, Phase.SERVING): self._back_to_serving,
+            (Phase.RETIRING, Phase.LENDING): self._wait_idle_then_lending,
+            (Phase.LENDING, Phase.LENT): self._stop_engine_and_resume,
+            (Phase.LENDING, Phase.STARTING): self._start_engine,
+            (Phase.LENT, Phase.RECLAIMING): self._drain_and_requeue,
+            (Phase.UNKNOWN, Phase.RECLAIMING): self._drain_and_requeue,
+            (Phase.RECLAIMING, Phase.STARTING): self._wait_empty_then_start,
+            (Phase.STARTING, Phase.SERVING): self._wait_serving,
+        }
+
+    def _mark(self, view: NodeView, phase: Phase) -> None:
+        self.slurm.drain(view.name, format_reason(self.tag, phase, self.clock(), view.pinned))
+
+    def _replica(self, view: NodeView) -> ReplicaConfig:
+        replica = self.config.replica(view.name)
+        if replica is None:  # the planner only hands us pool nodes
+            raise SlurmIdleError(f"{view.name} is not a pool node in the config")
+        return replica
+
+    def _engine(self, view: NodeView) -> Any:
+        return self.engine_for(view.model)
+
+    def _retire(self, view: NodeView, deadline: float) -> bool:
+        self._mark(view, Phase.RETIRING)
+        return True
+
+    def _back_to_serving(self, view: NodeView, deadline: float) -> bool:
+        self._mark(view, Phase.SERVING)
+        return True
+
+    def _wait_idle_then_lending(self, view: NodeView, deadline: float) -> bool:
+        engine, replica = self._engine(view), self._replica(view)
+        drain_s = self.config.engine_for(view.model).drain_timeout_s
+        since = view.phase_since if view.phase_since is not None else self.clock()
+        give_up_at = since + drain_s
+        while True:
+            running = engine.in_flight(replica)
+            if running is None or running <= 0:
+                break  # idle, or the engine no longer answers: nothing left to drop
+            now = self.clock()
+            if now >= give_up_at:
+                log.warning("%s: %s requests still running after %.0fs drain window; stopping anyway",
+                            view.name, running, drain_s)
+                break
+            if now >= deadline:
+                return False
+            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+        self._mark(view, Phase.LENDING)
+        return True
+
+    def _stop_engine_and_resume(self, view: NodeView, deadline: float) -> bool:
+        self._engine(view).stop(self._replica(view))
+        # Comment first: a tick killed between the two leaves a drained "lending" node, which
+        # the next tick carries on; never an undrained node without our comment.
+        self.slurm.set_comment(view.name, format_lent_comment(self.tag, self.clock()))
+        self.slurm.resume(view.name)
+        return True
+
+    def _start_engine(self, view: NodeView, deadline: float) -> bool:
+        self._mark(view, Phase.STARTING)
+        self._engine(view).start(self._replica(view))
+        return True
+
+    def _jobs_on(self, node: str) -> list[Any]:
+        return [
+            job for job in self.slurm.jobs()
+            if node in job.nodes and job.state in ACTIVE_JOB_STATES
+        ]
+
+    def _drain_and_requeue(self, view: NodeView, deadline: float) -> bool:
+        self._mark(view, Phase.RECLAIMING)
+        if view.node.comment:
+            self.slurm.set_comment(view.name, "")
+        self._requeue_lent_jobs(view.name)
+        return True
+
+    def _requeue_lent_jobs(self, node: str) -> None:
+        lend_partition = self.config.slurm.lend_partition
+        jobs = [j for j in self._jobs_on(node) if j.partition == lend_partition]
+        if jobs:
+            ids = [j.job_id for j in jobs]
+            log.info("%s: requeueing %s job(s) %s", node, lend_partition, ids)
+            self.slurm.requeue(ids)
+
+    def _wait_empty_then_start(self, view: NodeView, deadline: float) -> bool:
+        requeued_again = False
+        while True:
+            jobs = self._jobs_on(view.name)
+            if not jobs:
+                break
+            now = self.clock()
+            if not requeued_again and self._overdue(view, now):
+                # Requeue lost (e.g. the tick died right after draining): ask again.
+                self._requeue_lent_jobs(view.name)
+                requeued_again = True
+            if now >= deadline:
+                return False
+            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+        self._mark(view, Phase.STARTING)
+        self._engine(view).start(self._replica(view))
+        return True
+
+    def _wait_serving(self, view: NodeView, deadline: float) -> bool:
+        engine, replica = self._engine(view), self._replica(view)
+        first = True
+        while True:
+            health = engine.health(replica)
+            if health.serving:
+                break
+            if first:
+                # start() is idempotent; issuing it again covers a tick killed between writing
+                # STARTING and starting the engine.
+                engine.start(replica)
+                first = False
+            now = self.clock()
+            if now >= deadline:
+                return False
+            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+        self._mark(view, Phase.SERVING)
+        return True
+
+    def _overdue(self, view: NodeView, now: float) -> bool:
+        if view.phase_since is None:
+            return False
+        t = self.config.timeouts
+        limit = {
+            Phase.RETIRING: t.retire_s,
+            Phase.LENDING: t.lend_s,
+            Phase.RECLAIMING: t.reclaim_s,
+            Phase.STARTING: t.start_s,
+        }.get(view.phase)
+        return limit is not None and now - view.phase_since > limit
+
+
+def action_for_admin(view: NodeView, kind: ActionKind, reason: str) -> Action:
+    """The Action an admin's `lend NODE` / `reclaim NODE` stands for, checked against the table."""
+    to_phase = {
+        ActionKind.LEND: Phase.RETIRING,
+        ActionKind.RECLAIM: Phase.RECLAIMING,
+    }[kind]
+    check_transition(view.phase, to_phase)
+    return Action(kind, view.name, view.model, view.phase, to_phase, reason)

@@ -1,0 +1,234 @@
+"""The tick's glue on in-memory fakes: lock, observe, act through the edge table, journal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_idle.agent import Agent, observe
+from slurm_idle.config import Config, parse_config
+from slurm_idle.journal import Journal
+from slurm_idle.lifecycle import format_lent_comment, format_reason
+from slurm_idle.lock import try_lock
+from slurm_idle.model import Action, ActionKind, ModelLoad, Observation, Phase, SlurmJob
+from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
+
+T0 = 1_796_205_600.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += max(s, 0.01)
+
+
+def make_config(tmp_path: Path, **timeouts: float) -> Config:
+    extra = "".join(f"  {k}: {v}\n" for k, v in timeouts.items())
+    return parse_config(f"""
+engine: {{kind: command, start_command: "true {{node}}", stop_command: "true {{node}}", drain_timeout_s: 5}}
+models:
+  - name: m
+    nodes: gpu[1-3]
+    url: "http://127.0.0.1:1/{{node}}"
+paths:
+  journal: {tmp_path}/journal.jsonl
+  lock: {tmp_path}/tick.lock
+timeouts:
+  tick_budget_s: 10
+{extra}""")
+
+
+def make_agent(tmp_path: Path, planner=None, **timeouts: float):
+    cfg = make_config(tmp_path, **timeouts)
+    slurm = FakeSlurm.with_nodes(["gpu1", "gpu2", "gpu3"])
+    engine = FakeEngine(up={"gpu1": True, "gpu2": True, "gpu3": True})
+    metrics = FakeMetrics(models={"m": ModelLoad(model="m")})
+    clock = Clock()
+    agent = Agent(
+        config=cfg, slurm=slurm, metrics=metrics, engine_for=lambda model: engine,
+        planner=planner or (lambda obs, cfg, now: []), assessor=lambda obs, cfg, now: [],
+        clock=clock, sleep=clock.sleep,
+    )
+    return agent, slurm, engine, metrics, clock
+
+
+def continue_all(obs: Observation, cfg: Config, now: float) -> list[Action]:
+    """A stand-in planner: carry on every transitional node, adopt unknown ones."""
+    from slurm_idle.lifecycle import next_phase
+
+    actions = []
+    for v in obs.nodes:
+        if v.phase is Phase.UNKNOWN and not v.node.down:
+            actions.append(Action(ActionKind.ADOPT, v.name, v.model, v.phase, Phase.RECLAIMING, "adopt"))
+        elif (nxt := next_phase(v.phase)) is not None:
+            actions.append(Action(ActionKind.CONTINUE, v.name, v.model, v.phase, nxt, "continue"))
+    return actions
+
+
+def phases(agent: Agent) -> dict[str, Phase]:
+    return {v.name: v.phase for v in agent.observe().nodes}
+
+
+def test_observe_uses_one_nodes_and_one_jobs_call(tmp_path: Path) -> None:
+    """Observation costs one nodes() and one jobs() call whatever the pool size."""
+    agent, slurm, *_ = make_agent(tmp_path)
+    obs = agent.observe()
+    assert [c[0] for c in slurm.log] == ["nodes", "jobs"]
+    assert {v.name for v in obs.nodes} == {"gpu1", "gpu2", "gpu3"}
+
+
+def test_metrics_down_marks_models_unknown(tmp_path: Path) -> None:
+    """When metrics are unavailable every model's load is unknown and the error is reported."""
+    agent, _, _, metrics, _ = make_agent(tmp_path)
+    metrics.fail = True
+    obs = agent.observe()
+    assert all(not m.known for m in obs.models)
+    assert any("metrics unavailable" in e for e in obs.errors)
+
+
+def test_adopt_then_lend_full_cycle(tmp_path: Path) -> None:
+    """Unknown nodes are adopted into serving; a LEND walks retiring -> lending -> lent."""
+    agent, slurm, engine, _, _ = make_agent(tmp_path, planner=continue_all)
+    agent.tick()
+    assert set(phases(agent).values()) == {Phase.SERVING}
+    obs = agent.observe()
+    gpu2 = next(v for v in obs.nodes if v.name == "gpu2")
+    lend = Action(ActionKind.LEND, "gpu2", "m", Phase.SERVING, Phase.RETIRING, "low load")
+    steps = agent.run_actions([lend], obs)
+    assert [(s.from_phase, s.to_phase, s.outcome) for s in steps] == [
+        (Phase.SERVING, Phase.RETIRING, "ok"),
+        (Phase.RETIRING, Phase.LENDING, "ok"),
+        (Phase.LENDING, Phase.LENT, "ok"),
+    ]
+    assert phases(agent)["gpu2"] is Phase.LENT
+    assert engine.up["gpu2"] is False
+    assert "DRAIN" not in slurm.node_map["gpu2"].flags
+    assert gpu2.phase is Phase.SERVING
+
+
+def test_reclaim_requeues_lent_jobs_and_restarts_engine(tmp_path: Path) -> None:
+    """Reclaim drains, requeues only idle-partition jobs, waits for the node, starts the engine."""
+    agent, slurm, engine, _, _ = make_agent(tmp_path, planner=continue_all)
+    slurm.node_map["gpu1"] = slurm.node_map["gpu1"].__class__(
+        name="gpu1", state="mixed", comment=format_lent_comment("slurm-idle", T0))
+    engine.up["gpu1"] = False
+    slurm.job_list = [SlurmJob(job_id=7, name="train", partition="idle", state="RUNNING", nodes=("gpu1",))]
+    obs = agent.observe()
+    view = next(v for v in obs.nodes if v.name == "gpu1")
+    assert view.phase is Phase.LENT
+    steps = agent.run_actions(
+        [Action(ActionKind.RECLAIM, "gpu1", "m", Phase.LENT, Phase.RECLAIMING, "load rose")], obs)
+    assert [s.to_phase for s in steps] == [Phase.RECLAIMING, Phase.STARTING, Phase.SERVING]
+    assert ("requeue", "7") in slurm.log
+    assert slurm.job_list[0].state == "PENDING" and slurm.job_list[0].restart_count == 1
+    assert engine.up["gpu1"] is True
+    assert phases(agent)["gpu1"] is Phase.SERVING
+    assert slurm.node_map["gpu1"].comment == ""
+
+
+def test_slow_start_is_left_for_next_tick(tmp_path: Path) -> None:
+    """An engine not healthy by the budget leaves the node STARTING; the next tick finishes."""
+    agent, slurm, engine, _, clock = make_agent(tmp_path, planner=continue_all)
+    slurm.node_map["gpu3"] = slurm.node_map["gpu3"].__class__(
+        name="gpu3", state="idle", flags=frozenset({"DRAIN"}),
+        reason=format_reason("slurm-idle", Phase.RECLAIMING, T0))
+    engine.up["gpu3"] = False
+    engine.start_delay_polls = 50  # 50 s of polling > 10 s budget
+    result = agent.tick()
+    assert any(s.node == "gpu3" and s.outcome == "waiting" for s in result.steps)
+    assert phases(agent)["gpu3"] is Phase.STARTING
+    engine._pending["gpu3"] = 0
+    agent.tick()
+    assert phases(agent)["gpu3"] is Phase.SERVING
+
+
+def test_admin_node_never_touched_even_if_asked(tmp_path: Path) -> None:
+    """An action on an admin-drained node is refused by the edge table; Slurm sees no write."""
+    agent, slurm, *_ = make_agent(tmp_path)
+    slurm.node_map["gpu1"] = slurm.node_map["gpu1"].__class__(
+        name="gpu1", state="idle", flags=frozenset({"DRAIN"}), reason="admin: disk check")
+    obs = agent.observe()
+    bogus = Action(ActionKind.RECLAIM, "gpu1", "m", Phase.ADMIN, Phase.RECLAIMING, "bug")
+    steps = agent.run_actions([bogus], obs)
+    assert steps[0].outcome == "error"
+    assert not [c for c in slurm.log if c[0] in {"drain", "resume", "set_comment"}]
+    assert slurm.node_map["gpu1"].reason == "admin: disk check"
+
+
+def test_effector_failure_is_journaled_not_raised(tmp_path: Path) -> None:
+    """A failing scontrol becomes an error outcome in the journal; the tick completes."""
+    agent, slurm, *_ = make_agent(tmp_path, planner=continue_all)
+    slurm.fail_on = {"drain"}
+    result = agent.tick()
+    assert result.errors == 3
+    records = list(Journal(tmp_path / "journal.jsonl").records())
+    assert [r["outcome"] for r in records if r["event"] == "transition"] == ["error"] * 3
+    assert records[-1]["event"] == "tick" and records[-1]["errors"] == 3
+
+
+def test_second_tick_is_locked_out(tmp_path: Path) -> None:
+    """While one tick holds the lock another returns at once without acting."""
+    agent, slurm, *_ = make_agent(tmp_path, planner=continue_all)
+    with try_lock(tmp_path / "tick.lock") as got:
+        assert got
+        result = agent.tick()
+    assert result.locked_out and "another tick" in result.locked_out
+    assert slurm.log == []
+
+
+def test_dry_run_changes_nothing(tmp_path: Path) -> None:
+    """--dry-run plans but makes no Slurm write and writes no journal."""
+    agent, slurm, *_ = make_agent(tmp_path, planner=continue_all)
+    result = agent.tick(dry_run=True)
+    assert len(result.actions) == 3
+    assert [c[0] for c in slurm.log] == ["nodes", "jobs"]
+    assert not (tmp_path / "journal.jsonl").exists()
+
+
+def test_tick_is_idempotent(tmp_path: Path) -> None:
+    """Once converged, another tick with the same world plans and writes nothing."""
+    agent, slurm, *_ = make_agent(tmp_path, planner=continue_all)
+    agent.tick()
+    slurm.log.clear()
+    result = agent.tick()
+    assert result.actions == [] and result.steps == []
+    assert [c[0] for c in slurm.log] == ["nodes", "jobs"]
+
+
+@pytest.mark.parametrize("crash_after", range(1, 4))
+def test_crash_mid_reclaim_converges(tmp_path: Path, crash_after: int) -> None:
+    """Killing a reclaim after any number of Slurm writes, the next tick still converges."""
+    agent, slurm, engine, _, _ = make_agent(tmp_path, planner=continue_all)
+    agent.tick()  # adopt all
+    obs = agent.observe()
+    lend = Action(ActionKind.LEND, "gpu1", "m", Phase.SERVING, Phase.RETIRING, "low")
+    agent.run_actions([lend], obs)
+    writes = 0
+    real_drain = slurm.drain
+
+    class Crash(BaseException):
+        pass
+
+    def crashing_drain(node: str, reason: str) -> None:
+        nonlocal writes
+        real_drain(node, reason)
+        writes += 1
+        if writes == crash_after:
+            raise Crash
+
+    slurm.drain = crashing_drain  # type: ignore[method-assign]
+    obs = agent.observe()
+    with pytest.raises(Crash):
+        agent.run_actions(
+            [Action(ActionKind.RECLAIM, "gpu1", "m", Phase.LENT, Phase.RECLAIMING, "up")], obs)
+    slurm.drain = real_drain  # type: ignore[method-assign]
+    for _ in range(3):
+        agent.tick()
+    assert phases(agent)["gpu1"] is Phase.SERVING
+    assert engine.up["gpu1"] is True
