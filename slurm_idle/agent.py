@@ -91,6 +91,7 @@ class TickResult:
     locked_out: str | None = None  # set when another tick held the lock
     duration_s: float = 0.0
     error: str | None = None
+    started: float = 0.0  # unix seconds the tick began
 
     @property
     def errors(self) -> int:
@@ -172,7 +173,7 @@ class Agent:
 
     def _tick_locked(self, dry_run: bool) -> TickResult:
         started = self.clock()
-        result = TickResult(None)
+        result = TickResult(None, started=started)
         try:
             obs = self.observe()
             result.observation = obs

@@ -46,6 +46,13 @@ class MetricsConfig(_Strict):
     rate_window_s: int = Field(60, ge=5)
     staleness_s: float = Field(120.0, gt=0)
     job_label: str | None = None  # restrict Prometheus queries to one scrape job, if set
+    # The label naming a series' scrape target (host:port, or the node name after relabelling).
+    instance_label: str = "instance"
+    # scrape source: where the previous scrape is kept so rates span the time between ticks
+    # (None: scrape each replica twice, scrape_interval_s apart, within the tick).
+    scrape_state: str | None = None
+    scrape_interval_s: float = Field(1.0, gt=0)
+    scrape_timeout_s: float = Field(5.0, gt=0)
 
 
 class EngineConfig(_Strict):
@@ -147,6 +154,8 @@ class ReportConfig(_Strict):
 
     price_per_gpu_hour: float = Field(2.0, ge=0)
     currency: str = "USD"
+    # Work lost to a preemption = min(run, this) x GPUs; unset: the whole run (an upper bound).
+    checkpoint_interval_s: float | None = Field(None, gt=0)
 
 
 class Config(_Strict):

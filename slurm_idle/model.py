@@ -115,6 +115,9 @@ class ModelLoad:
     waiting_max_window: float | None = None
     waiting_min_window: float | None = None  # > 0 means the queue never emptied: sustained
     forecast_demand_tokens_per_s: float | None = None
+    # forecast maximum over [now, now + lead + scale-down window]: a replica lent now must not
+    # be needed back within the window (policy.forecast_demand computes both from history)
+    forecast_demand_tokens_per_s_max_window: float | None = None
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import click
 
 from slurm_idle.cli import main
-from slurm_idle.cli.common import not_built
+from slurm_idle.cli.common import Context, echo_json, pass_ctx
+from slurm_idle.errors import ConfigError
+
+WEEK_S = 7 * 24 * 3600.0
 
 
 @main.command()
@@ -14,6 +19,39 @@ from slurm_idle.cli.common import not_built
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--plot", metavar="FILE.png", help="Draw lent and used GPUs per hour.")
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the per-day table as CSV.")
-def report(since: str | None, until: str | None, as_json: bool, plot: str | None, csv_path: str | None) -> None:
-    """Report what the idle pool gave: GPU-hours, jobs, preemptions, savings."""
-    not_built("report")
+@pass_ctx
+def report(
+    ctx: Context,
+    since: str | None,
+    until: str | None,
+    as_json: bool,
+    plot: str | None,
+    csv_path: str | None,
+) -> None:
+    """Report what the idle pool gave: GPU-hours, jobs, preemptions, savings.
+
+    Reads `sacct` (jobs of the lend partition, allocated gres/gpu, every run of a requeued job)
+    and the agent's journal. DATE is YYYY-MM-DD or an ISO datetime, in policy.timezone unless
+    it carries an offset. Work lost to a preemption is the preempted run's tail up to
+    report.checkpoint_interval_s, or the whole run when that is unset (an upper bound).
+    """
+    from slurm_idle.report import render_text
+    from slurm_idle.report_io import fetch_runs, make_report, parse_date, write_csv, write_plot
+
+    config = ctx.config()
+    tz = config.policy.timezone
+    now = time.time()
+    start = parse_date(since, tz) if since else now - WEEK_S
+    end = parse_date(until, tz) if until else now
+    if end <= start:
+        raise ConfigError("the report period is empty: --until must be after --since")
+    runs = fetch_runs(config, start, end)
+    result = make_report(config, start, end, now, runs)
+    if csv_path:
+        write_csv(result, csv_path)
+    if plot:
+        write_plot(result, plot)
+    if as_json:
+        echo_json(result.to_json())
+    else:
+        click.echo(render_text(result))

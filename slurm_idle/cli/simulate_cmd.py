@@ -1,16 +1,110 @@
-"""`slurm-idle simulate`: replay a load trace against a policy."""
+"""`slurm-idle simulate`: replay a load trace against a policy and score it."""
 
 from __future__ import annotations
 
 import click
 
 from slurm_idle.cli import main
-from slurm_idle.cli.common import not_built
+from slurm_idle.cli.common import Context, echo_json, pass_ctx
+from slurm_idle.errors import ConfigError
+
+DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
 
 
 @main.command()
-@click.argument("trace", required=False)
+@click.argument("trace", required=False, type=click.Path(dir_okay=False))
+@click.option("--fleet", "fleets", multiple=True, metavar="MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S",
+              help="A simulated model (repeatable). Default: the pool in --config.")
+@click.option("--config", "config_path", default=None, metavar="PATH",
+              help="Take the pool and the policy knobs from this slurm-idle config.")
+@click.option("--policy", type=click.Choice(["slurm-idle", "reactive", "night-window", "oracle"]),
+              default="slurm-idle", show_default=True)
+@click.option("--start-s", type=float, default=300.0, show_default=True, help="Replica cold start.")
+@click.option("--wake-s", type=float, default=None, help="Sleep-mode wake time (replaces --start-s).")
+@click.option("--grace-s", type=float, default=60.0, show_default=True, help="Job grace time at reclaim.")
+@click.option("--prompt-weight", type=float, default=0.1, show_default=True,
+              help="Demand model: cost of a prompt token relative to a generated one.")
+@click.option("--utilisation", type=float, default=0.8, show_default=True,
+              help="Demand model: a replica breaks the SLO above this share of its tokens/s.")
+@click.option("--floor", type=int, default=1, show_default=True, help="Demand model: minimum replicas.")
+@click.option("--night-lend", type=int, default=None,
+              help="night-window: replicas lent per model (default: what the trace's nights allow).")
+@click.option("--azure-model", default=None, help="Model name for an Azure trace (default: the fleet's).")
+@click.option("--synthetic", is_flag=True, help="Simulate a generated trace instead of reading TRACE.")
+@click.option("--days", type=int, default=14, show_default=True, help="--synthetic: length.")
+@click.option("--seed", type=int, default=1, show_default=True, help="--synthetic: random seed.")
+@click.option("--bursts-per-week", type=float, default=0.0, show_default=True,
+              help="--synthetic: unannounced surges per week.")
+@click.option("--timeline", type=click.Path(dir_okay=False), default=None,
+              help="Write timestamp,model,serving,starting,lent,reclaiming per minute to this CSV.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Draw load, needed/serving replicas and lent GPUs to this PNG (needs matplotlib).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def simulate(trace: str | None, as_json: bool) -> None:
-    """Simulate a fleet on a load trace under a policy and score it."""
-    not_built("simulate")
+@pass_ctx
+def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_path: str | None,
+             policy: str, start_s: float, wake_s: float | None, grace_s: float, prompt_weight: float,
+             utilisation: float, floor: int, night_lend: int | None, azure_model: str | None,
+             synthetic: bool, days: int, seed: int, bursts_per_week: float, timeline: str | None,
+             plot: str | None, as_json: bool) -> None:
+    """Simulate a fleet on a load trace under a policy and score it.
+
+    TRACE is a CSV `timestamp,model,rps,prompt_tokens,output_tokens` (one row per minute and
+    model) or an Azure LLM inference trace (`TIMESTAMP,ContextTokens,GeneratedTokens`).
+    """
+    from slurm_idle.config import load_config
+    from slurm_idle.sim import SimParams, fleet_from_config, parse_fleet, simulate as run
+    from slurm_idle.sim.output import plot_run, write_timeline
+    from slurm_idle.traces import SyntheticModel, read_trace, synthetic_trace
+
+    config = None
+    if config_path or (not fleets and ctx.config_path):
+        config = load_config(config_path or ctx.resolved_config_path)
+    fleet = [parse_fleet(spec) for spec in fleets]
+    if not fleet and config is not None:
+        fleet = fleet_from_config(config)
+    if synthetic:
+        if trace:
+            raise ConfigError("give either TRACE or --synthetic, not both")
+        if days < 1:
+            raise ConfigError("--days must be at least 1")
+        if not fleet:
+            fleet = [parse_fleet(DEFAULT_SYNTHETIC_FLEET)]
+        models = [SyntheticModel(name=f.name, peak_rps=_peak_rps_for(f), bursts_per_week=bursts_per_week)
+                  for f in fleet]
+        load = synthetic_trace(days=days, models=models, seed=seed)
+    elif trace:
+        if not fleet:
+            raise ConfigError("no fleet: give --fleet MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S or --config")
+        name = azure_model or (fleet[0].name if len(fleet) == 1 else "azure")
+        load = read_trace(trace, azure_model=name)
+    else:
+        raise ConfigError("give a TRACE file or --synthetic (see `slurm-idle simulate --help`)")
+    params = SimParams(start_s=start_s, wake_s=wake_s, grace_s=grace_s, prompt_weight=prompt_weight,
+                       utilisation=utilisation, floor=floor)
+    result = run(load, fleet, params, policy,
+                 policy_config=config.policy if config is not None else None, night_lend=night_lend)
+    if timeline:
+        write_timeline(timeline, load, result)
+    if plot:
+        plot_run(plot, load, fleet, params, result, policy)
+    summary = result.summary()
+    if as_json:
+        echo_json(summary)
+        return
+    click.echo(f"policy {policy}: {summary['minutes']} minutes, {len(fleet)} model(s)")
+    click.echo(f"  harvested {summary['harvested_gpu_hours']:.1f} GPU-h of an oracle's "
+               f"{summary['oracle_gpu_hours']:.1f} ({summary['harvest_ratio']:.1%})")
+    violations = summary["slo_violation_minutes"]
+    click.echo(f"  SLO violated in {violations} minute(s) ({violations / max(1, result.minutes):.3%})")
+    click.echo(f"  {summary['preemptions']} preemption(s), {summary['lost_gpu_hours']:.1f} GPU-h of work lost")
+
+
+def _peak_rps_for(fleet: object) -> float:
+    """A weekday peak that needs ~70% of the fleet (fleets are sized for bursts and growth)."""
+    from slurm_idle.sim import FleetModel
+    from slurm_idle.traces import SyntheticModel
+
+    assert isinstance(fleet, FleetModel)
+    spec = SyntheticModel()
+    per_request = spec.output_tokens + 0.1 * spec.prompt_tokens
+    return 0.7 * fleet.replicas * fleet.tokens_per_s * 0.8 / per_request

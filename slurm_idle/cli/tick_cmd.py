@@ -1,58 +1,258 @@
-"""Commands that act on the pool: tick, status, explain, pin, unpin, lend, reclaim."""
+"""Commands that act on the pool: tick, status, explain, pin, unpin, lend, reclaim.
+
+They parse, build the agent from the config (slurm_idle.wiring) and print; the decisions and
+effects live in policy.py, agent.py and transitions.py.
+"""
 
 from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
 
 import click
 
 from slurm_idle.cli import main
-from slurm_idle.cli.common import not_built
+from slurm_idle.cli.common import Context, echo_json, pass_ctx
+from slurm_idle.errors import SlurmIdleError
+from slurm_idle.journal import Journal
+from slurm_idle.lifecycle import DRAINED_PHASES, format_reason
+from slurm_idle.lock import lock_holder, try_lock
+from slurm_idle.model import ActionKind, NodeView, Observation, Phase
+from slurm_idle.status import model_rows, node_rows, render_status
+
+
+def _agent(ctx: Context) -> Any:
+    from slurm_idle.wiring import build_agent
+
+    return build_agent(ctx.config())
 
 
 @main.command()
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the actions taken as JSON.")
-def tick(dry_run: bool, as_json: bool) -> None:
-    """One reconcile pass: lock, observe, plan, act, journal (run from cron every minute)."""
-    not_built("tick")
+@click.option("--json", "as_json", is_flag=True, help="Print the actions and steps taken as JSON.")
+@pass_ctx
+def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
+    """One reconcile pass: lock, observe, plan, act, journal.
+
+    Run it from cron every minute. Another tick still running makes this one exit 0 at once.
+    Transitions that need longer than the tick budget (engine cold start, jobs leaving a node)
+    are left in their phase, written in Slurm, and carried on by the next tick.
+    """
+    agent = _agent(ctx)
+    result = agent.tick(dry_run=dry_run)
+    if as_json:
+        echo_json(result.as_json() | {"dry_run": dry_run})
+    elif result.locked_out:
+        click.echo(f"slurm-idle: {result.locked_out}; nothing to do", err=True)
+    else:
+        for plan in result.plans:
+            click.echo(f"{plan.model}: {plan.serving_replicas} serving, {plan.needed_replicas} needed ({plan.reason})")
+        if not result.actions:
+            click.echo("no action")
+        for action in result.actions:
+            prefix = "would " if dry_run else ""
+            click.echo(f"{prefix}{action.kind.value} {action.node}: {action.from_phase.value} -> "
+                       f"{action.to_phase.value}: {action.reason}")
+        for step in result.steps:
+            click.echo(f"  {step.node} {step.from_phase.value} -> {step.to_phase.value} "
+                       f"[{step.outcome}] {step.duration_s:.1f}s" + (f": {step.error}" if step.error else ""))
+    if result.error:
+        raise SlurmIdleError(f"tick failed: {result.error}")
 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(as_json: bool) -> None:
-    """Show every pool node's phase and every model's serving/needed replicas."""
-    not_built("status")
+@pass_ctx
+def status(ctx: Context, as_json: bool) -> None:
+    """Every pool node's phase and every model's serving/needed replicas and load signals.
+
+    Phases: serving, retiring, lending, lent, reclaiming, starting, admin (drained by someone
+    else: never touched), unknown (not managed yet, or down).
+    """
+    agent = _agent(ctx)
+    obs = agent.observe()
+    plans = agent.assessor(obs, agent.config, obs.now)
+    nodes, models = node_rows(obs), model_rows(obs, plans)
+    if as_json:
+        echo_json({"nodes": nodes, "models": models, "errors": list(obs.errors)})
+    else:
+        click.echo(render_status(nodes, models, obs.errors))
 
 
 @main.command()
 @click.argument("node", required=False)
-def explain(node: str | None) -> None:
-    """Explain the latest decisions (for NODE, or all) from the journal."""
-    not_built("explain")
+@click.option("-n", "--last", default=10, show_default=True, help="How many transitions to show.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
+    """Why the latest decisions were taken (for NODE, or all nodes), from the journal."""
+    config = ctx.config()
+    journal = Journal(_path(config.paths.journal))
+    transitions = [r for r in journal.records() if r.get("event") == "transition"
+                   and (node is None or r.get("node") == node)]
+    ticks = [r for r in journal.records() if r.get("event") == "tick"]
+    if node is not None and config.replica(node) is None:
+        raise SlurmIdleError(f"{node} is not a pool node in {ctx.resolved_config_path}")
+    shown = transitions[-last:]
+    if as_json:
+        echo_json({"transitions": shown, "last_tick": ticks[-1] if ticks else None})
+        return
+    if not shown:
+        click.echo(f"no transitions journaled{' for ' + node if node else ''} in {config.paths.journal}")
+    for r in shown:
+        err = f" ({r['error']})" if r.get("error") else ""
+        click.echo(f"{r.get('time', '?')} {r.get('node')}: {r.get('from')} -> {r.get('to')} "
+                   f"[{r.get('outcome')}] because {r.get('reason')}{err}")
+    if ticks:
+        t = ticks[-1]
+        click.echo(f"last tick {t.get('time')}: needed {t.get('needed')}, serving {t.get('serving')}, "
+                   f"{t.get('actions')} action(s), {t.get('errors')} error(s)")
+
+
+def _path(p: str) -> Any:
+    from pathlib import Path
+
+    return Path(p)
+
+
+def _view(obs: Observation, node: str) -> NodeView:
+    for v in obs.nodes:
+        if v.name == node:
+            return v
+    pool = ", ".join(v.name for v in obs.nodes)
+    raise SlurmIdleError(f"{node} is not a pool node (pool: {pool})")
+
+
+def _locked_admin_action(ctx: Context, fn: Any) -> Any:
+    config = ctx.config()
+    with try_lock(config.paths.lock) as locked:
+        if not locked:
+            raise SlurmIdleError(
+                f"a tick is running (pid {lock_holder(config.paths.lock) or '?'}); try again in a minute"
+            )
+        return fn()
+
+
+def _print_steps(steps: list[Any], as_json: bool, dry_run: bool, action: Any) -> None:
+    if as_json:
+        echo_json({"dry_run": dry_run, "action": {"kind": action.kind.value, "node": action.node,
+                   "from": action.from_phase.value, "to": action.to_phase.value,
+                   "reason": action.reason}, "steps": [s.record() for s in steps]})
+        return
+    if dry_run:
+        click.echo(f"would {action.kind.value} {action.node}: {action.from_phase.value} -> "
+                   f"{action.to_phase.value}")
+    for s in steps:
+        click.echo(f"{s.node} {s.from_phase.value} -> {s.to_phase.value} [{s.outcome}] "
+                   f"{s.duration_s:.1f}s" + (f": {s.error}" if s.error else ""))
+    if steps and steps[-1].outcome == "waiting":
+        click.echo(f"{action.node} is still {steps[-1].from_phase.value}; the next tick carries on")
+
+
+def _force(ctx: Context, node: str, kind: ActionKind, dry_run: bool, as_json: bool) -> None:
+    from slurm_idle.transitions import action_for_admin
+
+    agent = _agent(ctx)
+
+    def run() -> None:
+        obs = agent.observe()
+        view = _view(obs, node)
+        if view.phase is Phase.ADMIN:
+            raise SlurmIdleError(f"{node} is drained by an admin ({view.node.reason!r}); slurm-idle never touches it")
+        if kind is ActionKind.LEND and view.pinned:
+            raise SlurmIdleError(f"{node} is pinned; `slurm-idle unpin {node}` first")
+        wanted = Phase.SERVING if kind is ActionKind.LEND else Phase.LENT
+        if view.phase is not wanted and not (kind is ActionKind.RECLAIM and view.phase is Phase.UNKNOWN):
+            raise SlurmIdleError(
+                f"{node} is {view.phase.value}, not {wanted.value}; cannot {kind.value} it now"
+                " (see `slurm-idle status`)"
+            )
+        action = action_for_admin(view, kind, f"admin: slurm-idle {kind.value} {node}")
+        steps = [] if dry_run else agent.run_actions([action], obs)
+        _print_steps(steps, as_json, dry_run, action)
+        if any(s.outcome == "error" for s in steps):
+            raise SlurmIdleError(f"{kind.value} {node} failed: {steps[-1].error}")
+
+    _locked_admin_action(ctx, run)
 
 
 @main.command()
 @click.argument("node")
-def pin(node: str) -> None:
-    """Keep NODE serving: the planner will never lend it."""
-    not_built("pin")
+@click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def lend(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
+    """Force NODE from serving to lent (admin), through the normal transition path.
+
+    The replica finishes its in-flight requests, the engine is stopped and the node RESUMEd
+    into the idle partition. The planner may take it back at a later tick if load needs it.
+    """
+    _force(ctx, node, ActionKind.LEND, dry_run, as_json)
 
 
 @main.command()
 @click.argument("node")
-def unpin(node: str) -> None:
-    """Release a pinned NODE back to the planner."""
-    not_built("unpin")
-
-
-@main.command()
-@click.argument("node")
-def lend(node: str) -> None:
-    """Force NODE from serving to lent (admin), through the normal transition path."""
-    not_built("lend")
-
-
-@main.command()
-@click.argument("node")
-def reclaim(node: str) -> None:
+@click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def reclaim(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
     """Force NODE from lent back to serving (admin): jobs requeued, vLLM restarted."""
-    not_built("reclaim")
+    _force(ctx, node, ActionKind.RECLAIM, dry_run, as_json)
+
+
+def _set_pin(ctx: Context, node: str, pinned: bool, dry_run: bool) -> None:
+    agent = _agent(ctx)
+    tag = agent.config.slurm.tag
+
+    def run() -> None:
+        obs = agent.observe()
+        view = _view(obs, node)
+        if view.phase is Phase.ADMIN:
+            raise SlurmIdleError(f"{node} is drained by an admin ({view.node.reason!r}); not touching it")
+        if view.phase in DRAINED_PHASES:
+            reason = format_reason(tag, view.phase, view.phase_since or obs.now, pinned)
+            if dry_run:
+                click.echo(f"would set {node} reason to {reason!r}")
+                return
+            agent.slurm.drain(node, reason)
+            click.echo(f"{node} {'pinned' if pinned else 'unpinned'} ({view.phase.value})")
+            return
+        if not pinned:
+            click.echo(f"{node} is {view.phase.value}; nothing to unpin")
+            return
+        if view.phase in {Phase.LENT, Phase.UNKNOWN} and not view.node.down:
+            # Pinning a lent node means: bring it back now and keep it.
+            from slurm_idle.transitions import action_for_admin
+
+            pinned_view = replace(view, pinned=True)
+            action = action_for_admin(pinned_view, ActionKind.RECLAIM, f"admin: slurm-idle pin {node}")
+            if dry_run:
+                click.echo(f"would reclaim {node} and keep it serving")
+                return
+            steps = agent.run_actions([action], replace(obs, nodes=tuple(
+                pinned_view if v.name == node else v for v in obs.nodes)))
+            _print_steps(steps, False, False, action)
+            return
+        raise SlurmIdleError(f"{node} is {view.phase.value}; cannot pin it now")
+
+    _locked_admin_action(ctx, run)
+
+
+@main.command()
+@click.argument("node")
+@click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
+@pass_ctx
+def pin(ctx: Context, node: str, dry_run: bool) -> None:
+    """Keep NODE serving: the planner never lends it. A lent NODE is reclaimed first."""
+    _set_pin(ctx, node, True, dry_run)
+
+
+@main.command()
+@click.argument("node")
+@click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
+@pass_ctx
+def unpin(ctx: Context, node: str, dry_run: bool) -> None:
+    """Release a pinned NODE back to the planner."""
+    _set_pin(ctx, node, False, dry_run)
+
+

@@ -1,0 +1,77 @@
+--[[
+slurm-idle job_submit plugin: every job on the preemptible partition is requeueable.
+
+The `idle` partition runs on GPUs lent by the inference fleet; they are taken back at any time
+(PreemptMode=REQUEUE). A job there must come back to the queue when that happens, so:
+  * a job submitted to `idle` without --requeue is made requeueable (job_desc.requeue = 1);
+  * a job that explicitly asks for --no-requeue there is rejected with a message saying why;
+  * `scontrol update job=N requeue=0` on such a job is refused the same way.
+Jobs on other partitions are left untouched.
+
+Install: copy beside slurm.conf as job_submit.lua and set `JobSubmitPlugins=lua`
+(slurmctld reads it again when the file changes). Keep LEND_PARTITION equal to
+`slurm.lend_partition` in slurm-idle.yaml.
+--]]
+
+local LEND_PARTITION = "idle"
+
+-- Slurm leaves job_desc.requeue at NO_VAL16 (65534) when the user gave neither flag.
+local NO_VAL16 = 65534
+
+local REJECT_MESSAGE = "slurm-idle: jobs on partition '" .. LEND_PARTITION .. "' run on borrowed GPUs and are " ..
+	"requeued when their node is reclaimed, so --no-requeue is not allowed there. " ..
+	"Drop --no-requeue (and resume from a checkpoint on restart), or submit to another partition."
+
+-- The partitions a job asks for ("a,b" lists allowed), or the default partition when none.
+local function requested_partitions(partition, part_list)
+	local names = {}
+	if partition ~= nil and partition ~= "" then
+		for name in string.gmatch(partition, "[^,]+") do
+			table.insert(names, name)
+		end
+		return names
+	end
+	for _, part in pairs(part_list or {}) do
+		if part.flag_default ~= nil and part.flag_default ~= 0 then
+			table.insert(names, part.name)
+		end
+	end
+	return names
+end
+
+local function targets_lend_partition(partition, part_list)
+	for _, name in ipairs(requested_partitions(partition, part_list)) do
+		if name == LEND_PARTITION then
+			return true
+		end
+	end
+	return false
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+	if not targets_lend_partition(job_desc.partition, part_list) then
+		return slurm.SUCCESS
+	end
+	if job_desc.requeue == 0 then
+		slurm.log_info("slurm-idle: rejected --no-requeue job '%s' of uid %u on %s",
+			tostring(job_desc.name), submit_uid, LEND_PARTITION)
+		slurm.log_user(REJECT_MESSAGE)
+		return slurm.ERROR
+	end
+	if job_desc.requeue == nil or job_desc.requeue == NO_VAL16 then
+		job_desc.requeue = 1
+	end
+	return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+	local partition = job_desc.partition or (job_rec and job_rec.partition)
+	if targets_lend_partition(partition, part_list) and job_desc.requeue == 0 then
+		slurm.log_user(REJECT_MESSAGE)
+		return slurm.ERROR
+	end
+	return slurm.SUCCESS
+end
+
+slurm.log_info("slurm-idle job_submit.lua loaded (lend partition '%s')", LEND_PARTITION)
+return slurm.SUCCESS

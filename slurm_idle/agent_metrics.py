@@ -1,0 +1,212 @@
+"""The agent's own metrics, published the way a cron job publishes them: a node_exporter textfile.
+
+Each `slurm-idle tick` is a fresh process, so there is no long-lived registry to hold counters.
+Counters (`slurm_idle_transitions_total`, `slurm_idle_tick_errors_total`, `slurm_idle_ticks_total`)
+are kept **in the textfile itself**: every tick reads the previous file back, adds this tick's
+increments and writes the whole file again. That costs one small read per tick (the journal
+would grow without bound), and if the file is lost or unreadable the counters restart at 0,
+which Prometheus' `rate()`/`increase()` treat as an ordinary counter reset.
+
+The file is written atomically (a temp file in the same directory, fsync, `os.replace`) so
+node_exporter never reads half a file; the temp name does not end in `.prom`, so the collector
+ignores it. Two ticks never write at once: the agent's lock serialises them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_idle.logs import get_logger
+from slurm_idle.model import Phase
+
+log = get_logger(__name__)
+
+PREFIX = "slurm_idle"
+
+#: name -> (type, help). The order here is the order in the file.
+METRICS: dict[str, tuple[str, str]] = {
+    "slurm_idle_nodes": ("gauge", "Pool nodes per lifecycle phase after the last tick."),
+    "slurm_idle_transitions_total": (
+        "counter",
+        "Successful phase transitions applied by the agent, by from/to phase.",
+    ),
+    "slurm_idle_tick_duration_seconds": ("gauge", "Wall time of the last tick."),
+    "slurm_idle_last_tick_timestamp_seconds": ("gauge", "Unix time the last tick started."),
+    "slurm_idle_tick_errors_total": ("counter", "Ticks that failed or had a failed transition."),
+    "slurm_idle_ticks_total": ("counter", "Ticks that ran (got the lock)."),
+    "slurm_idle_needed_replicas": ("gauge", "Replicas the planner says the traffic needs."),
+    "slurm_idle_serving_replicas": ("gauge", "Replicas serving after the last tick."),
+    "slurm_idle_min_serving_replicas": ("gauge", "Configured floor of serving replicas."),
+}
+
+
+def write_textfile(
+    path: str | os.PathLike[str],
+    *,
+    phases: Mapping[str, int],
+    needed: Mapping[str, int],
+    serving: Mapping[str, int],
+    tick_duration_s: float,
+    tick_ts: float,
+    transitions: Iterable[tuple[str, str]],
+    tick_error: bool,
+    floors: Mapping[str, int] | None = None,
+) -> None:
+    """Write the agent's metrics for this tick, carrying the counters over from the last file.
+
+    `transitions` are this tick's successful (from_phase, to_phase) pairs; `floors` (optional)
+    is each model's `min_serving_replicas`, for the "serving below floor" alert.
+    """
+    target = Path(path)
+    previous = read_counters(target)
+    text = render(
+        phases=phases,
+        needed=needed,
+        serving=serving,
+        tick_duration_s=tick_duration_s,
+        tick_ts=tick_ts,
+        transitions=transitions,
+        tick_error=tick_error,
+        floors=floors or {},
+        previous=previous,
+    )
+    atomic_write(target, text)
+
+
+def render(
+    *,
+    phases: Mapping[str, int],
+    needed: Mapping[str, int],
+    serving: Mapping[str, int],
+    tick_duration_s: float,
+    tick_ts: float,
+    transitions: Iterable[tuple[str, str]],
+    tick_error: bool,
+    floors: Mapping[str, int],
+    previous: Counters,
+) -> str:
+    """The textfile's content (pure): previous counters + this tick's increments."""
+    moved: dict[tuple[str, str], float] = dict(previous.transitions)
+    for from_phase, to_phase in transitions:
+        key = (str(from_phase), str(to_phase))
+        moved[key] = moved.get(key, 0.0) + 1
+    # Every phase appears, so a phase that empties reads 0 rather than vanishing.
+    phase_counts = {p.value: 0 for p in Phase}
+    for phase, count in phases.items():
+        phase_counts[str(phase)] = int(count)
+
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {
+        "slurm_idle_nodes": [({"phase": p}, n) for p, n in phase_counts.items()],
+        "slurm_idle_transitions_total": [
+            ({"from": f, "to": t}, n) for (f, t), n in sorted(moved.items())
+        ],
+        "slurm_idle_tick_duration_seconds": [({}, float(tick_duration_s))],
+        "slurm_idle_last_tick_timestamp_seconds": [({}, float(tick_ts))],
+        "slurm_idle_tick_errors_total": [({}, previous.tick_errors + (1 if tick_error else 0))],
+        "slurm_idle_ticks_total": [({}, previous.ticks + 1)],
+        "slurm_idle_needed_replicas": [({"model": m}, n) for m, n in sorted(needed.items())],
+        "slurm_idle_serving_replicas": [({"model": m}, n) for m, n in sorted(serving.items())],
+        "slurm_idle_min_serving_replicas": [({"model": m}, n) for m, n in sorted(floors.items())],
+    }
+    lines: list[str] = []
+    for name, (kind, help_text) in METRICS.items():
+        if not samples[name]:
+            continue
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples[name]:
+            lines.append(f"{name}{_labels(labels)} {_number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Counters:
+    """Counter values read back from the previous textfile (zeros when there is none)."""
+
+    transitions: dict[tuple[str, str], float] = field(default_factory=dict)
+    tick_errors: float = 0.0
+    ticks: float = 0.0
+
+
+def parse_counters(text: str) -> Counters:
+    """The counters in a textfile we wrote earlier (pure). Raises ValueError on a broken file."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counters = Counters()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            value = float(sample.value)
+            if math.isnan(value) or value < 0:
+                continue
+            if sample.name == "slurm_idle_transitions_total":
+                key = (sample.labels.get("from", ""), sample.labels.get("to", ""))
+                counters.transitions[key] = value
+            elif sample.name == "slurm_idle_tick_errors_total":
+                counters.tick_errors = value
+            elif sample.name == "slurm_idle_ticks_total":
+                counters.ticks = value
+    return counters
+
+
+def read_counters(path: Path) -> Counters:
+    """Counters of the previous file; a missing or unreadable file restarts them at 0."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return Counters()
+    except OSError as exc:
+        log.warning("cannot read %s (%s): agent counters restart at 0", path, exc.strerror)
+        return Counters()
+    try:
+        return parse_counters(text)
+    except ValueError as exc:
+        log.warning("cannot parse %s (%s): agent counters restart at 0", path, exc)
+        return Counters()
+
+
+def atomic_write(
+    path: Path, text: str, *, replace: Callable[[str, Path], None] = os.replace
+) -> None:
+    """Replace `path` with `text` so a reader sees the old or the new file, never a mix.
+
+    `replace` is the final rename (injectable so tests can look at the temp file).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; node_exporter may run as another user
+        replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
+    return "{" + inner + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if isinstance(value, bool):
+        value = int(value)
+    if float(value).is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(float(value))

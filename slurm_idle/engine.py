@@ -1,0 +1,430 @@
+"""Control of one vLLM replica per node: start/stop (or wake/sleep) and health, three ways.
+
+The agent retires a replica before lending its node and brings it back on reclaim; how is
+site policy, chosen by `engine.kind`:
+- `command`: admin commands with `{node}`, `{url}`, `{model}` placeholders (shell-quoted values);
+- `docker`: a named container per node via the docker SDK (`stop(timeout=stop_timeout_s)`);
+- `http-sleep`: vLLM sleep mode (`POST /sleep?level=N&mode=wait`, `POST /wake_up`), fastest.
+Health is the same for all: `GET /health` 200, awake per `GET /is_sleeping` (dev mode) or the
+`vllm:engine_sleep_state` gauge, in-flight requests from `vllm:num_requests_running`.
+HTTP, commands, docker client and the clock are injected so tests replace them, not patch them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from slurm_idle.config import EngineConfig, ReplicaConfig
+from slurm_idle.errors import CommandError, EngineError
+from slurm_idle.slurm.runner import CommandRunner, SubprocessRunner
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], None]
+
+
+# --- HTTP ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    body: bytes
+
+
+class HttpClient(Protocol):
+    """One HTTP request; raises EngineError when the server cannot be reached at all."""
+
+    def request(self, method: str, url: str, timeout: float) -> HttpResponse: ...
+
+
+class UrllibClient:
+    """The real HTTP client (stdlib): any status is returned, connection errors raise."""
+
+    def request(self, method: str, url: str, timeout: float) -> HttpResponse:
+        req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return HttpResponse(resp.status, resp.read())
+        except urllib.error.HTTPError as exc:
+            return HttpResponse(exc.code, exc.read() or b"")
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise EngineError(f"{method} {url}: {reason}") from None
+
+
+# --- health --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    """What a replica's HTTP endpoints say right now."""
+
+    up: bool  # GET /health answered 200
+    awake: bool | None  # None: neither /is_sleeping nor the sleep gauge told
+    running: float | None = None  # requests in model execution, summed over engines
+    error: str | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self.up and self.awake is not False
+
+
+@dataclass(frozen=True)
+class MetricsReading:
+    running: float | None
+    awake: bool | None
+
+
+def parse_metrics(text: str) -> MetricsReading:
+    """Requests running (summed over engines) and awake state from a vLLM /metrics page.
+
+    Awake is True only if every engine's `sleep_state="awake"` sample is 1, None without
+    the gauge (older vLLM).
+    """
+    running: float | None = None
+    awake_values: list[float] = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:num_requests_running":
+                running = (running or 0.0) + sample.value
+            elif sample.name == "vllm:engine_sleep_state" and sample.labels.get("sleep_state") == "awake":
+                awake_values.append(sample.value)
+    awake = all(v >= 1 for v in awake_values) if awake_values else None
+    return MetricsReading(running, awake)
+
+
+def parse_is_sleeping(body: bytes) -> bool | None:
+    """`{"is_sleeping": true}` -> True; anything unreadable -> None."""
+    try:
+        value = json.loads(body or b"null")
+    except ValueError:
+        return None
+    if isinstance(value, dict) and isinstance(value.get("is_sleeping"), bool):
+        return bool(value["is_sleeping"])
+    return None
+
+
+def _endpoint(replica: ReplicaConfig, path: str) -> str:
+    return replica.url.rstrip("/") + path
+
+
+class HttpProbe:
+    """Reads /health, /is_sleeping and /metrics of a replica."""
+
+    def __init__(self, http: HttpClient, timeout_s: float) -> None:
+        self.http = http
+        self.timeout_s = timeout_s
+
+    def get(self, replica: ReplicaConfig, path: str) -> HttpResponse:
+        return self.http.request("GET", _endpoint(replica, path), self.timeout_s)
+
+    def is_sleeping(self, replica: ReplicaConfig) -> bool | None:
+        try:
+            resp = self.get(replica, "/is_sleeping")
+        except EngineError:
+            return None
+        return parse_is_sleeping(resp.body) if resp.status == 200 else None
+
+    def metrics(self, replica: ReplicaConfig) -> MetricsReading | None:
+        try:
+            resp = self.get(replica, "/metrics")
+        except EngineError:
+            return None
+        if resp.status != 200:
+            return None
+        try:
+            return parse_metrics(resp.body.decode(errors="replace"))
+        except ValueError:
+            return None
+
+    def health(self, replica: ReplicaConfig) -> EngineHealth:
+        try:
+            resp = self.get(replica, "/health")
+        except EngineError as exc:
+            return EngineHealth(up=False, awake=None, error=str(exc))
+        if resp.status != 200:
+            return EngineHealth(up=False, awake=None, error=f"/health answered {resp.status}")
+        sleeping = self.is_sleeping(replica)
+        reading = self.metrics(replica)
+        awake = (not sleeping) if sleeping is not None else (reading.awake if reading else None)
+        return EngineHealth(up=True, awake=awake, running=reading.running if reading else None)
+
+
+# --- the protocol --------------------------------------------------------------------------
+
+
+class EngineControl(Protocol):
+    """Start/stop one replica and read its health; start and stop are idempotent."""
+
+    def start(self, replica: ReplicaConfig) -> None: ...
+
+    def stop(self, replica: ReplicaConfig) -> None: ...
+
+    def health(self, replica: ReplicaConfig) -> EngineHealth: ...
+
+    def in_flight(self, replica: ReplicaConfig) -> float | None: ...
+
+
+class _HttpHealth:
+    """health() and in_flight() shared by every engine kind."""
+
+    probe: HttpProbe
+
+    def health(self, replica: ReplicaConfig) -> EngineHealth:
+        return self.probe.health(replica)
+
+    def in_flight(self, replica: ReplicaConfig) -> float | None:
+        """Requests running now; None when the replica is down or its metrics unreadable."""
+        reading = self.probe.metrics(replica)
+        return reading.running if reading else None
+
+
+_PLACEHOLDER = re.compile(r"\{(node|url|model)\}")
+
+
+def format_command(template: str, node: str, url: str, model: str) -> str:
+    """Fill `{node}`, `{url}`, `{model}` with shell-quoted values; other braces stay as they are."""
+    values = {"node": node, "url": url, "model": model}
+    return _PLACEHOLDER.sub(lambda m: shlex.quote(values[m.group(1)]), template)
+
+
+class CommandEngine(_HttpHealth):
+    """Admin-supplied shell commands start and stop the replica."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: str = "",
+        runner: CommandRunner | None = None,
+        http: HttpClient | None = None,
+    ) -> None:
+        if not (config.start_command and config.stop_command):
+            raise EngineError("engine kind 'command' needs start_command and stop_command")
+        self.config = config
+        self.model = model
+        self.runner = runner or SubprocessRunner()
+        self.probe = HttpProbe(http or UrllibClient(), config.http_timeout_s)
+
+    def _shell(self, template: str, replica: ReplicaConfig, timeout: float) -> None:
+        command = format_command(template, replica.node, replica.url, self.model)
+        try:
+            self.runner.run(["sh", "-c", command], timeout=timeout)
+        except CommandError as exc:
+            raise EngineError(f"{replica.node}: {exc}") from None
+
+    def start(self, replica: ReplicaConfig) -> None:
+        if self.health(replica).serving:
+            return
+        assert self.config.start_command
+        self._shell(self.config.start_command, replica, self.config.start_timeout_s)
+
+    def stop(self, replica: ReplicaConfig) -> None:
+        # Always run: an admin stop command is idempotent, and a hung server whose /health
+        # no longer answers still has to be stopped.
+        assert self.config.stop_command
+        self._shell(self.config.stop_command, replica, self.config.stop_timeout_s + 30)
+
+
+def container_name(template: str, node: str, model: str = "") -> str:
+    """The container of a node: `{node}` and `{model}` (made name-safe) filled in."""
+    safe_model = re.sub(r"[^a-zA-Z0-9_.-]", "-", model)
+    return template.replace("{node}", node).replace("{model}", safe_model)
+
+
+class DockerEngine(_HttpHealth):
+    """A pre-created container per node, started and stopped through the docker SDK."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: str = "",
+        client: Any = None,
+        http: HttpClient | None = None,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self._client = client
+        self.probe = HttpProbe(http or UrllibClient(), config.http_timeout_s)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import docker
+
+            timeout = int(self.config.stop_timeout_s + 30)
+            try:
+                if self.config.docker_host:
+                    self._client = docker.DockerClient(base_url=self.config.docker_host, timeout=timeout)
+                else:
+                    self._client = docker.from_env(timeout=timeout)
+            except docker.errors.DockerException as exc:
+                raise EngineError(f"cannot reach the container engine: {exc}") from None
+        return self._client
+
+    def container(self, replica: ReplicaConfig) -> Any:
+        import docker
+
+        name = container_name(self.config.container, replica.node, self.model)
+        try:
+            container = self.client.containers.get(name)
+        except docker.errors.NotFound:
+            raise EngineError(
+                f"{replica.node}: container {name!r} does not exist; create it once "
+                "(docker create --name ...) or fix engine.container"
+            ) from None
+        except docker.errors.DockerException as exc:
+            raise EngineError(f"{replica.node}: container {name!r}: {exc}") from None
+        return container
+
+    def status(self, replica: ReplicaConfig) -> str:
+        """The container's state: running, exited, created, ..."""
+        return str(self.container(replica).status)
+
+    def start(self, replica: ReplicaConfig) -> None:
+        import docker
+
+        container = self.container(replica)
+        if container.status == "running":
+            return
+        try:
+            container.start()
+        except docker.errors.DockerException as exc:
+            raise EngineError(f"{replica.node}: cannot start {container.name}: {exc}") from None
+
+    def stop(self, replica: ReplicaConfig) -> None:
+        import docker
+
+        container = self.container(replica)
+        if container.status not in {"running", "restarting", "paused"}:
+            return
+        try:
+            # SIGTERM, then SIGKILL after the timeout: the drain window of the server.
+            container.stop(timeout=int(self.config.stop_timeout_s))
+        except docker.errors.DockerException as exc:
+            raise EngineError(f"{replica.node}: cannot stop {container.name}: {exc}") from None
+
+
+class HttpSleepEngine(_HttpHealth):
+    """vLLM sleep mode: the server keeps running, its weights leave the GPUs while lent."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        http: HttpClient | None = None,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = time.sleep,
+        poll_s: float = 0.2,
+    ) -> None:
+        self.config = config
+        self.http = http or UrllibClient()
+        self.probe = HttpProbe(self.http, config.http_timeout_s)
+        self.clock = clock
+        self.sleep = sleep
+        self.poll_s = poll_s
+
+    def _post(self, replica: ReplicaConfig, path: str, timeout: float) -> None:
+        resp = self.http.request("POST", _endpoint(replica, path), timeout)
+        if resp.status != 200:
+            detail = resp.body.decode(errors="replace").strip()[:200]
+            hint = " (is the server run with VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode?)" \
+                if resp.status == 404 else ""
+            raise EngineError(f"{replica.node}: POST {path} answered {resp.status} {detail}{hint}")
+
+    def _await_sleeping(self, replica: ReplicaConfig, want: bool, timeout_s: float) -> None:
+        deadline = self.clock() + timeout_s
+        while True:
+            if self.probe.is_sleeping(replica) is want:
+                return
+            if self.clock() >= deadline:
+                state = "asleep" if want else "awake"
+                raise EngineError(f"{replica.node}: not {state} after {timeout_s:g} s")
+            self.sleep(self.poll_s)
+
+    def start(self, replica: ReplicaConfig) -> None:
+        health = self.health(replica)
+        if health.serving:
+            return
+        if not health.up:
+            raise EngineError(
+                f"{replica.node}: vLLM at {replica.url} is not running; the http-sleep engine "
+                "only wakes a running server (start it, or use engine kind command/docker)"
+            )
+        self._post(replica, "/wake_up", self.config.start_timeout_s)
+        self._await_sleeping(replica, False, self.config.start_timeout_s)
+
+    def stop(self, replica: ReplicaConfig) -> None:
+        health = self.health(replica)
+        if not health.up or health.awake is False:
+            return  # down or already asleep: nothing holds the GPUs for serving
+        # mode=wait lets in-flight requests finish (vLLM's default, abort, would drop them).
+        timeout = self.config.drain_timeout_s + self.config.stop_timeout_s
+        self._post(replica, f"/sleep?level={self.config.sleep_level}&mode=wait", timeout)
+        self._await_sleeping(replica, True, self.config.stop_timeout_s)
+
+
+def make_engine(
+    config: EngineConfig,
+    model: str = "",
+    *,
+    runner: CommandRunner | None = None,
+    http: HttpClient | None = None,
+    docker_client: Any = None,
+) -> EngineControl:
+    """The engine control `config.kind` names, for the replicas of `model`."""
+    if config.kind == "command":
+        return CommandEngine(config, model, runner=runner, http=http)
+    if config.kind == "docker":
+        return DockerEngine(config, model, client=docker_client, http=http)
+    return HttpSleepEngine(config, http=http)
+
+
+# --- waiting helpers for the agent ---------------------------------------------------------
+
+
+def wait_until_idle(
+    engine: EngineControl,
+    replica: ReplicaConfig,
+    timeout_s: float,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+    poll_s: float = 1.0,
+) -> bool:
+    """True once the replica runs no request (or is down: it can drop none); False at timeout."""
+    deadline = clock() + timeout_s
+    while True:
+        running = engine.in_flight(replica)
+        if running == 0:
+            return True
+        if running is None and not engine.health(replica).up:
+            return True
+        if clock() >= deadline:
+            return False
+        sleep(min(poll_s, max(deadline - clock(), 0.0)))
+
+
+def wait_until_serving(
+    engine: EngineControl,
+    replica: ReplicaConfig,
+    timeout_s: float,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+    poll_s: float = 1.0,
+) -> bool:
+    """True once /health is 200 and the engine is not asleep; False at timeout."""
+    deadline = clock() + timeout_s
+    while True:
+        if engine.health(replica).serving:
+            return True
+        if clock() >= deadline:
+            return False
+        sleep(min(poll_s, max(deadline - clock(), 0.0)))

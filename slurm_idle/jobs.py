@@ -1,0 +1,351 @@
+"""Container job specs (YAML) and the sbatch scripts rendered from them.
+
+A researcher describes a job as an image plus parameters; this module validates that spec
+(pydantic, unknown keys are errors) and renders the batch script that runs it on the
+preemptible partition. Rendering is pure text: nothing here submits or touches the engine.
+
+Safety of the generated script rests on two rules:
+- every user string that reaches the shell body is `shlex.quote`d, and the spec itself travels
+  to the in-job runner as base64 of its JSON, so no name, argument, env value or parameter
+  can ever be read by bash as code;
+- the few values that go on `#SBATCH` lines (which sbatch parses itself, outside any shell) are
+  validated against a strict character set, so no newline can smuggle in a line of script.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from slurm_idle import __version__
+from slurm_idle.config import describe_validation_error
+from slurm_idle.errors import ConfigError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Image references: registry/name:tag@digest characters only (no spaces, quotes or `$`).
+IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
+# Slurm time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+TIME_RE = re.compile(r"^([0-9]+-)?[0-9]+(:[0-9]{1,2}){0,2}$")
+# A log path goes on an #SBATCH line: printable, no quotes, backslashes or whitespace.
+LOG_RE = re.compile(r"^[A-Za-z0-9._/%+=,@~-]{1,4096}$")
+ENGINE_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/podman/podman.sock")
+
+DEFAULT_PARTITION = "idle"
+DEFAULT_TAG = "slurm-idle"
+DEFAULT_LOG = "slurm-idle-%x-%j.out"
+JOB_KIND = "job"  # the comment reads "<tag>:job ..." for every job we submit
+# Runner exit codes the batch script acts on (runner.py documents all of them).
+EXIT_PREEMPTED = 143  # SIGTERM: preempted or requeued; Slurm finishes the requeue
+EXIT_REQUEUE_ME = 75  # SIGUSR1: time limit near, checkpointed; the script requeues the job
+REQUEUE_WAIT_S = 300  # how long the batch shell waits for Slurm to requeue a preempted job
+
+ParamValue = str | int | float | bool
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Mount(_Strict):
+    """A host directory bind-mounted into the container."""
+
+    source: str  # absolute path on the node (shared storage for checkpoints)
+    target: str  # absolute path inside the container
+
+    @field_validator("source", "target")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"mount paths must be absolute, got {value!r}")
+        if any(ch in value for ch in "\0\n\r:"):
+            raise ValueError(f"mount path {value!r} contains a newline, NUL or ':'")
+        return value
+
+    @field_validator("source")
+    @classmethod
+    def _not_engine_socket(cls, value: str) -> str:
+        if value.rstrip("/") in ENGINE_SOCKETS or value.endswith(".sock"):
+            raise ValueError(f"mounting the container engine socket ({value}) is not allowed")
+        return value
+
+
+class Mounts(_Strict):
+    """Inputs are read-only; outputs and the checkpoint dir are writable."""
+
+    inputs: tuple[Mount, ...] = ()
+    outputs: tuple[Mount, ...] = ()
+    checkpoint: Mount | None = None
+
+
+class JobSpec(_Strict):
+    """One container job, as written in a job spec YAML (see etc/examples/)."""
+
+    name: str
+    image: str
+    # Kubernetes semantics: `command` replaces the image ENTRYPOINT, `args` its CMD.
+    command: tuple[str, ...] | None = None
+    args: tuple[str, ...] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    params: dict[str, ParamValue] = Field(default_factory=dict)
+    # params become PARAM_<KEY> env vars and/or a JSON file at /run/slurm-idle/params.json
+    params_as: tuple[Literal["env", "file"], ...] = ("env", "file")
+    gpus: int = Field(0, ge=0)
+    cpus: int = Field(1, ge=1)
+    mem: str | None = None  # Slurm syntax: 4096 (MiB), 16G, ...
+    time: str | None = None  # Slurm syntax: 30, 2:00:00, 1-12:00:00
+    mounts: Mounts = Mounts()
+    max_restarts: int = Field(20, ge=0)  # a job requeued more often than this fails
+    grace_s: float = Field(30.0, ge=0)  # SIGTERM -> wait this long -> stop the container
+    warn_s: int = Field(120, ge=0)  # SIGUSR1 this long before the time limit (0: none)
+    network: Literal["none", "host"] = "none"
+    workdir: str | None = None  # working directory inside the container
+    log: str = DEFAULT_LOG  # sbatch --output (one file across restarts: --open-mode=append)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stringify_env(cls, data: Any) -> Any:
+        # YAML turns `THREADS: 4` into an int; env values are strings in the end anyway.
+        if isinstance(data, Mapping) and isinstance(data.get("env"), Mapping):
+            data = dict(data)
+            data["env"] = {
+                k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in data["env"].items()
+            }
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError(
+                f"job name {value!r} must be 1-63 characters of letters, digits, '.', '_' or '-'"
+            )
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if not IMAGE_RE.match(value):
+            raise ValueError(f"{value!r} is not an image reference (e.g. registry/name:tag)")
+        return value
+
+    @field_validator("env", "params")
+    @classmethod
+    def _env_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not ENV_NAME_RE.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return value
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, value: str | None) -> str | None:
+        if value is not None and not MEM_RE.match(value):
+            raise ValueError(f"mem {value!r} must look like 4096, 512M or 16G")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None and not TIME_RE.match(value):
+            raise ValueError(f"time {value!r} must look like 30, 2:00:00 or 1-12:00:00")
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"workdir must be absolute, got {value!r}")
+        return value
+
+    @field_validator("log")
+    @classmethod
+    def _log(cls, value: str) -> str:
+        if not LOG_RE.match(value):
+            raise ValueError(
+                f"log path {value!r} may only hold letters, digits and ._/%+=,@~- (no spaces)"
+            )
+        return value
+
+    def param_env(self) -> dict[str, str]:
+        """params as PARAM_<KEY> environment variables (booleans as true/false)."""
+        if "env" not in self.params_as:
+            return {}
+        return {f"PARAM_{k.upper()}": _param_str(v) for k, v in self.params.items()}
+
+
+def _param_str(value: ParamValue) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def parse_job_spec(data: Any, source: str = "<job spec>") -> JobSpec:
+    """Validate one job spec mapping; errors are ConfigError naming the source and field."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: a job spec must be a mapping, got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {describe_validation_error(exc)}") from None
+
+
+def read_yaml(path: str | os.PathLike[str]) -> Any:
+    """Load a YAML file, turning I/O and syntax problems into one-line ConfigErrors."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
+        raise ConfigError(f"{p}: YAML syntax error at {where}") from None
+    if data is None:
+        raise ConfigError(f"{p}: file is empty")
+    return data
+
+
+def load_job_spec(path: str | os.PathLike[str]) -> JobSpec:
+    """Read and validate a job spec YAML file."""
+    return parse_job_spec(read_yaml(path), source=str(path))
+
+
+# ---------------------------------------------------------------- rendering
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """Site settings that shape every script: partition, tag, interpreter."""
+
+    partition: str = DEFAULT_PARTITION
+    tag: str = DEFAULT_TAG
+    python: str = sys.executable  # the interpreter slurm-idle runs under (has the runner)
+    job_name: str | None = None  # Slurm job name, default: the spec's name
+    comment_extra: tuple[tuple[str, str], ...] = ()  # e.g. (("pipeline", "p"), ("step", "sft"))
+
+
+def job_comment(opts: SubmitOptions) -> str:
+    """The Slurm comment that marks a job as ours: `<tag>:job[,key=value...]` (no spaces)."""
+    extra = "".join(f",{k}={v}" for k, v in opts.comment_extra)
+    return f"{opts.tag}:{JOB_KIND}{extra}"
+
+
+def parse_job_comment(comment: str, tag: str = DEFAULT_TAG) -> dict[str, str] | None:
+    """The key=value pairs of one of our comments, or None when the job is not ours."""
+    words = comment.strip().split(",")
+    if not words or words[0] != f"{tag}:{JOB_KIND}":
+        return None
+    pairs = (w.split("=", 1) for w in words[1:] if "=" in w)
+    return {k: v for k, v in pairs}
+
+
+def sbatch_args(spec: JobSpec, opts: SubmitOptions = SubmitOptions()) -> list[str]:
+    """The sbatch options of a job, as argv words (also written as #SBATCH lines)."""
+    for value, what in ((opts.partition, "partition"), (opts.tag, "tag")):
+        if not NAME_RE.match(value):
+            raise ConfigError(f"{what} {value!r} is not a plain Slurm name")
+    for k, v in opts.comment_extra:
+        if not (NAME_RE.match(k) and NAME_RE.match(v)):
+            raise ConfigError(f"comment field {k}={v!r} is not a plain name")
+    name = opts.job_name or spec.name
+    if not NAME_RE.match(name):
+        raise ConfigError(f"job name {name!r} is not a plain name")
+    args = [
+        f"--job-name={name}",
+        f"--partition={opts.partition}",
+        "--requeue",
+        "--open-mode=append",
+        f"--output={spec.log}",
+        f"--comment={job_comment(opts)}",
+        "--ntasks=1",
+        f"--cpus-per-task={spec.cpus}",
+    ]
+    if spec.warn_s:
+        # To the steps (the runner): the time limit is near, checkpoint and requeue.
+        args.append(f"--signal=USR1@{spec.warn_s}")
+    if spec.gpus:
+        args.append(f"--gres=gpu:{spec.gpus}")
+    if spec.mem:
+        args.append(f"--mem={spec.mem}")
+    if spec.time:
+        args.append(f"--time={spec.time}")
+    return args
+
+
+def encode_spec(spec: JobSpec) -> str:
+    """The spec as base64 of its JSON: a shell-inert word that carries any user string."""
+    raw = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return base64.b64encode(raw.encode()).decode()
+
+
+def decode_spec(b64: str) -> JobSpec:
+    """Inverse of encode_spec (used by the runner)."""
+    try:
+        data = json.loads(base64.b64decode(b64.encode(), validate=True))
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"the job spec passed to the runner is not valid base64 JSON: {exc}") from None
+    return parse_job_spec(data, source="--spec-b64")
+
+
+def render_script(spec: JobSpec, opts: SubmitOptions = SubmitOptions()) -> str:
+    """The batch script: #SBATCH options, then the runner as an srun step.
+
+    The runner must be an srun step: at preemption Slurm sends SIGTERM to steps at the start
+    of the grace period, but to a bare batch shell only at its end.
+    """
+    runner = [
+        "srun",
+        "--ntasks=1",
+        "--kill-on-bad-exit=1",
+        opts.python,
+        "-m",
+        "slurm_idle.runner",
+        "--grace-s",
+        f"{spec.grace_s:g}",
+        "--spec-b64",
+    ]
+    # The image is validated and JSON-escaped: safe and useful in a comment line.
+    lines = [
+        "#!/bin/bash",
+        f"# Generated by slurm-idle {__version__} from job spec {json.dumps(spec.name)}"
+        f" (image {json.dumps(spec.image)}). Edit the spec, not this file.",
+        *(f"#SBATCH {arg}" for arg in sbatch_args(spec, opts)),
+        "set -euo pipefail",
+        'echo "slurm-idle: job ${SLURM_JOB_ID:-?} run ${SLURM_RESTART_COUNT:-0}'
+        ' on $(hostname) at $(date +%s)"',
+        f"SPEC={shlex.quote(encode_spec(spec))}",
+        "rc=0",
+        f'{shlex.join(runner)} "$SPEC" || rc=$?',
+        f"if [ $rc -eq {EXIT_PREEMPTED} ] || [ $rc -eq {EXIT_REQUEUE_ME} ]; then",
+        "  # Stopped for preemption or the time limit, checkpoint taken. The batch shell must",
+        "  # outlive the step: ending now would record the job FAILED instead of requeued.",
+        "  # Slurm ends it (GraceTime over, or `scontrol requeue`); if nobody does, requeue here.",
+        f"  if [ $rc -eq {EXIT_PREEMPTED} ]; then sleep {REQUEUE_WAIT_S} & wait $! || true; fi",
+        '  echo "slurm-idle: requeueing job ${SLURM_JOB_ID:-?} ourselves"',
+        '  scontrol requeue "${SLURM_JOB_ID:-}" || true',
+        "  sleep 60 & wait $! || true",
+        "fi",
+        "exit $rc",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_dry_run(spec: JobSpec, opts: SubmitOptions = SubmitOptions()) -> dict[str, Any]:
+    """What `submit --dry-run --json` prints."""
+    return {"sbatch_args": sbatch_args(spec, opts), "script": render_script(spec, opts)}

@@ -1,0 +1,414 @@
+"""Engine load through Prometheus: a fixed number of fleet-wide vector queries per tick.
+
+Each signal is ONE instant query for the whole fleet (`sum by (instance) (...)`), never one per
+node, so a tick costs the same number of round trips for 4 or 10,000 replicas (`queries` counts
+them; the tick benchmark reads it). Series are mapped back to replicas by their scrape target
+(`instance` = host:port of the replica URL, or a configured label holding the node name).
+Rates, counter resets and histogram percentiles are Prometheus' own (`rate`,
+`histogram_quantile`); hysteresis and forecast use range subqueries so the agent keeps no state
+(the forecast's arithmetic is the policy's `forecast_demand`, shared with the simulator).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import requests
+from prometheus_api_client import PrometheusApiClientException
+
+from slurm_idle.config import Config, ModelConfig, ReplicaConfig
+from slurm_idle.errors import MetricsUnavailable
+from slurm_idle.metrics import demand_tokens_per_s, names
+from slurm_idle.model import ModelLoad, ReplicaLoad
+from slurm_idle.policy.capacity import default_forecast_lead_s, forecast_demand
+
+DAY_S = 86_400
+WEEK_S = 7 * DAY_S
+
+
+class PrometheusClient(Protocol):
+    """The part of prometheus_api_client.PrometheusConnect we use (fakes implement just this)."""
+
+    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        ...
+
+
+def connect(url: str, timeout_s: float) -> PrometheusClient:
+    """A real PrometheusConnect that fails fast (one retry) instead of backing off for long."""
+    from prometheus_api_client import PrometheusConnect
+    from urllib3.util.retry import Retry
+
+    retry = Retry(total=1, backoff_factor=0.1, status_forcelist=[502, 503, 504])
+    client: PrometheusClient = PrometheusConnect(
+        url=url, disable_ssl=True, retry=retry, timeout=timeout_s  # type: ignore[arg-type]
+    )
+    return client
+
+
+# --- PromQL ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Queries:
+    """The PromQL of one tick, built from the config (pure, so tests can read it)."""
+
+    selector: str  # e.g. `{job="vllm"}` or ``
+    instance_label: str
+    rate_window_s: int
+    prompt_token_weight: float
+    staleness_s: float = 120.0
+
+    def _sel(self, extra: str = "") -> str:
+        inner = ",".join(p for p in (self.selector.strip("{}"), extra) if p)
+        return "{" + inner + "}" if inner else ""
+
+    def _rate(self, metric: str, offset_s: int = 0) -> str:
+        off = f" offset {offset_s}s" if offset_s else ""
+        return f"rate({metric}{self._sel()}[{self.rate_window_s}s]{off})"
+
+    def _p95(self, hist: str, by: str) -> str:
+        return (
+            f"histogram_quantile(0.95, sum by (le, {by}) "
+            f"(rate({hist}_bucket{self._sel()}[{self.rate_window_s}s])))"
+        )
+
+    # Per replica (grouped by the scrape target).
+    def replica(self) -> dict[str, str]:
+        i = self.instance_label
+        awake = f'{names.SLEEP_STATE_LABEL}="{names.SLEEP_AWAKE}"'
+        return {
+            "running": f"sum by ({i}, {names.ENGINE_LABEL}) ({names.RUNNING}{self._sel()})",
+            "waiting": f"sum by ({i}) ({names.WAITING}{self._sel()})",
+            # `or` keeps the legacy gauge only for targets without the new one.
+            "kv": (
+                f"max by ({i}) ({names.KV_CACHE_USAGE}{self._sel()}) "
+                f"or max by ({i}) ({names.KV_CACHE_USAGE_LEGACY}{self._sel()})"
+            ),
+            # The next two list only the exceptions (asleep, stale), to keep answers small.
+            "asleep": f"max by ({i}) ({names.SLEEP_STATE}{self._sel(awake)}) < 0.5",
+            "prompt": f"sum by ({i}) ({self._rate(names.PROMPT_TOKENS)})",
+            "generation": f"sum by ({i}) ({self._rate(names.GENERATION_TOKENS)})",
+            "stale": (
+                f"time() - max by ({i}) (timestamp({names.RUNNING}{self._sel()})) > {self.staleness_s:g}"
+            ),
+            # `>= 0` drops NaN: replicas without requests in the window have no percentile.
+            "ttft": f"{self._p95(names.TTFT, i)} >= 0",
+            "queue": f"{self._p95(names.QUEUE_TIME, i)} >= 0",
+        }
+
+    def demand(self, offset_s: int = 0) -> str:
+        m = names.MODEL_LABEL
+        return (
+            f"(sum by ({m}) ({self._rate(names.GENERATION_TOKENS, offset_s)}) + "
+            f"{self.prompt_token_weight!r} * sum by ({m}) ({self._rate(names.PROMPT_TOKENS, offset_s)}))"
+        )
+
+    # Fleet-wide per model.
+    def model(self, window_s: int, forecast_lead_s: int | None) -> dict[str, str]:
+        m = names.MODEL_LABEL
+        q = {
+            "generation": f"sum by ({m}) ({self._rate(names.GENERATION_TOKENS)})",
+            "prompt": f"sum by ({m}) ({self._rate(names.PROMPT_TOKENS)})",
+            "running": f"sum by ({m}) ({names.RUNNING}{self._sel()})",
+            "waiting": f"sum by ({m}) ({names.WAITING}{self._sel()})",
+            "kv": (
+                f"max by ({m}) ({names.KV_CACHE_USAGE}{self._sel()}) "
+                f"or max by ({m}) ({names.KV_CACHE_USAGE_LEGACY}{self._sel()})"
+            ),
+            "ttft": self._p95(names.TTFT, m),
+        }
+        if window_s > 0:
+            step = subquery_step(window_s, self.rate_window_s)
+            waiting = f"sum by ({m}) ({names.WAITING}{self._sel()})"
+            q["demand_max"] = f"max_over_time({self.demand()}[{window_s}s:{step}s])"
+            q["waiting_max"] = f"max_over_time({waiting}[{window_s}s:{step}s])"
+            q["waiting_min"] = f"min_over_time({waiting}[{window_s}s:{step}s])"
+        if forecast_lead_s is not None:
+            q["forecast"] = self.forecast(forecast_lead_s)
+        return q
+
+    def forecast(self, lead_s: int) -> str:
+        """Demand at now-1d and now-7d, and its peak over the lead time after each, in one query.
+
+        The four series per model are told apart by a `kind` label (then_1d, ahead_1d, then_7d,
+        ahead_7d); `forecast_demand` of the policy turns them into one number.
+        """
+        lead = max(lead_s, 1)
+        step = subquery_step(lead, self.rate_window_s)
+        parts = []
+        for ago, tag in ((DAY_S, "1d"), (WEEK_S, "7d")):
+            then = self.demand(ago)
+            ahead = f"max_over_time({self.demand()}[{lead}s:{step}s] offset {max(ago - lead, 1)}s)"
+            parts.append(f'label_replace({then}, "kind", "then_{tag}", "", "")')
+            parts.append(f'label_replace({ahead}, "kind", "ahead_{tag}", "", "")')
+        return " or ".join(parts)
+
+
+def subquery_step(range_s: int, rate_window_s: int) -> int:
+    """Resolution of a range subquery: ~10-30 points, never finer than half the rate window."""
+    return max(1, min(max(rate_window_s // 2, 1), max(range_s // 10, 1)))
+
+
+def queries_for(config: Config) -> Queries:
+    job = config.metrics.job_label
+    return Queries(
+        selector=f'{{job="{job}"}}' if job else "",
+        instance_label=config.metrics.instance_label,
+        rate_window_s=config.metrics.rate_window_s,
+        prompt_token_weight=config.policy.prompt_token_weight,
+        staleness_s=config.metrics.staleness_s,
+    )
+
+
+def forecast_lead_s(config: Config, models: Sequence[ModelConfig]) -> int:
+    """How far ahead to look: the policy's lead for the slowest model (one query for all)."""
+    return int(max(default_forecast_lead_s(config, m.name) for m in models))
+
+
+# --- mapping series to replicas ----------------------------------------------------------------
+
+
+def target_keys(replica: ReplicaConfig) -> list[str]:
+    """The label values that identify a replica's series: host:port of its URL, then its node."""
+    parts = urlsplit(replica.url)
+    host = (parts.hostname or "").lower()
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    keys = [f"{host}:{port}", replica.node.lower()]
+    short = host.split(".")[0]
+    if short != host and not host.replace(".", "").isdigit():
+        keys.append(f"{short}:{port}")
+    return keys
+
+
+def target_index(replicas: Sequence[tuple[str, ReplicaConfig]]) -> dict[str, str]:
+    """label value -> node name; earlier (more exact) keys win over later ones."""
+    index: dict[str, str] = {}
+    all_keys = [(target_keys(replica), replica.node) for _, replica in replicas]
+    for rank in range(3):
+        for keys, node in all_keys:
+            if rank < len(keys):
+                index.setdefault(keys[rank], node)
+    return index
+
+
+def match_target(index: Mapping[str, str], value: str) -> str | None:
+    v = value.lower()
+    if v in index:
+        return index[v]
+    host, _, port = v.rpartition(":")
+    if host and port.isdigit():
+        short = f"{host.split('.')[0]}:{port}"
+        return index.get(short) or index.get(host) or index.get(host.split(".")[0])
+    return None
+
+
+# --- the source --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Vector:
+    """One instant-query answer: the raw series list and the evaluation time."""
+
+    result: list[dict[str, Any]]
+    eval_ts: float | None
+
+    def values(self) -> Iterator[tuple[dict[str, str], float]]:
+        """(labels, value) per series; NaN kept (a percentile over no requests)."""
+        for item in self.result:
+            yield item["metric"], float(item["value"][1])
+
+
+def parse_vector(result: Any) -> _Vector:
+    """Check the shape of prometheus_api_client's `result` list; values are read lazily."""
+    if not isinstance(result, list):
+        raise ValueError(f"expected a list of series, got {type(result).__name__}")
+    eval_ts = float(result[-1]["value"][0]) if result else None
+    return _Vector(result, eval_ts)
+
+
+def _finite(v: float | None) -> float | None:
+    return None if v is None or math.isnan(v) or math.isinf(v) else v
+
+
+#: Signals summed when several series land on one replica (DP engines); for the others
+#: (gauges of fullness, percentiles, timestamps) the worst one is kept.
+_SUMMED = frozenset({"running", "waiting", "prompt", "generation"})
+
+
+class PrometheusSource:
+    """MetricsSource reading a Prometheus server that scrapes every replica's /metrics."""
+
+    def __init__(
+        self,
+        config: Config,
+        prom: PrometheusClient | None = None,
+        connect_fn: Callable[[str, float], PrometheusClient] = connect,
+    ) -> None:
+        self.config = config
+        self.url = config.metrics.prometheus_url
+        self.prom = prom if prom is not None else connect_fn(self.url, config.metrics.query_timeout_s)
+        self.q = queries_for(config)
+        self.queries = 0
+        self.last_engines: dict[str, tuple[str, ...]] = {}  # node -> engine labels seen (for the CLI)
+
+    # One round trip, with every failure turned into one MetricsUnavailable line.
+    def query(self, promql: str, time: float | None = None) -> _Vector:
+        self.queries += 1
+        params = {"time": repr(time)} if time is not None else None
+        try:
+            result = self.prom.custom_query(promql, params=params)
+        except requests.exceptions.ConnectionError as exc:
+            raise MetricsUnavailable(
+                f"cannot connect to Prometheus at {self.url} ({_reason(exc)}): check "
+                "metrics.prometheus_url and that Prometheus is running"
+            ) from None
+        except requests.exceptions.Timeout:
+            raise MetricsUnavailable(
+                f"Prometheus at {self.url} did not answer within {self.config.metrics.query_timeout_s:g}s: "
+                "check its load or raise metrics.query_timeout_s"
+            ) from None
+        except PrometheusApiClientException as exc:
+            raise MetricsUnavailable(
+                f"{self.url} refused the query `{promql[:100]}` ({_api_error(str(exc))}): check that "
+                "metrics.prometheus_url points at Prometheus (not at a replica) and its version"
+            ) from None
+        except requests.exceptions.RequestException as exc:
+            raise MetricsUnavailable(f"Prometheus at {self.url}: {_reason(exc)}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MetricsUnavailable(
+                f"{self.url} did not answer like a Prometheus server ({type(exc).__name__}): "
+                "check metrics.prometheus_url"
+            ) from None
+        try:
+            return parse_vector(result)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MetricsUnavailable(
+                f"unexpected answer from Prometheus at {self.url} to `{promql[:120]}`: {exc}"
+            ) from None
+
+    def replica_loads(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> list[ReplicaLoad]:
+        index = target_index(replicas)
+        label = self.config.metrics.instance_label
+        matched: dict[str, str | None] = {}  # label value -> node, memoised across the queries
+        signals: dict[str, dict[str, float]] = {}  # signal -> node -> value
+        engines: dict[str, set[str]] = {}
+        for signal, promql in self.q.replica().items():
+            vec = self.query(promql)
+            acc = signals[signal] = {}
+            summed = signal in _SUMMED
+            try:
+                for labels, value in vec.values():
+                    target = labels.get(label, "")
+                    node = matched.get(target, "")
+                    if node == "":
+                        node = matched[target] = match_target(index, target)
+                    if node is None:
+                        continue
+                    if signal == "running":
+                        engines.setdefault(node, set()).add(labels.get(names.ENGINE_LABEL) or "0")
+                    old = acc.get(node)
+                    acc[node] = value if old is None else (old + value if summed else max(old, value))
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+                raise MetricsUnavailable(
+                    f"unexpected answer from Prometheus at {self.url} to `{promql[:100]}`: {exc!r}"
+                ) from None
+        self.last_engines = {node: tuple(sorted(e)) for node, e in engines.items()}
+        return [self._replica_load(model, r, signals) for model, r in replicas]
+
+    @staticmethod
+    def _replica_load(
+        model: str,
+        replica: ReplicaConfig,
+        signals: Mapping[str, Mapping[str, float]],
+    ) -> ReplicaLoad:
+        node = replica.node
+        running = signals["running"].get(node)
+        if running is None:
+            return ReplicaLoad(model=model, node=node, url=replica.url, known=False)
+        stale = node in signals["stale"]
+        waiting = _finite(signals["waiting"].get(node))
+        prompt = _finite(signals["prompt"].get(node))
+        generation = _finite(signals["generation"].get(node))
+        return ReplicaLoad(
+            model=model,
+            node=node,
+            url=replica.url,
+            known=not stale and waiting is not None and prompt is not None and generation is not None,
+            running=running,
+            waiting=waiting or 0.0,
+            kv_cache_usage=_finite(signals["kv"].get(node)) or 0.0,
+            sleeping=node in signals["asleep"],
+            prompt_tokens_per_s=prompt or 0.0,
+            generation_tokens_per_s=generation or 0.0,
+            ttft_p95_s=_finite(signals["ttft"].get(node)),
+            queue_time_p95_s=_finite(signals["queue"].get(node)),
+        )
+
+    def model_loads(self, models: Sequence[ModelConfig], now: float) -> list[ModelLoad]:
+        policy = self.config.policy
+        lead = forecast_lead_s(self.config, models) if policy.forecast and models else None
+        by_model: dict[str, dict[str, float]] = {}
+        for signal, promql in self.q.model(policy.scale_down_window_s, lead).items():
+            for labels, value in self.query(promql, time=now).values():
+                key = f"{signal}:{labels['kind']}" if signal == "forecast" and "kind" in labels else signal
+                by_model.setdefault(labels.get(names.MODEL_LABEL, ""), {})[key] = value
+        return [self._model_load(m.name, by_model.get(m.name, {})) for m in models]
+
+    def _model_load(self, model: str, v: dict[str, float]) -> ModelLoad:
+        gen, prompt = _finite(v.get("generation")), _finite(v.get("prompt"))
+        running = _finite(v.get("running"))
+        if gen is None or prompt is None or running is None:
+            return ModelLoad(model=model, known=False)
+        waiting = _finite(v.get("waiting")) or 0.0
+        demand_now = demand_tokens_per_s(gen, prompt, self.config.policy.prompt_token_weight)
+        history = [
+            (then, ahead)
+            for tag in ("1d", "7d")
+            if (then := _finite(v.get(f"forecast:then_{tag}"))) is not None
+            and (ahead := _finite(v.get(f"forecast:ahead_{tag}"))) is not None
+        ]
+        windowed = self.config.policy.scale_down_window_s > 0
+        return ModelLoad(
+            model=model,
+            known=True,
+            prompt_tokens_per_s=prompt,
+            generation_tokens_per_s=gen,
+            running=running,
+            waiting=waiting,
+            kv_cache_usage_max=_finite(v.get("kv")) or 0.0,
+            ttft_p95_s=_finite(v.get("ttft")),
+            demand_tokens_per_s_max_window=(
+                _max_opt(_finite(v.get("demand_max")), demand_now) if windowed else demand_now
+            ),
+            waiting_max_window=(
+                _max_opt(_finite(v.get("waiting_max")), waiting) if windowed else waiting
+            ),
+            waiting_min_window=_finite(v.get("waiting_min")) if windowed else waiting,
+            forecast_demand_tokens_per_s=forecast_demand(demand_now, history),
+        )
+
+
+def _max_opt(window: float | None, now: float) -> float | None:
+    # The window's max must cover the present too (the subquery's last step may predate it).
+    return None if window is None else max(window, now)
+
+
+def _api_error(text: str) -> str:
+    """`HTTP Status Code 400 (b'{"error": "..."}')` -> `HTTP 400: ...` without an HTML body."""
+    found = re.search(r"HTTP Status Code (\d+)", text)
+    code = f"HTTP {found.group(1)}" if found else "error"
+    detail = re.search(r'"error"\s*:\s*"([^"]{1,200})', text)
+    return f"{code}: {detail.group(1)}" if detail else code
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    for hint in ("Connection refused", "Name or service not known", "timed out", "No route to host"):
+        if hint in text:
+            return hint.lower()
+    return text.splitlines()[0][:160] if text else type(exc).__name__

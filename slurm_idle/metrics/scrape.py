@@ -1,0 +1,335 @@
+"""Engine load by scraping each replica's /metrics directly (sites without Prometheus).
+
+Rates need two readings of each counter. With `metrics.scrape_state` set, the previous tick's
+scrape is kept in that JSON file, so rates span the time between ticks (smooth, one request per
+replica per tick) and the same file keeps a short per-model demand history for the scale-down
+window. Without it, or when the kept scrape is older than `metrics.staleness_s`, each replica
+is scraped twice `metrics.scrape_interval_s` apart within the tick: rates are then noisy and
+the window fields stay None (no history), which the planner reads as "do not lend on this".
+The HTTP client, clock and sleep are injected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+from slurm_idle.config import Config, ModelConfig, ReplicaConfig
+from slurm_idle.errors import MetricsUnavailable
+from slurm_idle.metrics import demand_tokens_per_s
+from slurm_idle.metrics.parse import (
+    EngineReading,
+    EngineSnapshot,
+    Histogram,
+    NotAMetricsPage,
+    ServerReading,
+    parse_page,
+    read_engines,
+    sum_engines,
+    sum_histograms,
+)
+from slurm_idle.model import ModelLoad, ReplicaLoad
+
+MAX_PAGE_BYTES = 32 * 1024 * 1024
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    text: str
+
+
+class HttpGet(Protocol):
+    """GET a URL; raises OSError (or urllib's errors) when there is no answer."""
+
+    def __call__(self, url: str, timeout_s: float) -> HttpResponse: ...
+
+
+def urllib_get(url: str, timeout_s: float) -> HttpResponse:
+    """The default HTTP client: stdlib urllib, no proxies (replicas are on the cluster network)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout_s) as resp:
+            body = resp.read(MAX_PAGE_BYTES)
+            return HttpResponse(resp.status, body.decode("utf-8", errors="replace"))
+    except urllib.error.HTTPError as exc:
+        return HttpResponse(exc.code, exc.read(4096).decode("utf-8", errors="replace"))
+
+
+def metrics_url(url: str) -> str:
+    """A replica URL (`http://gpu01:8000`) -> its metrics page; a URL with a path is kept."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    path = parts.path if parts.path not in ("", "/") else "/metrics"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def scrape(url: str, http: HttpGet, timeout_s: float) -> list[EngineSnapshot]:
+    """Fetch and parse one server's metrics; MetricsUnavailable says what went wrong."""
+    page = metrics_url(url)
+    try:
+        resp = http(page, timeout_s)
+    except (OSError, urllib.error.URLError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise MetricsUnavailable(
+            f"{page} did not answer ({_short(reason)}): check the URL and that vLLM is running there"
+        ) from None
+    if resp.status != 200:
+        raise MetricsUnavailable(
+            f"{page} answered HTTP {resp.status}: is this a vLLM server (its /metrics page)?"
+        )
+    try:
+        return parse_page(resp.text)
+    except NotAMetricsPage as exc:
+        raise MetricsUnavailable(f"{page} is not a vLLM metrics page: {exc}") from None
+
+
+def _short(reason: object) -> str:
+    text = str(reason)
+    if "refused" in text.lower():
+        return "connection refused"
+    if "timed out" in text.lower():
+        return "timed out"
+    return text.splitlines()[0][:160] if text else type(reason).__name__
+
+
+def read_server(
+    url: str,
+    http: HttpGet = urllib_get,
+    timeout_s: float = 5.0,
+    interval_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[EngineReading]:
+    """Scrape a server twice `interval_s` apart (once if 0): gauges, rates and p95s per engine."""
+    first_t = clock()
+    first = scrape(url, http, timeout_s)
+    if interval_s <= 0:
+        return read_engines(None, first, 0.0)
+    sleep(interval_s)
+    second_t = clock()
+    second = scrape(url, http, timeout_s)
+    return read_engines(first, second, second_t - first_t)
+
+
+# --- state file ---------------------------------------------------------------------------------
+
+
+def _snap_to_json(s: EngineSnapshot) -> dict[str, Any]:
+    return asdict(s)
+
+
+def _snap_from_json(d: dict[str, Any]) -> EngineSnapshot:
+    def hist(h: Any) -> Histogram | None:
+        return Histogram(tuple((float(le), float(n)) for le, n in h["buckets"])) if h else None
+
+    return EngineSnapshot(**{**d, "ttft": hist(d.get("ttft")), "queue_time": hist(d.get("queue_time"))})
+
+
+@dataclass
+class ScrapeState:
+    """The previous scrape of each URL and a short per-model history of demand and queue."""
+
+    scrapes: dict[str, tuple[float, list[EngineSnapshot]]]
+    history: list[tuple[float, str, float, float]]  # (t, model, demand tokens/s, waiting)
+
+    @classmethod
+    def load(cls, path: Path | None) -> ScrapeState:
+        if path is None:
+            return cls({}, [])
+        try:
+            doc = json.loads(path.read_text())
+            if doc.get("version") != STATE_VERSION:
+                return cls({}, [])
+            scrapes = {
+                url: (float(v["t"]), [_snap_from_json(e) for e in v["engines"]])
+                for url, v in doc["scrapes"].items()
+            }
+            history = [(float(t), str(m), float(d), float(w)) for t, m, d, w in doc["history"]]
+            return cls(scrapes, history)
+        except (OSError, ValueError, KeyError, TypeError):
+            return cls({}, [])  # a lost or corrupt state only costs one double scrape
+
+    def save(self, path: Path | None) -> None:
+        if path is None:
+            return
+        doc = {
+            "version": STATE_VERSION,
+            "scrapes": {
+                url: {"t": t, "engines": [_snap_to_json(e) for e in engines]}
+                for url, (t, engines) in self.scrapes.items()
+            },
+            "history": [list(h) for h in self.history],
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
+
+
+# --- the source ---------------------------------------------------------------------------------
+
+
+class ScrapeSource:
+    """MetricsSource that reads every replica's /metrics itself."""
+
+    def __init__(
+        self,
+        config: Config,
+        http: HttpGet = urllib_get,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        state_path: str | os.PathLike[str] | None = None,
+        max_workers: int = 16,
+    ) -> None:
+        self.config = config
+        self.http = http
+        self.clock = clock
+        self.sleep = sleep
+        path = state_path if state_path is not None else config.metrics.scrape_state
+        self.state_path = Path(path) if path else None
+        self.max_workers = max_workers
+        self.requests = 0
+        self.errors: dict[str, str] = {}  # url -> why it was unknown at the last tick
+        self._last: dict[str, tuple[str, ServerReading | None]] = {}  # node -> (model, reading)
+
+    def _fetch_all(self, urls: Sequence[str]) -> dict[str, list[EngineSnapshot] | MetricsUnavailable]:
+        timeout = self.config.metrics.scrape_timeout_s
+
+        def one(url: str) -> list[EngineSnapshot] | MetricsUnavailable:
+            try:
+                return scrape(url, self.http, timeout)
+            except MetricsUnavailable as exc:
+                return exc
+
+        self.requests += len(urls)
+        if len(urls) <= 1:
+            return {u: one(u) for u in urls}
+        with ThreadPoolExecutor(max_workers=min(self.max_workers, len(urls))) as pool:
+            return dict(zip(urls, pool.map(one, urls)))
+
+    def replica_loads(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> list[ReplicaLoad]:
+        state = ScrapeState.load(self.state_path)
+        urls = sorted({r.url for _, r in replicas})
+        t1 = self.clock()
+        first = self._fetch_all(urls)
+        readings: dict[str, list[EngineReading] | MetricsUnavailable] = {}
+        again = []
+        for url in urls:
+            got = first[url]
+            prev = state.scrapes.get(url)
+            if isinstance(got, MetricsUnavailable):
+                readings[url] = got
+            elif prev is not None and 0 < t1 - prev[0] <= self.config.metrics.staleness_s:
+                readings[url] = read_engines(prev[1], got, t1 - prev[0])
+            else:
+                again.append(url)
+        t_now = t1
+        if again:
+            self.sleep(self.config.metrics.scrape_interval_s)
+            t2 = self.clock()
+            second = self._fetch_all(again)
+            for url in again:
+                got2, got1 = second[url], first[url]
+                assert not isinstance(got1, MetricsUnavailable)
+                readings[url] = (
+                    got2 if isinstance(got2, MetricsUnavailable) else read_engines(got1, got2, t2 - t1)
+                )
+            t_now = t2
+        for url in urls:
+            r = readings[url]
+            if not isinstance(r, MetricsUnavailable):
+                state.scrapes[url] = (t_now if url in again else t1, [e.snapshot for e in r])
+        state.save(self.state_path)
+
+        self.errors = {u: str(r) for u, r in readings.items() if isinstance(r, MetricsUnavailable)}
+        loads = []
+        for model, replica in replicas:
+            r = readings[replica.url]
+            server = None if isinstance(r, MetricsUnavailable) else sum_engines(r)
+            self._last[replica.node] = (model, server)
+            loads.append(_replica_load(model, replica, server))
+        return loads
+
+    def model_loads(self, models: Sequence[ModelConfig], now: float) -> list[ModelLoad]:
+        wanted = [(m.name, r) for m in models for r in m.replicas]
+        if any(r.node not in self._last for _, r in wanted):
+            self.replica_loads(wanted)
+        policy = self.config.policy
+        state = ScrapeState.load(self.state_path) if self.state_path else None
+        out = []
+        for m in models:
+            servers = [s for r in m.replicas if (s := self._last[r.node][1]) is not None and s.complete]
+            if not servers:
+                out.append(ModelLoad(model=m.name, known=False))
+                continue
+            gen = sum(s.generation_tokens_per_s or 0.0 for s in servers)
+            prompt = sum(s.prompt_tokens_per_s or 0.0 for s in servers)
+            waiting = sum(s.waiting for s in servers)
+            demand = demand_tokens_per_s(gen, prompt, policy.prompt_token_weight)
+            ttft = sum_histograms(s.ttft for s in servers)
+            window = (None, None, None)
+            if state is not None:
+                state.history.append((now, m.name, demand, waiting))
+                window = _window(state.history, m.name, now, policy.scale_down_window_s,
+                                 self.config.metrics.staleness_s)
+            out.append(
+                ModelLoad(
+                    model=m.name,
+                    known=True,
+                    prompt_tokens_per_s=prompt,
+                    generation_tokens_per_s=gen,
+                    running=sum(s.running for s in servers),
+                    waiting=waiting,
+                    kv_cache_usage_max=max(s.kv_cache_usage for s in servers),
+                    ttft_p95_s=ttft.quantile(0.95) if ttft else None,
+                    demand_tokens_per_s_max_window=window[0],
+                    waiting_max_window=window[1],
+                    waiting_min_window=window[2],
+                )
+            )
+        if state is not None:
+            horizon = now - policy.scale_down_window_s - 2 * self.config.metrics.staleness_s
+            state.history = [h for h in state.history if h[0] >= horizon]
+            state.save(self.state_path)
+        self._last = {}  # the next tick scrapes afresh
+        return out
+
+
+def _window(
+    history: Sequence[tuple[float, str, float, float]], model: str, now: float, window_s: float, slack_s: float
+) -> tuple[float | None, float | None, float | None]:
+    """(max demand, max waiting, min waiting) over the window, or Nones if history is too short."""
+    points = [(t, d, w) for t, m, d, w in history if m == model and now - window_s - slack_s <= t <= now]
+    if not points or min(t for t, _, _ in points) > now - window_s + slack_s:
+        return (None, None, None)
+    inside = [(d, w) for t, d, w in points if t >= now - window_s] or [(points[-1][1], points[-1][2])]
+    return (max(d for d, _ in inside), max(w for _, w in inside), min(w for _, w in inside))
+
+
+def _replica_load(model: str, replica: ReplicaConfig, s: ServerReading | None) -> ReplicaLoad:
+    if s is None:
+        return ReplicaLoad(model=model, node=replica.node, url=replica.url, known=False)
+    return ReplicaLoad(
+        model=model,
+        node=replica.node,
+        url=replica.url,
+        known=s.complete,
+        running=s.running,
+        waiting=s.waiting,
+        kv_cache_usage=s.kv_cache_usage,
+        sleeping=s.sleeping,
+        prompt_tokens_per_s=s.prompt_tokens_per_s or 0.0,
+        generation_tokens_per_s=s.generation_tokens_per_s or 0.0,
+        ttft_p95_s=s.ttft_p95_s,
+        queue_time_p95_s=s.queue_time_p95_s,
+    )

@@ -1,0 +1,104 @@
+"""A stand-in for a Prometheus server that answers exactly the PromQL `PrometheusSource` sends.
+
+For unit tests of the mapping/staleness logic and for `scripts/bench-tick` (10,000 replicas
+without a daemon). It recognises each query by rebuilding the same `Queries` text, so it
+cannot drift from the real query set; it says nothing about Prometheus' own semantics (the
+contract tests run the real server for that). Unknown queries fail loudly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_idle.metrics import names
+from slurm_idle.metrics.prometheus import Queries
+
+Value = float | dict[str, float]  # `running` may be given per engine: {"0": 3, "1": 4}
+
+
+@dataclass
+class SyntheticPrometheus:
+    """Answers `custom_query` from per-target and per-model tables of signal values."""
+
+    queries: Queries
+    window_s: int
+    forecast_lead_s: int | None
+    targets: dict[str, dict[str, Value]] = field(default_factory=dict)  # instance -> signal -> v
+    models: dict[str, dict[str, Value]] = field(default_factory=dict)  # model -> signal -> v
+    eval_ts: float = 1_700_000_000.0
+    calls: int = 0
+    seen: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._replica = {v: k for k, v in self.queries.replica().items()}
+        self._model = {v: k for k, v in self.queries.model(self.window_s, self.forecast_lead_s).items()}
+        self._json: dict[str, str] = {}
+
+    def prepare(self) -> None:
+        """Encode every answer as Prometheus' JSON now, so that queries cost what decoding does."""
+        for query in [*self._replica, *self._model]:
+            self._json[query] = json.dumps({"status": "success", "data": {"resultType": "vector",
+                                            "result": self._answer(query)}})
+
+    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        self.calls += 1
+        self.seen.append(query)
+        if query in self._json:  # like PrometheusConnect: decode the response body
+            result: list[dict[str, Any]] = json.loads(self._json[query])["data"]["result"]
+            return result
+        return self._answer(query)
+
+    def _answer(self, query: str) -> list[dict[str, Any]]:
+        ts = self.eval_ts  # every answer is evaluated "now"; the time parameter is ignored
+        label = self.queries.instance_label
+        out: list[dict[str, Any]] = []
+        if query in self._replica:
+            signal = self._replica[query]
+            for instance, signals in self.targets.items():
+                value = _exception(signal, signals, ts, self.queries.staleness_s)
+                if value is None:
+                    continue
+                if isinstance(value, dict):
+                    for engine, v in value.items():
+                        out.append(_item({label: instance, names.ENGINE_LABEL: engine}, ts, v))
+                else:
+                    labels = {label: instance}
+                    if signal == "running":
+                        labels[names.ENGINE_LABEL] = "0"
+                    out.append(_item(labels, ts, value))
+            return out
+        if query in self._model:
+            signal = self._model[query]
+            for model, signals in self.models.items():
+                if signal not in signals:
+                    continue
+                value = signals[signal]
+                if isinstance(value, dict):  # the forecast's `kind`-labelled series
+                    for kind, v in value.items():
+                        out.append(_item({names.MODEL_LABEL: model, "kind": kind}, ts, v))
+                else:
+                    out.append(_item({names.MODEL_LABEL: model}, ts, value))
+            return out
+        raise ValueError(f"SyntheticPrometheus does not know the query {query!r}")
+
+
+def _exception(signal: str, signals: dict[str, Value], ts: float, staleness_s: float) -> Value | None:
+    """The answer for one target: tables hold `awake` and `fresh` (sample time); the queries
+    `asleep` and `stale` return only the targets that are asleep / stale, as PromQL filters do."""
+    if signal == "asleep":
+        awake = signals.get("awake")
+        return 0.0 if isinstance(awake, float) and awake < 0.5 else None
+    if signal == "stale":
+        fresh = signals.get("fresh")
+        age = ts - fresh if isinstance(fresh, float) else None
+        return age if age is not None and age > staleness_s else None
+    value = signals.get(signal)
+    if signal in ("ttft", "queue") and isinstance(value, float) and value != value:
+        return None  # `>= 0` drops NaN
+    return value
+
+
+def _item(labels: dict[str, str], ts: float, value: float) -> dict[str, Any]:
+    return {"metric": labels, "value": [ts, repr(float(value)) if value == value else "NaN"]}

@@ -1,0 +1,368 @@
+"""Pipelines (a DAG of container job steps) mapped onto Slurm `afterok` dependencies.
+
+A pipeline YAML names steps, each an inline job spec and/or a reference to a job spec file,
+with `depends_on`. Steps are submitted in dependency order, each with
+`--dependency=afterok:<upstream ids>` and `--kill-on-invalid-dep=yes`: a requeued step keeps
+its downstream waiting (afterok waits for a successful end, not for the first run), and a
+failed step makes Slurm cancel everything downstream. The ids are recorded in a small state
+file (see `state_dir`), which `pipeline status` and `pipeline cancel` read to act on the DAG.
+
+Parsing, ordering and status explanation are pure; submission goes through the narrow
+`Submitter` protocol (the Slurm adapter, or a fake in tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from slurm_idle.config import describe_validation_error
+from slurm_idle.errors import ConfigError, SlurmIdleError
+from slurm_idle.jobs import (
+    NAME_RE,
+    JobSpec,
+    SubmitOptions,
+    parse_job_spec,
+    read_yaml,
+    render_script,
+    sbatch_args,
+)
+from slurm_idle.model import SlurmJob
+
+#: Job states after which a step will never run again (afterok then never holds).
+FAILED_STATES = frozenset(
+    {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
+
+
+class Submitter(Protocol):
+    """What pipelines need from Slurm (a subset of slurm_idle.slurm's SlurmBackend)."""
+
+    def submit(self, script: str, extra_args: Sequence[str] = ()) -> int: ...
+
+    def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None: ...
+
+    def jobs(self) -> list[SlurmJob]: ...
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StepSpec(_Strict):
+    """One step: `file` (a job spec, relative to the pipeline file) and/or inline `job` fields."""
+
+    name: str
+    depends_on: tuple[str, ...] = ()
+    file: str | None = None
+    job: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError(f"step name {value!r} must be letters, digits, '.', '_' or '-'")
+        return value
+
+
+class PipelineSpec(_Strict):
+    """The pipeline YAML: a name, fields shared by every step, and the steps."""
+
+    name: str
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    steps: tuple[StepSpec, ...] = Field(..., min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError(f"pipeline name {value!r} must be letters, digits, '.', '_' or '-'")
+        return value
+
+
+@dataclass(frozen=True)
+class Step:
+    """A resolved step: its job spec, Slurm job name and upstream step names."""
+
+    name: str
+    depends_on: tuple[str, ...]
+    spec: JobSpec
+    job_name: str
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    steps: tuple[Step, ...]  # in a valid submission (topological) order
+
+    def step(self, name: str) -> Step:
+        return next(s for s in self.steps if s.name == name)
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Shallow merge, except env/params/mounts which merge one level deeper."""
+    out = dict(base)
+    for key, value in over.items():
+        if key in ("env", "params", "mounts") and isinstance(out.get(key), Mapping):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def _substitute(value: Any, names: Mapping[str, str]) -> Any:
+    """Replace {pipeline} and {step} in strings (so each step gets its own checkpoint dir)."""
+    if isinstance(value, str):
+        for k, v in names.items():
+            value = value.replace("{" + k + "}", v)
+        return value
+    if isinstance(value, Mapping):
+        return {k: _substitute(v, names) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_substitute(v, names) for v in value]
+    return value
+
+
+def topo_order(deps: Mapping[str, Sequence[str]]) -> list[str]:
+    """Names in an order where every step follows its dependencies (stable: file order).
+
+    Raises ConfigError on unknown dependencies and cycles.
+    """
+    for name, ups in deps.items():
+        for up in ups:
+            if up not in deps:
+                raise ConfigError(f"step {name!r} depends on unknown step {up!r}")
+            if up == name:
+                raise ConfigError(f"step {name!r} depends on itself")
+    order: list[str] = []
+    done: set[str] = set()
+    while len(order) < len(deps):
+        ready = [n for n in deps if n not in done and all(u in done for u in deps[n])]
+        if not ready:
+            stuck = sorted(n for n in deps if n not in done)
+            raise ConfigError(f"steps {', '.join(stuck)} form a dependency cycle")
+        for n in ready:
+            order.append(n)
+            done.add(n)
+    return order
+
+
+def parse_pipeline(
+    data: Any, source: str = "<pipeline>", load_file: Callable[[str], Any] | None = None
+) -> Pipeline:
+    """Validate a pipeline mapping and resolve every step to a JobSpec."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: a pipeline must be a mapping")
+    try:
+        spec = PipelineSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {describe_validation_error(exc)}") from None
+    names = [s.name for s in spec.steps]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{source}: step names must be unique, repeated: {', '.join(dupes)}")
+    order = topo_order({s.name: s.depends_on for s in spec.steps})
+    by_name = {s.name: s for s in spec.steps}
+    steps = []
+    for name in order:
+        st = by_name[name]
+        fields: dict[str, Any] = dict(spec.defaults)
+        if st.file:
+            if load_file is None:
+                raise ConfigError(f"{source}: step {name!r} refers to {st.file} but no file loader")
+            ref = load_file(st.file)
+            if not isinstance(ref, Mapping):
+                raise ConfigError(f"{source}: step {name!r}: {st.file} is not a job spec mapping")
+            fields = _merge(fields, ref)
+        fields = _merge(fields, st.job)
+        job_name = f"{spec.name}.{name}"
+        fields["name"] = job_name[:63]
+        fields = _substitute(fields, {"pipeline": spec.name, "step": name})
+        job = parse_job_spec(fields, source=f"{source}: step {name!r}")
+        steps.append(Step(name, st.depends_on, job, job.name))
+    return Pipeline(spec.name, tuple(steps))
+
+
+def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
+    """Read a pipeline YAML; step `file:` references are relative to it."""
+    p = Path(path)
+    base = p.resolve().parent
+    return parse_pipeline(
+        read_yaml(p), source=str(p), load_file=lambda f: read_yaml(base / f)
+    )
+
+
+def step_options(pipeline: Pipeline, step: Step, opts: SubmitOptions) -> SubmitOptions:
+    return SubmitOptions(
+        partition=opts.partition,
+        tag=opts.tag,
+        python=opts.python,
+        job_name=step.job_name,
+        comment_extra=(("pipeline", pipeline.name), ("step", step.name)),
+    )
+
+
+def dependency_args(upstream_ids: Sequence[int | str]) -> list[str]:
+    """afterok on every upstream, and let Slurm cancel this step if one of them fails."""
+    if not upstream_ids:
+        return []
+    return [
+        "--dependency=afterok:" + ":".join(str(i) for i in upstream_ids),
+        "--kill-on-invalid-dep=yes",
+    ]
+
+
+def dry_run(pipeline: Pipeline, opts: SubmitOptions) -> dict[str, Any]:
+    """`pipeline run --dry-run --json`: upstream job ids appear as {step} placeholders."""
+    steps = []
+    for st in pipeline.steps:
+        args = sbatch_args(st.spec, step_options(pipeline, st, opts))
+        args += dependency_args([f"{{{u}}}" for u in st.depends_on])
+        steps.append({"name": st.name, "depends_on": list(st.depends_on), "sbatch_args": args})
+    return {"pipeline": pipeline.name, "steps": steps}
+
+
+def submit_pipeline(
+    pipeline: Pipeline, slurm: Submitter, opts: SubmitOptions
+) -> dict[str, int]:
+    """Submit every step in order; on a failure cancel what was submitted and re-raise."""
+    ids: dict[str, int] = {}
+    try:
+        for st in pipeline.steps:
+            script = render_script(st.spec, step_options(pipeline, st, opts))
+            ids[st.name] = slurm.submit(script, dependency_args([ids[u] for u in st.depends_on]))
+    except SlurmIdleError:
+        if ids:
+            slurm.cancel(list(ids.values()))
+        raise
+    return ids
+
+
+# ---------------------------------------------------------------- records (state files)
+
+
+def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """$SLURM_IDLE_STATE_DIR, else $XDG_STATE_HOME/slurm-idle, else ~/.local/state/slurm-idle."""
+    if environ.get("SLURM_IDLE_STATE_DIR"):
+        return Path(environ["SLURM_IDLE_STATE_DIR"])
+    xdg = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(xdg) / "slurm-idle"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def record_job(root: Path, job_id: int, spec: JobSpec, now: float) -> None:
+    """Remember where a submitted job checkpoints, for `slurm-idle jobs`."""
+    ckpt = spec.mounts.checkpoint.source if spec.mounts.checkpoint else None
+    _write_json(root / "jobs" / f"{job_id}.json",
+                {"job_id": job_id, "name": spec.name, "checkpoint": ckpt, "submitted_at": now})
+
+
+def job_record(root: Path, job_id: int) -> dict[str, Any] | None:
+    try:
+        data = json.loads((root / "jobs" / f"{job_id}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def record_pipeline(root: Path, pipeline: Pipeline, ids: Mapping[str, int], now: float,
+                    source: str = "") -> Path:
+    path = root / "pipelines" / f"{pipeline.name}.json"
+    _write_json(path, {
+        "pipeline": pipeline.name,
+        "file": source,
+        "submitted_at": now,
+        "steps": [{"name": s.name, "job_id": ids[s.name], "depends_on": list(s.depends_on)}
+                  for s in pipeline.steps],
+    })
+    return path
+
+
+def read_pipeline_record(root: Path, name: str) -> dict[str, Any]:
+    path = root / "pipelines" / f"{name}.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SlurmIdleError(
+            f"no record of a pipeline named {name!r} in {path.parent} "
+            "(was it submitted with `slurm-idle pipeline run` by this user?)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise SlurmIdleError(f"{path}: unreadable pipeline record: {exc}") from None
+    return data  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------- status
+
+
+@dataclass(frozen=True)
+class StepStatus:
+    name: str
+    job_id: int
+    state: str  # upper-case Slurm state, or UNKNOWN when Slurm no longer knows the job
+    depends_on: tuple[str, ...] = ()
+    restarts: int = 0
+    node: str = ""
+    reason: str = ""
+
+
+def explain_steps(
+    steps: Sequence[tuple[str, int, Sequence[str]]],
+    states: Mapping[int, tuple[str, int, str, str]],
+) -> list[StepStatus]:
+    """Step rows from the recorded DAG and job states {id: (state, restarts, node, reason)}.
+
+    A step that cannot run because an upstream failed says so, naming that upstream.
+    """
+    out: dict[str, StepStatus] = {}
+    for name, job_id, ups in steps:
+        state, restarts, node, reason = states.get(job_id, ("UNKNOWN", 0, "", ""))
+        failed_up = [u for u in ups if u in out and (out[u].state in FAILED_STATES
+                                                      or out[u].reason.startswith("upstream"))]
+        if failed_up and state in {"PENDING", "CANCELLED", "UNKNOWN"}:
+            up = failed_up[0]
+            reason = f"upstream step {up!r} {out[up].state.lower()}: this step will not run"
+        elif state == "UNKNOWN" and not reason:
+            reason = "no longer known to Slurm (finished long ago, or accounting is off)"
+        out[name] = StepStatus(name, job_id, state, tuple(ups), restarts, node, reason)
+    return list(out.values())
+
+
+def pipeline_status(record: Mapping[str, Any], slurm: Submitter,
+                    accounting: Callable[[list[int]], Mapping[int, str]] | None = None
+                    ) -> list[StepStatus]:
+    """Current state of every recorded step: live jobs from squeue, finished ones from sacct."""
+    steps = [(s["name"], int(s["job_id"]), tuple(s.get("depends_on", ()))) for s in record["steps"]]
+    ids = [i for _, i, _ in steps]
+    states: dict[int, tuple[str, int, str, str]] = {}
+    for job in slurm.jobs():
+        if job.job_id in ids:
+            states[job.job_id] = (job.state, job.restart_count, ",".join(job.nodes),
+                                  job.state_reason if job.state == "PENDING" else "")
+    missing = [i for i in ids if i not in states]
+    if missing and accounting is not None:
+        try:
+            for job_id, state in accounting(missing).items():
+                states[job_id] = (state, 0, "", "")
+        except SlurmIdleError:
+            pass
+    return explain_steps(steps, states)
+
+
+def cancel_pipeline(record: Mapping[str, Any], slurm: Submitter) -> list[int]:
+    """scancel every step of the recorded pipeline (finished ones are unaffected)."""
+    ids = [int(s["job_id"]) for s in record["steps"]]
+    slurm.cancel(ids)
+    return ids

@@ -1,0 +1,181 @@
+"""How many replicas a model needs: token demand against per-replica capacity, plus pressure.
+
+Two numbers come out of here for each model. `up` is what the load needs *now* (current demand,
+the forecast ramp, and +1 whenever queues, KV cache or latency say the serving replicas are not
+enough): the planner reclaims at once when supply falls short of it. `down` is what the load
+needed at any time over the scale-down window (Prometheus `max_over_time`), so a replica is only
+lent after load has stayed low for the whole window: hysteresis without a state file.
+Everything here is arithmetic on one ModelLoad; no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from slurm_idle.config import Config, ModelConfig, PolicyConfig
+from slurm_idle.model import ModelLoad, ReplicaLoad
+
+#: Relative slack so that demand exactly at a replica boundary needs that many replicas, not one
+#: more because of floating point (e.g. 3 * 1600.0000000001).
+_EPS = 1e-9
+
+
+def demand_tokens_per_s(generation: float, prompt: float, prompt_token_weight: float) -> float:
+    """The token demand a replica's capacity is measured in: generated + weighted prompt tokens."""
+    return generation + prompt_token_weight * prompt
+
+
+def replicas_for(demand: float, capacity: float, utilisation: float) -> int:
+    """Replicas needed to serve `demand` tokens/s with each replica at most `utilisation` busy."""
+    if demand <= 0:
+        return 0
+    return max(0, math.ceil(demand / (capacity * utilisation) * (1 - _EPS)))
+
+
+def replica_capacity(
+    model: ModelConfig, policy: PolicyConfig, replicas: Sequence[ReplicaLoad]
+) -> tuple[float, str]:
+    """Tokens/s one replica serves: configured, or learned from replicas that are saturated now.
+
+    A replica with a queue is serving as fast as it can, so its throughput is its capacity.
+    Learning is clamped to [0.5, 2] x the configured value so one odd replica cannot swing the
+    plan far; without a saturated replica the configured value stands.
+    """
+    configured = model.tokens_per_s_per_replica
+    if not policy.learn_capacity:
+        return configured, ""
+    saturated = [
+        demand_tokens_per_s(r.generation_tokens_per_s, r.prompt_tokens_per_s, policy.prompt_token_weight)
+        for r in replicas
+        if r.known and r.running > 0 and r.waiting > policy.queue_waiting_threshold
+    ]
+    if not saturated:
+        return configured, ""
+    learned = min(2 * configured, max(0.5 * configured, sum(saturated) / len(saturated)))
+    return learned, f"capacity learned {learned:.0f} tok/s from {len(saturated)} saturated replica(s)"
+
+
+@dataclass(frozen=True)
+class Need:
+    """The replicas a model needs, for scaling up (`up`) and for lending (`down`)."""
+
+    up: int
+    down: int | None  # None: the window evidence is missing, so nothing may be lent
+    reason: str
+
+
+def pressure_now(load: ModelLoad, policy: PolicyConfig) -> list[str]:
+    """Signals that the replicas serving now are not enough, whatever the token count says."""
+    signals = []
+    threshold = policy.queue_waiting_threshold
+    if load.waiting_min_window is not None and load.waiting_min_window > threshold:
+        signals.append(f"queue sustained (>= {load.waiting_min_window:g} waiting over the window)")
+    elif load.waiting > threshold:
+        signals.append(f"{load.waiting:g} requests waiting")
+    if load.kv_cache_usage_max > policy.kv_cache_high:
+        signals.append(f"KV cache {load.kv_cache_usage_max:.0%} > {policy.kv_cache_high:.0%}")
+    if (
+        policy.ttft_p95_slo_s is not None
+        and load.ttft_p95_s is not None
+        and load.ttft_p95_s > policy.ttft_p95_slo_s
+    ):
+        signals.append(f"TTFT p95 {load.ttft_p95_s:.2f}s > SLO {policy.ttft_p95_slo_s:g}s")
+    return signals
+
+
+def assess_need(
+    model: ModelConfig,
+    policy: PolicyConfig,
+    load: ModelLoad,
+    replicas: Sequence[ReplicaLoad],
+    serving: int,
+    total: int,
+) -> Need:
+    """What `load` needs, clamped to [floor, total]. `serving` counts replicas taking traffic now."""
+    capacity, learned = replica_capacity(model, policy, replicas)
+    util = policy.target_utilisation
+    weight = policy.prompt_token_weight
+    demand = demand_tokens_per_s(load.generation_tokens_per_s, load.prompt_tokens_per_s, weight)
+    need = replicas_for(demand, capacity, util)
+    parts = [f"demand {demand:.0f} tok/s needs {need} (capacity {capacity:.0f} tok/s at {util:.0%})"]
+    if learned:
+        parts.append(learned)
+    if policy.forecast and load.forecast_demand_tokens_per_s is not None:
+        ahead = replicas_for(load.forecast_demand_tokens_per_s, capacity, util)
+        if ahead > need:
+            parts.append(f"forecast {load.forecast_demand_tokens_per_s:.0f} tok/s needs {ahead}")
+            need = ahead
+    signals = pressure_now(load, policy)
+    if signals:
+        need = max(need + 1, serving + 1)
+        parts.append(f"{', '.join(signals)}: needs {need}")
+
+    down: int | None
+    window = policy.scale_down_window_s
+    if window == 0:
+        down = need
+    elif load.demand_tokens_per_s_max_window is None:
+        down = None
+        parts.append("no window maximum: nothing lent")
+    else:
+        peak = max(load.demand_tokens_per_s_max_window, demand)
+        down = max(need, replicas_for(peak, capacity, util))
+        if down > need:
+            parts.append(f"window max {peak:.0f} tok/s over {window}s needs {down}")
+        if load.waiting_max_window is not None and load.waiting_max_window > policy.queue_waiting_threshold:
+            down = max(down, serving)
+        ahead = load.forecast_demand_tokens_per_s_max_window
+        if policy.forecast and ahead is not None:
+            later = replicas_for(ahead, capacity, util)
+            if later > down:
+                down = later
+                parts.append(f"forecast over the window {ahead:.0f} tok/s needs {later}")
+
+    floor = min(model.min_serving_replicas, total)
+
+    def clamp(n: int) -> int:
+        return min(max(n + policy.headroom_replicas, floor), total)
+
+    up = clamp(need)
+    if policy.headroom_replicas:
+        parts.append(f"+{policy.headroom_replicas} headroom")
+    if up == floor and need + policy.headroom_replicas < floor:
+        parts.append(f"floor {floor}")
+    return Need(up=up, down=None if down is None else max(up, clamp(down)), reason="; ".join(parts))
+
+
+def forecast_demand(
+    demand_now: float,
+    history: Sequence[tuple[float, float]],
+    trend_per_s: float | None = None,
+    lead_s: float = 0.0,
+) -> float | None:
+    """Demand expected over the next lead time, from the same moments 1 day / 1 week ago.
+
+    `history` holds, per offset with data, (demand at now-offset, max demand over
+    [now-offset, now-offset+lead]). The forecast is today's demand plus the largest rise seen
+    over the lead time back then: the *shape* of yesterday's ramp, on today's level, so that a
+    quiet Saturday after a busy Friday does not keep Friday's replicas serving. A rising trend
+    (`trend_per_s`, tokens/s per second, e.g. Prometheus `deriv(...[15m])`) extrapolated over
+    `lead_s` counts too, so a ramp is met before history exists. The metrics adapter computes
+    the inputs from Prometheus (`offset 1d`, `max_over_time(...[lead] offset ...)`), the
+    simulator from the trace; both call this one function. None without any evidence.
+    """
+    rises = [max(0.0, ahead - then) for then, ahead in history]
+    if trend_per_s is not None:
+        rises.append(max(0.0, trend_per_s) * lead_s)
+    if not rises:
+        return None
+    return demand_now + max(rises)
+
+
+def default_forecast_lead_s(config: Config, model: str) -> float:
+    """How far ahead the forecast must look for `model`: policy.forecast_lead_s, or else the
+    time a reclaim takes (job grace ~60 s + engine start, ~300 s cold or ~30 s wake) + one tick."""
+    if config.policy.forecast_lead_s is not None:
+        return config.policy.forecast_lead_s
+    engine = config.engine_for(model)
+    start_s = 30.0 if engine.kind == "http-sleep" else 300.0
+    return 60.0 + start_s + 60.0

@@ -1,0 +1,230 @@
+"""`plan()` and `assess()`: from one Observation to the actions of this tick. Pure.
+
+Per model: count supply by phase, compute the need (capacity.py), then
+- scale up at once when the need exceeds what serves or is coming back: abort RETIRING nodes
+  first (cheapest), then bring LENDING nodes straight back (no jobs yet), then reclaim LENT
+  nodes whose jobs lose the least work. Never rate-limited, never held by the window;
+- scale down only when the need over the whole scale-down window is below what serves, the
+  metrics are known, no scale-up is under way, inside the lending windows, above the floor and
+  under the lent-fraction cap; at most `max_transitions_per_tick` LENDs per tick, pool-wide;
+- carry every other transitional node one step on (CONTINUE; the agent checks the conditions);
+- adopt unmanaged pool nodes into serving; never name an ADMIN node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from slurm_idle.config import Config, ModelConfig
+from slurm_idle.model import (
+    Action,
+    ActionKind,
+    ModelLoad,
+    ModelPlan,
+    NodeView,
+    Observation,
+    Phase,
+)
+from slurm_idle.policy.capacity import Need, assess_need
+from slurm_idle.policy.windows import in_windows
+
+_NEXT = {
+    Phase.RETIRING: Phase.LENDING,
+    Phase.LENDING: Phase.LENT,
+    Phase.RECLAIMING: Phase.STARTING,
+    Phase.STARTING: Phase.SERVING,
+}
+
+
+@dataclass(frozen=True)
+class _Model:
+    """One model's nodes by phase and its verdict: the shared work of plan() and assess()."""
+
+    config: ModelConfig
+    by_phase: dict[Phase, list[NodeView]]
+    adoptable: list[NodeView]
+    total: int  # non-admin nodes
+    known: bool  # metrics good enough to lend on
+    in_window: bool  # inside the lending windows (always, without windows)
+    need: Need
+    needed: int  # what supply must reach now
+    reason: str
+
+    def nodes(self, *phases: Phase) -> list[NodeView]:
+        return [n for p in phases for n in self.by_phase.get(p, [])]
+
+    @property
+    def taking_traffic(self) -> int:
+        return len(self.nodes(Phase.SERVING, Phase.RETIRING))
+
+
+def _load_known(load: ModelLoad | None, serving: list[NodeView]) -> tuple[bool, str]:
+    if load is None:
+        return False, "no load metrics for the model"
+    if not load.known:
+        return False, "model load metrics missing or stale"
+    blind = [n.name for n in serving if n.replica is None or not n.replica.known]
+    if blind:
+        return False, f"metrics unknown for serving replica(s) {', '.join(blind)}"
+    return True, ""
+
+
+def _examine(obs: Observation, config: Config, model: ModelConfig, now: float) -> _Model:
+    views = sorted((n for n in obs.nodes if n.model == model.name), key=lambda n: n.name)
+    by_phase: dict[Phase, list[NodeView]] = {}
+    for view in views:
+        by_phase.setdefault(view.phase, []).append(view)
+    adoptable = [
+        n for n in by_phase.get(Phase.UNKNOWN, []) if not n.node.drained and not n.node.down
+    ]
+    total = sum(1 for n in views if n.phase is not Phase.ADMIN)
+    taking = by_phase.get(Phase.SERVING, []) + by_phase.get(Phase.RETIRING, [])
+    policy = config.policy
+    load = obs.model_load(model.name)
+    known, why_unknown = _load_known(load, taking)
+    supply = sum(
+        len(by_phase.get(p, []))
+        for p in (Phase.SERVING, Phase.RETIRING, Phase.STARTING, Phase.RECLAIMING)
+    ) + len(adoptable)
+    floor = min(model.min_serving_replicas, total)
+
+    if load is None or not load.known:
+        need = Need(up=0, down=None, reason=why_unknown)
+        if policy.reclaim_on_unknown_metrics:
+            needed, reason = total, f"{why_unknown}: reclaiming everything (reclaim_on_unknown_metrics)"
+        else:
+            needed = max(floor, min(supply, total))
+            reason = f"{why_unknown}: holding {needed} (nothing lent on unknown load)"
+        return _Model(model, by_phase, adoptable, total, False, True, need, needed, reason)
+
+    replicas = [n.replica for n in taking if n.replica is not None]
+    need = assess_need(model, policy, load, replicas, len(taking), total)
+    needed, reason = need.up, need.reason
+    if not known:
+        reason += f"; {why_unknown}: nothing lent"
+    window_ok = in_windows(now, policy.lending_windows, policy.timezone)
+    if not window_ok:
+        needed = total
+        reason += f"; outside lending windows {', '.join(policy.lending_windows)} ({policy.timezone})"
+    return _Model(model, by_phase, adoptable, total, known, window_ok, need, needed, reason)
+
+
+def _lost_work(view: NodeView, now: float) -> tuple[float, int, str]:
+    """GPU-seconds of work the node's jobs would lose (unknown start: assume the worst)."""
+    lost = 0.0
+    for job in view.jobs:
+        age = now - job.start_time if job.start_time is not None else float("inf")
+        lost += max(1, job.gpus) * max(0.0, age)
+    return lost, view.node.gpus_used, view.name
+
+
+def _running(view: NodeView) -> tuple[float, str]:
+    return (view.replica.running if view.replica is not None else 0.0), view.name
+
+
+def _act(kind: ActionKind, view: NodeView, to: Phase, reason: str, **details: float | int | str) -> Action:
+    return Action(kind, view.name, view.model, view.phase, to, reason, dict(details))
+
+
+def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list[Action]:
+    policy = config.policy
+    actions: list[Action] = []
+    touched: set[str] = set()
+    serving = m.nodes(Phase.SERVING)
+    retiring = m.nodes(Phase.RETIRING)
+    lending = m.nodes(Phase.LENDING)
+    lent = m.nodes(Phase.LENT)
+    coming = m.nodes(Phase.STARTING, Phase.RECLAIMING)
+
+    for view in m.adoptable:
+        actions.append(_act(ActionKind.ADOPT, view, Phase.RECLAIMING,
+                            "unmanaged pool node: adopting it into serving (service first)"))
+        touched.add(view.name)
+
+    # Pinned nodes are never lent: stop their lend, bring them back from the idle partition.
+    for view in retiring:
+        if view.pinned:
+            actions.append(_act(ActionKind.ABORT_LEND, view, Phase.SERVING, "pinned: keep serving"))
+            touched.add(view.name)
+    for view in lending:
+        if view.pinned:
+            actions.append(_act(ActionKind.RECLAIM, view, Phase.STARTING, "pinned: back to serving"))
+            touched.add(view.name)
+    for view in lent:
+        if view.pinned:
+            actions.append(_act(ActionKind.RECLAIM, view, Phase.RECLAIMING, "pinned: back to serving"))
+            touched.add(view.name)
+
+    supply = len(serving) + len(coming) + len(m.adoptable) + sum(1 for v in retiring + lending + lent if v.pinned)
+    deficit = m.needed - supply
+    if deficit > 0:
+        up_reason = f"{m.reason}; {supply} serving or coming back"
+        candidates = (
+            [(ActionKind.ABORT_LEND, v, Phase.SERVING) for v in sorted(retiring, key=_running, reverse=True)]
+            + [(ActionKind.RECLAIM, v, Phase.STARTING) for v in lending]
+            + [(ActionKind.RECLAIM, v, Phase.RECLAIMING) for v in sorted(lent, key=lambda v: _lost_work(v, now))]
+        )
+        for kind, view, to in candidates:
+            if deficit <= 0:
+                break
+            if view.name in touched:
+                continue
+            actions.append(_act(kind, view, to, f"{up_reason}: needs {m.needed}",
+                                needed=m.needed, supply=supply))
+            touched.add(view.name)
+            deficit -= 1
+    elif (
+        lend_budget > 0 and m.known and m.in_window and m.need.down is not None
+        and not coming and not m.adoptable
+    ):
+        max_lent = int(policy.max_lent_fraction * m.total + 1e-9)
+        out = len(retiring) + len(lending) + len(lent)
+        lendable = [v for v in sorted(serving, key=_running) if not v.pinned]
+        count = min(len(serving) - m.need.down, max_lent - out, len(lendable), lend_budget)
+        for view in lendable[: max(0, count)]:
+            actions.append(_act(
+                ActionKind.LEND, view, Phase.RETIRING,
+                f"{m.need.reason}; {len(serving)} serving, needs {m.need.down} over the window: lending",
+                needed=m.need.down, serving=len(serving),
+            ))
+            touched.add(view.name)
+
+    for view in retiring + lending + coming:
+        if view.name not in touched:
+            nxt = _NEXT[view.phase]
+            actions.append(_act(ActionKind.CONTINUE, view, nxt,
+                                f"carry on {view.phase.value} -> {nxt.value}"))
+    return actions
+
+
+def _models(obs: Observation, config: Config, now: float) -> list[_Model]:
+    return [_examine(obs, config, model, now) for model in config.models]
+
+
+def plan(observation: Observation, config: Config, now: float) -> list[Action]:
+    """The actions of this tick, in model order; deterministic for equal inputs."""
+    actions: list[Action] = []
+    budget = config.policy.max_transitions_per_tick
+    for m in _models(observation, config, now):
+        model_actions = _plan_model(m, config, now, budget)
+        budget -= sum(1 for a in model_actions if a.kind is ActionKind.LEND)
+        actions.extend(model_actions)
+    return actions
+
+
+def assess(observation: Observation, config: Config, now: float) -> list[ModelPlan]:
+    """Per model: replicas needed now, replicas taking traffic, and why."""
+    return [
+        ModelPlan(m.config.name, m.needed, m.taking_traffic, m.reason)
+        for m in _models(observation, config, now)
+    ]
+
+
+def apply_actions(observation: Observation, actions: list[Action]) -> Observation:
+    """The observation as it would be if every action succeeded (for dry runs and tests)."""
+    moved = {a.node: a.to_phase for a in actions}
+    nodes = tuple(
+        replace(n, phase=moved[n.name], phase_since=observation.now) if n.name in moved else n
+        for n in observation.nodes
+    )
+    return replace(observation, nodes=nodes)

@@ -1,0 +1,149 @@
+"""The report's inputs and outputs: `sacct` and the journal in, CSV and PNG out.
+
+Kept apart from report.py so the aggregation stays pure. Accounting is read with one
+`sacct --json --duplicates --allocations` call: `--duplicates` makes every run of a requeued job
+a record of its own (22.05 does so even without it; later releases need it), which is how
+preemptions and lost work are seen at all. Parsing is the Slurm adapter's `parse_accounting`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Sequence
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from slurm_idle.config import Config
+from slurm_idle.errors import CommandError, ConfigError, SlurmIdleError
+from slurm_idle.journal import Journal
+from slurm_idle.report import CSV_COLUMNS, Report, build_report, csv_rows
+from slurm_idle.slurm.parse import SlurmJsonError, parse_accounting
+from slurm_idle.slurm.protocol import AcctJob
+from slurm_idle.slurm.runner import CommandRunner, SubprocessRunner
+
+
+def parse_date(text: str, tz: str) -> float:
+    """`YYYY-MM-DD` (local midnight in `tz`) or an ISO datetime (naive = in `tz`) -> unix time."""
+    zone = ZoneInfo(tz)
+    value = text.strip()
+    try:
+        if len(value) == 10:
+            day = date.fromisoformat(value)
+            return datetime.combine(day, datetime.min.time(), zone).timestamp()
+        moment = datetime.fromisoformat(value.replace(" ", "T", 1))
+    except ValueError:
+        raise ConfigError(
+            f"bad date {text!r}: use YYYY-MM-DD or an ISO datetime like 2026-12-01T08:00[:00][Z]"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=zone)
+    return moment.timestamp()
+
+
+def sacct_argv(since: float, until: float, partition: str, bin_dir: str | None = None) -> list[str]:
+    """The one sacct call the report makes (times in the client's local time, as sacct wants)."""
+    sacct = os.path.join(bin_dir, "sacct") if bin_dir else "sacct"
+    fmt = "%Y-%m-%dT%H:%M:%S"
+    return [
+        sacct, "--json", "--duplicates", "--allocations", "--allusers",
+        "--starttime", datetime.fromtimestamp(since).strftime(fmt),
+        "--endtime", datetime.fromtimestamp(until).strftime(fmt),
+        "--partition", partition,
+    ]
+
+
+def fetch_runs(
+    config: Config, since: float, until: float, runner: CommandRunner | None = None
+) -> list[AcctJob]:
+    """Every run of a lend-partition job that may overlap [since, until), from accounting."""
+    runner = runner or SubprocessRunner(timeout=config.slurm.command_timeout_s)
+    argv = sacct_argv(since, until, config.slurm.lend_partition, config.slurm.bin_dir)
+    try:
+        result = runner.run(argv)
+    except CommandError as exc:
+        if "disabled" in exc.stderr.lower():
+            raise SlurmIdleError(
+                "Slurm accounting is disabled: the report needs slurmdbd "
+                "(AccountingStorageType=accounting_storage/slurmdbd, AccountingStorageTRES=gres/gpu)"
+            ) from None
+        raise
+    try:
+        return parse_accounting(json.loads(result.stdout))
+    except (json.JSONDecodeError, SlurmJsonError) as exc:
+        raise SlurmIdleError(f"cannot read `sacct --json` output: {exc}") from None
+
+
+def make_report(
+    config: Config,
+    since: float,
+    until: float,
+    now: float,
+    runs: Sequence[AcctJob],
+    journal_path: str | None = None,
+) -> Report:
+    """The report of [since, until) from accounting runs and the configured journal."""
+    journal = Journal(Path(journal_path or config.paths.journal))
+    node_gpus = {r.node: m.gpus_per_replica for m in config.models for r in m.replicas}
+    return build_report(
+        runs,
+        journal.records(),
+        since=since,
+        until=until,
+        now=now,
+        partition=config.slurm.lend_partition,
+        price_per_gpu_hour=config.report.price_per_gpu_hour,
+        currency=config.report.currency,
+        timezone=config.policy.timezone,
+        node_gpus=node_gpus,
+        checkpoint_interval_s=config.report.checkpoint_interval_s,
+    )
+
+
+def write_csv(report: Report, path: str) -> None:
+    """The per-day table (and a total row) as CSV."""
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(CSV_COLUMNS))
+        writer.writeheader()
+        for row in csv_rows(report):
+            writer.writerow(row)
+
+
+def write_plot(report: Report, path: str) -> None:
+    """Lent GPUs and GPUs used by idle jobs, per hour, as a PNG (needs the `plot` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.dates as mdates
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SlurmIdleError(
+            "--plot needs matplotlib: pip install 'slurm-idle[plot]' (or apt install python3-matplotlib)"
+        ) from None
+    tz = ZoneInfo(report.timezone)
+    # One more edge than buckets, so the last hour is drawn as a step too.
+    edges = [*report.hours, report.hours[-1] + 3600.0] if report.hours else []
+    x: list[Any] = [datetime.fromtimestamp(h, tz) for h in edges]
+    lent = [*report.lent_gpus_per_hour, *report.lent_gpus_per_hour[-1:]]
+    used = [*report.used_gpus_per_hour, *report.used_gpus_per_hour[-1:]]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.fill_between(x, lent, step="post", alpha=0.25, label="lent GPUs")
+    ax.step(x, used, where="post", color="C1", label="GPUs used by idle jobs")
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("GPUs (hourly mean)")
+    ax.set_title(
+        f"slurm-idle: {report.gpu_hours:.1f} GPU-h used, "
+        f"{report.savings:.2f} {report.currency} saved"
+    )
+    formatter = mdates.DateFormatter("%m-%d %H:%M", tz=tz)  # type: ignore[no-untyped-call]
+    ax.xaxis.set_major_formatter(formatter)
+    ax.legend(loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,513 @@
+"""The in-job container runner (`slurm-idle-run`, `python -m slurm_idle.runner`).
+
+Every batch script rendered by jobs.py runs this as an **srun step**, because at preemption
+Slurm sends SIGTERM to job steps at the start of the grace period (a bare batch shell only gets
+it at the end). The runner starts the job's container through the docker SDK (`DOCKER_HOST`),
+streams its output into the job log, and turns Slurm's signals into a clean checkpoint:
+
+- SIGTERM (preemption, `scontrol requeue`, `slurm-idle reclaim`): SIGTERM to the container
+  (its init, tini, forwards it to the workload), wait up to `grace_s` for it to checkpoint and
+  exit, then kill it; exit 143. Slurm requeues the job (PreemptMode=REQUEUE, or the requeue
+  that sent the signal) when it ends the batch shell, which therefore waits on exit 143
+  instead of ending first (measured on 22.05: a batch shell that exits during GraceTime ends
+  the job FAILED, not requeued).
+- SIGUSR1 (`--signal=USR1@N`: the time limit is near): same, exit 75; the batch script then
+  runs `scontrol requeue` so the job continues in a new run instead of ending as TIMEOUT.
+
+Exit codes (the step's exit code; the job's is the same unless Slurm requeues it):
+  0    the container exited 0              N    the container failed with exit code N
+  143  stopped by SIGTERM (preempted)      75   time limit near: checkpointed, requeue me
+  64   more restarts than max_restarts     70   the container could not be started
+
+The container always runs as the job's uid:gid, unprivileged, with no-new-privileges, never
+with the engine socket mounted, with `init=True`, and is always removed (finally, plus a
+label-based sweep of leftovers of the same job at start and `--cleanup JOBID` for an Epilog).
+
+GPUs: the indexes Slurm allocated (SLURM_STEP_GPUS / SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES)
+are requested as nvidia device requests when the engine has an `nvidia` runtime (or
+`--gpu-mode nvidia`); otherwise (`--gpu-mode env`, or `auto` without that runtime, as on a
+machine without GPUs) they are only passed as NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+from slurm_idle.errors import SlurmIdleError
+from slurm_idle.jobs import EXIT_PREEMPTED, EXIT_REQUEUE_ME, JobSpec, decode_spec, load_job_spec
+
+EXIT_MAX_RESTARTS = 64
+EXIT_START_FAILED = 70
+
+LABEL_MANAGED = "slurm-idle.managed"
+LABEL_JOB = "slurm-idle.job-id"
+LABEL_RESTART = "slurm-idle.restart"
+LABEL_NAME = "slurm-idle.name"
+PARAMS_TARGET = "/run/slurm-idle/params.json"
+
+GpuMode = Literal["auto", "nvidia", "env", "off"]
+
+
+@dataclass(frozen=True)
+class SlurmContext:
+    """What the runner learns from the job step's environment."""
+
+    job_id: str = ""  # empty when run by hand outside Slurm
+    restart_count: int = 0
+    gpus: tuple[str, ...] = ()  # node-level GPU indexes Slurm allocated
+    cuda_visible_devices: str | None = None
+    job_name: str = ""
+
+
+def slurm_context(environ: Mapping[str, str]) -> SlurmContext:
+    """Parse the step environment (pure)."""
+    gpu_list = ""
+    for key in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        if environ.get(key):
+            gpu_list = environ[key]
+            break
+    gpus = tuple(g for g in gpu_list.split(",") if g and g != "NoDevFiles")
+    try:
+        restarts = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        restarts = 0
+    return SlurmContext(
+        job_id=environ.get("SLURM_JOB_ID", ""),
+        restart_count=restarts,
+        gpus=gpus,
+        cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+        job_name=environ.get("SLURM_JOB_NAME", ""),
+    )
+
+
+def mem_bytes(mem: str) -> int:
+    """Slurm memory syntax (plain number = MiB) to bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    if mem[-1] in units:
+        return int(mem[:-1]) * units[mem[-1]]
+    return int(mem) << 20
+
+
+def container_name(ctx: SlurmContext, spec: JobSpec) -> str:
+    if ctx.job_id:
+        return f"slurm-idle-{ctx.job_id}-r{ctx.restart_count}"
+    return f"slurm-idle-{spec.name}-{os.getpid()}"
+
+
+def container_env(
+    spec: JobSpec, ctx: SlurmContext, use_device_requests: bool, params_in_file: bool
+) -> dict[str, str]:
+    """The container's environment: spec env, params, then what the runner adds."""
+    env = {**spec.env, **spec.param_env()}
+    env["SLURM_RESTART_COUNT"] = str(ctx.restart_count)
+    if ctx.job_id:
+        env["SLURM_JOB_ID"] = ctx.job_id
+    if spec.mounts.checkpoint:
+        env["CHECKPOINT_DIR"] = spec.mounts.checkpoint.target
+    if params_in_file:
+        env["SLURM_IDLE_PARAMS_FILE"] = PARAMS_TARGET
+    if ctx.gpus:
+        env["SLURM_IDLE_GPUS"] = ",".join(ctx.gpus)
+        if not use_device_requests:
+            # No GPU runtime to do it for us: say which GPUs are ours, as Slurm would.
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(ctx.gpus)
+            env["CUDA_VISIBLE_DEVICES"] = ctx.cuda_visible_devices or ",".join(ctx.gpus)
+    return env
+
+
+def container_kwargs(
+    spec: JobSpec,
+    ctx: SlurmContext,
+    *,
+    uid: int,
+    gid: int,
+    use_device_requests: bool,
+    params_file: str | None,
+) -> dict[str, Any]:
+    """Keyword arguments for `client.containers.create` (pure: no engine call)."""
+    from docker.types import DeviceRequest, Mount
+
+    mounts = [Mount(m.target, m.source, type="bind", read_only=True) for m in spec.mounts.inputs]
+    mounts += [Mount(m.target, m.source, type="bind") for m in spec.mounts.outputs]
+    if spec.mounts.checkpoint:
+        c = spec.mounts.checkpoint
+        mounts.append(Mount(c.target, c.source, type="bind"))
+    if params_file:
+        mounts.append(Mount(PARAMS_TARGET, params_file, type="bind", read_only=True))
+    kwargs: dict[str, Any] = {
+        "image": spec.image,
+        "name": container_name(ctx, spec),
+        "environment": container_env(spec, ctx, use_device_requests, params_file is not None),
+        "mounts": mounts,
+        "user": f"{uid}:{gid}",
+        "network_mode": spec.network,
+        "init": True,  # tini as PID 1 forwards SIGTERM; a bare PID 1 would ignore it
+        "privileged": False,
+        "security_opt": ["no-new-privileges"],
+        "labels": {
+            LABEL_MANAGED: "true",
+            LABEL_JOB: ctx.job_id or "none",
+            LABEL_RESTART: str(ctx.restart_count),
+            LABEL_NAME: spec.name,
+        },
+        "nano_cpus": spec.cpus * 1_000_000_000,
+    }
+    if spec.command is not None:
+        kwargs["entrypoint"] = list(spec.command)
+    if spec.args is not None:
+        kwargs["command"] = list(spec.args)
+    if spec.workdir:
+        kwargs["working_dir"] = spec.workdir
+    if spec.mem:
+        kwargs["mem_limit"] = mem_bytes(spec.mem)
+    if use_device_requests and ctx.gpus:
+        kwargs["device_requests"] = [
+            DeviceRequest(driver="nvidia", device_ids=list(ctx.gpus), capabilities=[["gpu"]])
+        ]
+    return kwargs
+
+
+def wants_device_requests(mode: GpuMode, runtimes: Sequence[str]) -> bool:
+    """Device requests only when asked for, or (auto) when the engine has an nvidia runtime."""
+    return mode == "nvidia" or (mode == "auto" and "nvidia" in runtimes)
+
+
+# ---------------------------------------------------------------- running
+
+
+@dataclass
+class Signals:
+    """Signals received so far; handlers set these, the run loop reads them."""
+
+    term: threading.Event = field(default_factory=threading.Event)
+    usr1: threading.Event = field(default_factory=threading.Event)
+
+    def stop_requested(self) -> bool:
+        return self.term.is_set() or self.usr1.is_set()
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.term.set())
+        signal.signal(signal.SIGINT, lambda *_: self.term.set())
+        signal.signal(signal.SIGUSR1, lambda *_: self.usr1.set())
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    grace_s: float = 30.0
+    gpu_mode: GpuMode = "auto"
+    uid: int = field(default_factory=os.getuid)
+    gid: int = field(default_factory=os.getgid)
+    poll_s: float = 0.2
+
+
+class Reporter:
+    """Runner messages, prefixed and flushed, into the same stream as the container's output."""
+
+    def __init__(self, out: BinaryIO, clock: Callable[[], float] = time.time) -> None:
+        self.out = out
+        self.clock = clock
+        self.lock = threading.Lock()
+
+    def say(self, message: str) -> None:
+        self.write(f"slurm-idle-run: {message} t={self.clock():.1f}\n".encode())
+
+    def write(self, data: bytes) -> None:
+        with self.lock:
+            self.out.write(data)
+            self.out.flush()
+
+
+def remove_job_containers(client: Any, job_id: str) -> list[str]:
+    """Remove every container labelled with this job id (leftovers of a killed run)."""
+    removed = []
+    for c in client.containers.list(all=True, filters={"label": [f"{LABEL_JOB}={job_id}"]}):
+        c.remove(force=True)
+        removed.append(c.name)
+    return removed
+
+
+def _prepare_host_dirs(spec: JobSpec) -> None:
+    for m in spec.mounts.inputs:
+        if not os.path.exists(m.source):
+            raise SlurmIdleError(f"input {m.source} does not exist on {os.uname().nodename}")
+    writable = list(spec.mounts.outputs)
+    if spec.mounts.checkpoint:
+        writable.append(spec.mounts.checkpoint)
+    for m in writable:
+        os.makedirs(m.source, exist_ok=True)
+
+
+def _write_params(spec: JobSpec) -> tuple[str | None, str | None]:
+    """A private dir holding params.json when params go to a file: (dir, file)."""
+    if "file" not in spec.params_as or not spec.params:
+        return None, None
+    import json
+
+    tmp = tempfile.mkdtemp(prefix="slurm-idle-params-")
+    path = os.path.join(tmp, "params.json")
+    Path(path).write_text(json.dumps(spec.params, indent=2, sort_keys=True) + "\n")
+    os.chmod(path, 0o444)
+    os.chmod(tmp, 0o755)
+    return tmp, path
+
+
+def _ensure_image(client: Any, image: str, report: Reporter) -> None:
+    import docker.errors
+
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        report.say(f"pulling {image}")
+        client.images.pull(image)
+
+
+def run_container(
+    client: Any,
+    spec: JobSpec,
+    ctx: SlurmContext,
+    settings: RunSettings,
+    signals: Signals,
+    report: Reporter,
+    stream_client: Any = None,
+    early_requeue: Callable[[], str] | None = None,
+) -> int:
+    """Run the job's container to its end or to a stop signal; return the runner's exit code."""
+    import docker.errors
+
+    if ctx.restart_count > spec.max_restarts:
+        report.say(
+            f"job {ctx.job_id} was restarted {ctx.restart_count} times, more than max_restarts="
+            f"{spec.max_restarts}: failing instead of running again (raise max_restarts to allow more)"
+        )
+        return EXIT_MAX_RESTARTS
+    container = None
+    params_dir = None
+    try:
+        if ctx.job_id:
+            for name in remove_job_containers(client, ctx.job_id):
+                report.say(f"removed leftover container {name}")
+        _prepare_host_dirs(spec)
+        params_dir, params_file = _write_params(spec)
+        runtimes = list((client.info().get("Runtimes") or {}).keys())
+        use_dr = wants_device_requests(settings.gpu_mode, runtimes)
+        if settings.gpu_mode == "off":
+            ctx = SlurmContext(ctx.job_id, ctx.restart_count, (), None, ctx.job_name)
+        _ensure_image(client, spec.image, report)
+        if signals.stop_requested():
+            report.say("stop signal before the container started: nothing to checkpoint")
+            return EXIT_PREEMPTED
+        kwargs = container_kwargs(
+            spec, ctx, uid=settings.uid, gid=settings.gid,
+            use_device_requests=use_dr, params_file=params_file,
+        )
+        container = client.containers.create(**kwargs)
+        container.start()
+        report.say(
+            f"started container {kwargs['name']} image={spec.image} restart={ctx.restart_count}"
+            f" gpus={','.join(ctx.gpus) or '-'} device_requests={'yes' if use_dr else 'no'}"
+        )
+        return _supervise(container, settings, signals, report, stream_client or client,
+                          early_requeue)
+    except (docker.errors.DockerException, SlurmIdleError, OSError) as exc:
+        report.say(f"could not run the container: {exc}")
+        return EXIT_START_FAILED
+    finally:
+        if container is not None:
+            try:
+                container.remove(force=True)
+                report.say(f"removed container {container.name}")
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.DockerException as exc:
+                report.say(f"could not remove container {container.name}: {exc}")
+        if params_dir:
+            shutil.rmtree(params_dir, ignore_errors=True)
+
+
+def _supervise(
+    container: Any,
+    settings: RunSettings,
+    signals: Signals,
+    report: Reporter,
+    stream_client: Any,
+    early_requeue: Callable[[], str] | None,
+) -> int:
+    done = threading.Event()
+    result: dict[str, int] = {}
+
+    def wait() -> None:
+        try:
+            result["code"] = int(stream_client.containers.get(container.id).wait()["StatusCode"])
+        except Exception:  # noqa: BLE001 - the container vanished; the loop decides
+            result.setdefault("code", -1)
+        done.set()
+
+    def stream_logs() -> None:
+        try:
+            for chunk in stream_client.containers.get(container.id).logs(
+                stream=True, follow=True
+            ):
+                report.write(chunk)
+        except Exception:  # noqa: BLE001 - logs are best effort
+            pass
+
+    logs = threading.Thread(target=stream_logs, daemon=True)
+    logs.start()
+    threading.Thread(target=wait, daemon=True).start()
+    while not done.wait(settings.poll_s):
+        if signals.stop_requested():
+            break
+    if done.is_set():
+        logs.join(timeout=5)
+        code = result["code"]
+        report.say(f"container exited with code {code}")
+        if code in (EXIT_PREEMPTED, EXIT_REQUEUE_ME):
+            # Those two codes tell the batch script "requeue me": a container that fails
+            # with one of them on its own must not be requeued forever.
+            report.say(f"exit code {code} is reserved for preemption: reporting failure (1)")
+            return 1
+        return code
+    why = "SIGTERM (preemption or requeue)" if signals.term.is_set() else "SIGUSR1 (time limit near)"
+    report.say(f"{why}: forwarding SIGTERM to the container, grace {settings.grace_s:g} s")
+    t0 = time.monotonic()
+    try:
+        container.kill(signal="SIGTERM")
+    except Exception as exc:  # noqa: BLE001 - it may have exited meanwhile
+        report.say(f"could not signal the container: {exc}")
+    if not done.wait(settings.grace_s):
+        report.say(f"container still running after {settings.grace_s:g} s: killing it")
+        try:
+            container.kill(signal="SIGKILL")
+        except Exception:  # noqa: BLE001
+            pass
+        done.wait(10)
+    logs.join(timeout=5)
+    report.say(
+        f"container stopped with code {result.get('code', -1)} after "
+        f"{time.monotonic() - t0:.1f} s of grace"
+    )
+    if signals.usr1.is_set() and not signals.term.is_set():
+        return EXIT_REQUEUE_ME
+    if early_requeue is not None:
+        report.say(early_requeue())
+    return EXIT_PREEMPTED
+
+
+def preempted_in_this_run(show_job: str) -> bool:
+    """True when `scontrol show job` says this run was preempted (PreemptTime >= StartTime).
+
+    Both are local ISO times (2026-12-02T16:33:38) or None/Unknown: comparable as text.
+    """
+    fields = dict(
+        word.split("=", 1) for word in show_job.split() if "=" in word and not word.startswith("=")
+    )
+    preempt, start = fields.get("PreemptTime", "None"), fields.get("StartTime", "Unknown")
+    if not preempt[:1].isdigit() or not start[:1].isdigit():
+        return False
+    return preempt >= start
+
+
+def requeue_if_preempted(
+    job_id: str, run: Callable[[Sequence[str]], tuple[int, str]]
+) -> str:
+    """After a clean stop, requeue a preempted job at once instead of idling out GraceTime.
+
+    Slurm would requeue it anyway when GraceTime ends; doing it as soon as the checkpoint is
+    taken hands the node back to inference earlier. A job stopped for another reason (a
+    step-only signal, `scontrol requeue` already under way) is left to whoever signalled it.
+    """
+    if not job_id:
+        return "not in a Slurm job: nothing to requeue"
+    rc, out = run(["scontrol", "show", "job", job_id])
+    if rc != 0 or not preempted_in_this_run(out):
+        return "not preempted by Slurm: leaving the requeue to whoever stopped the job"
+    rc, out = run(["scontrol", "requeue", job_id])
+    if rc != 0:
+        return f"early requeue of job {job_id} failed (Slurm requeues it after GraceTime): {out.strip()}"
+    return f"preempted: requeued job {job_id} at once to hand the node back early"
+
+
+def _run_command(argv: Sequence[str]) -> tuple[int, str]:
+    import subprocess
+
+    try:
+        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 1, str(exc)
+    return p.returncode, p.stdout + p.stderr
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="slurm-idle-run",
+        description="Run a slurm-idle job spec's container inside a Slurm job step.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--spec-b64", help="the job spec as base64 JSON (what scripts pass)")
+    src.add_argument("--spec", help="a job spec YAML/JSON file")
+    src.add_argument("--cleanup", metavar="JOBID", help="remove JOBID's containers and exit")
+    p.add_argument(
+        "--grace-s", type=float, default=None,
+        help="SIGTERM -> stop delay (default: $SLURM_IDLE_GRACE_S, then the spec's grace_s)",
+    )
+    p.add_argument(
+        "--gpu-mode", choices=["auto", "nvidia", "env", "off"],
+        default=os.environ.get("SLURM_IDLE_GPU_MODE", "auto"),
+        help="auto: nvidia device requests only if the engine has an nvidia runtime",
+    )
+    p.add_argument("--docker-host", default=None, help="engine URL (default: $DOCKER_HOST)")
+    return p.parse_args(argv)
+
+
+def _client(docker_host: str | None, timeout: int | None = 60) -> Any:
+    import docker
+
+    if docker_host:
+        return docker.DockerClient(base_url=docker_host, timeout=timeout)
+    return docker.from_env(timeout=timeout)  # type: ignore[arg-type]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `slurm-idle-run`; returns (and exits with) the codes documented above."""
+    args = _parse_args(argv)
+    signals = Signals()
+    signals.install()
+    report = Reporter(sys.stdout.buffer)
+    try:
+        client = _client(args.docker_host)
+        if args.cleanup:
+            for name in remove_job_containers(client, args.cleanup):
+                report.say(f"removed container {name}")
+            return 0
+        spec = decode_spec(args.spec_b64) if args.spec_b64 else load_job_spec(args.spec)
+    except SlurmIdleError as exc:
+        report.say(f"error: {exc}")
+        return EXIT_START_FAILED
+    except Exception as exc:  # noqa: BLE001 - docker.errors.DockerException and friends
+        report.say(f"error: cannot reach the container engine: {exc}")
+        return EXIT_START_FAILED
+    env_grace = os.environ.get("SLURM_IDLE_GRACE_S")
+    grace = args.grace_s if args.grace_s is not None else float(env_grace or spec.grace_s)
+    settings = RunSettings(grace_s=grace, gpu_mode=args.gpu_mode)
+    # Logs and wait block for as long as the container runs: no read timeout on that client.
+    stream_client = _client(args.docker_host, timeout=None)
+    ctx = slurm_context(os.environ)
+    return run_container(
+        client, spec, ctx, settings, signals, report, stream_client=stream_client,
+        early_requeue=lambda: requeue_if_preempted(ctx.job_id, _run_command),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The yardsticks slurm-idle is measured against: reactive, night-window and oracle.
+
+- `reactive`: what an HPA/KEDA autoscaler does: scale on the load of the last minute, scale
+  down only to the highest recommendation of the last 5 minutes, no forecast.
+- `night-window`: the manual practice: lend a fixed number of replicas from 20:00 to 08:00.
+- `oracle`: perfect foresight: serves exactly what each minute needs and starts every reclaim
+  just early enough. Its harvest is the physical limit (Simulation.oracle_bound).
+All three only see the fleet and the trace; their decisions are plain LEND/RECLAIM actions
+that the engine applies with the same latencies as the real planner's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slurm_idle.model import Action, ActionKind, Phase
+from slurm_idle.policy.windows import in_windows
+from slurm_idle.sim.engine import SimNode, Simulation
+
+
+def _lend(nodes: list[SimNode], count: int, reason: str) -> list[Action]:
+    serving = sorted((n for n in nodes if n.phase is Phase.SERVING), key=lambda n: n.name, reverse=True)
+    return [
+        Action(ActionKind.LEND, n.name, n.model, Phase.SERVING, Phase.RETIRING, reason)
+        for n in serving[: max(0, count)]
+    ]
+
+
+def _bring_back(nodes: list[SimNode], count: int, reason: str) -> list[Action]:
+    """Abort lends first, then reclaim the youngest lent nodes."""
+    actions = []
+    for n in (n for n in nodes if n.phase is Phase.RETIRING):
+        if len(actions) >= count:
+            return actions
+        actions.append(Action(ActionKind.ABORT_LEND, n.name, n.model, Phase.RETIRING, Phase.SERVING, reason))
+    for n in (n for n in nodes if n.phase is Phase.LENDING):
+        if len(actions) >= count:
+            return actions
+        actions.append(Action(ActionKind.RECLAIM, n.name, n.model, Phase.LENDING, Phase.STARTING, reason))
+    lent = sorted((n for n in nodes if n.phase is Phase.LENT), key=lambda n: (-(n.lent_since or 0), n.name))
+    for n in lent:
+        if len(actions) >= count:
+            break
+        actions.append(Action(ActionKind.RECLAIM, n.name, n.model, Phase.LENT, Phase.RECLAIMING, reason))
+    return actions
+
+
+def _count(nodes: list[SimNode], *phases: Phase) -> int:
+    return sum(1 for n in nodes if n.phase in phases)
+
+
+@dataclass
+class Reactive:
+    """Scale on the last minute's load; scale down to the max of the last `stabilisation_min`."""
+
+    stabilisation_min: int = 5
+    name: str = "reactive"
+    auto_continue: bool = True
+
+    def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]:
+        actions: list[Action] = []
+        seen = max(0, minute - 1)
+        for model, nodes in sim.nodes.items():
+            need = sim.need[model]
+            desired = need[seen]
+            supply = _count(nodes, Phase.SERVING, Phase.STARTING, Phase.RECLAIMING)
+            if desired > supply:
+                actions += _bring_back(nodes, desired - supply, "reactive: scale up")
+                continue
+            recent = max(need[max(0, seen - self.stabilisation_min + 1) : seen + 1])
+            if not _count(nodes, Phase.STARTING, Phase.RECLAIMING):
+                actions += _lend(nodes, _count(nodes, Phase.SERVING) - recent, "reactive: scale down")
+        return actions
+
+
+@dataclass
+class NightWindow:
+    """Lend `lend` replicas per model (None: what the trace's nights always allowed) 20:00-08:00."""
+
+    lend: int | None = None
+    window: str = "20:00-08:00"
+    timezone: str = "UTC"
+    name: str = "night-window"
+    auto_continue: bool = True
+
+    def _count_for(self, sim: Simulation, model: str) -> int:
+        if self.lend is not None:
+            return self.lend
+        nights = [
+            need
+            for m, need in enumerate(sim.need[model])
+            if in_windows(sim.trace.timestamp(m), (self.window,), self.timezone)
+        ]
+        return max(0, sim.fleet[model].replicas - max(nights, default=sim.fleet[model].replicas))
+
+    def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]:
+        if not hasattr(self, "_counts"):
+            self._counts = {model: self._count_for(sim, model) for model in sim.nodes}
+        actions: list[Action] = []
+        night = in_windows(now, (self.window,), self.timezone)
+        for model, nodes in sim.nodes.items():
+            out = _count(nodes, Phase.RETIRING, Phase.LENDING, Phase.LENT)
+            if night:
+                room = _count(nodes, Phase.SERVING) - min(sim.params.floor, len(nodes))
+                actions += _lend(nodes, min(self._counts[model] - out, room), "night window")
+            elif out:
+                actions += _bring_back(nodes, out, "night window over")
+        return actions
+
+
+@dataclass
+class Oracle:
+    """Knows every minute's need: lends what no minute needs soon, reclaims just in time."""
+
+    name: str = "oracle"
+    auto_continue: bool = True
+
+    def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]:
+        p = sim.params
+        reclaim, drain, end = p.reclaim_minutes, p.drain_minutes, sim.trace.minutes
+        actions: list[Action] = []
+        for model, nodes in sim.nodes.items():
+            need = sim.need[model]
+
+            def at(m: int) -> int:
+                return need[m] if m < end else 0
+
+            serving = _count(nodes, Phase.SERVING)
+            coming = _count(nodes, Phase.STARTING, Phase.RECLAIMING)
+            short = at(minute + reclaim) - (serving + coming)
+            if short > 0:
+                actions += _bring_back(nodes, short, "oracle: needed in time")
+                continue
+            soon = max(at(m) for m in range(minute + drain, minute + drain + reclaim + 1))
+            actions += _lend(nodes, serving - soon, "oracle: not needed soon")
+        return actions

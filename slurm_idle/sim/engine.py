@@ -1,0 +1,282 @@
+"""The simulated fleet: replicas moving through the lifecycle minute by minute, and the score.
+
+Each minute of the trace is one tick: the policy looks at the fleet and returns `Action`s (the
+same type the real agent executes), the engine applies them through the real transition table
+(lifecycle.check_transition) with the configured latencies, then counts the minute. A node is
+driven forward within a tick as long as its latencies allow, like the agent's NodeDriver:
+
+  RETIRING  `drain_s` (the replica still serves while it drains)
+  LENDING   0         (engine stop and RESUME within the tick)
+  RECLAIMING `grace_s` (the idle jobs' grace time)
+  STARTING  `start_s`, or `wake_s` for sleep-mode engines
+
+Accounting per model and minute: serving = SERVING + RETIRING, lent = LENT + LENDING, starting,
+reclaiming (they always sum to the replicas). A minute violates the SLO when serving is below
+what the trace needs; harvested GPU-hours are LENT node-minutes; every reclaim of a LENT node
+is a preemption that loses the work since the jobs' last checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from slurm_idle.lifecycle import check_transition, next_phase
+from slurm_idle.model import Action, ActionKind, Phase
+from slurm_idle.policy.capacity import demand_tokens_per_s, replicas_for
+from slurm_idle.traces import Trace
+
+
+@dataclass(frozen=True)
+class FleetModel:
+    """One model's replicas in the simulation."""
+
+    name: str
+    replicas: int
+    gpus_per_replica: int
+    tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class SimParams:
+    """The fixed demand model and the latencies of the simulation."""
+
+    start_s: float = 300.0
+    wake_s: float | None = None
+    grace_s: float = 60.0
+    drain_s: float = 60.0
+    prompt_weight: float = 0.1
+    utilisation: float = 0.8
+    floor: int = 1
+    checkpoint_s: float = 1800.0  # idle jobs checkpoint this often; a preemption loses the rest
+
+    def __post_init__(self) -> None:
+        from slurm_idle.errors import ConfigError
+
+        if not 0 <= self.drain_s <= 60:
+            raise ConfigError("the simulated drain must take 0-60 s (one tick at most)")
+        if self.start_s < 0 or self.grace_s < 0 or (self.wake_s is not None and self.wake_s < 0):
+            raise ConfigError("--start-s, --wake-s and --grace-s must be >= 0")
+        if not 0 < self.utilisation <= 1 or self.prompt_weight < 0 or self.floor < 0:
+            raise ConfigError("utilisation must be in (0, 1], prompt weight and floor >= 0")
+
+    @property
+    def engine_start_s(self) -> float:
+        return self.wake_s if self.wake_s is not None else self.start_s
+
+    @property
+    def reclaim_minutes(self) -> int:
+        """Ticks from a reclaim decision to the replica serving."""
+        return math.ceil(self.grace_s / 60) + math.ceil(self.engine_start_s / 60)
+
+    @property
+    def drain_minutes(self) -> int:
+        return math.ceil(self.drain_s / 60)
+
+    def latency(self, phase: Phase) -> float:
+        return {
+            Phase.RETIRING: self.drain_s,
+            Phase.LENDING: 0.0,
+            Phase.RECLAIMING: self.grace_s,
+            Phase.STARTING: self.engine_start_s,
+        }[phase]
+
+
+@dataclass
+class SimNode:
+    """One replica's node; mutable, owned by the engine."""
+
+    name: str
+    model: str
+    phase: Phase = Phase.SERVING
+    since: float = 0.0
+    lent_since: float | None = None
+
+
+class SimPolicy(Protocol):
+    """A policy under test: the real planner or a baseline."""
+
+    name: str
+    auto_continue: bool  # the engine carries transitional nodes on by itself, before deciding
+
+    def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]: ...
+
+
+@dataclass
+class SimResult:
+    """The score of one run, plus the per-minute timeline."""
+
+    minutes: int
+    harvested_gpu_hours: float
+    oracle_gpu_hours: float
+    slo_violation_minutes: int
+    preemptions: int
+    lost_gpu_hours: float
+    timeline: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
+
+    @property
+    def harvest_ratio(self) -> float:
+        return self.harvested_gpu_hours / self.oracle_gpu_hours if self.oracle_gpu_hours > 0 else 1.0
+
+    def summary(self) -> dict[str, float | int]:
+        """The `--json` document of `slurm-idle simulate` (keys fixed by the issue)."""
+        return {
+            "minutes": self.minutes,
+            "harvested_gpu_hours": round(self.harvested_gpu_hours, 2),
+            "oracle_gpu_hours": round(self.oracle_gpu_hours, 2),
+            "harvest_ratio": round(self.harvest_ratio, 4),
+            "slo_violation_minutes": self.slo_violation_minutes,
+            "preemptions": self.preemptions,
+            "lost_gpu_hours": round(self.lost_gpu_hours, 2),
+        }
+
+
+def node_names(model: str, replicas: int) -> list[str]:
+    slug = "".join(c if c.isalnum() else "-" for c in model.split("/")[-1]).strip("-").lower()
+    return [f"{slug or 'm'}-{i:03d}" for i in range(replicas)]
+
+
+class Simulation:
+    """A fleet replaying a trace under one policy."""
+
+    def __init__(self, trace: Trace, fleet: Sequence[FleetModel], params: SimParams) -> None:
+        missing = [f.name for f in fleet if f.name not in trace.series]
+        if missing:
+            from slurm_idle.errors import ConfigError
+
+            raise ConfigError(
+                f"fleet model(s) {', '.join(missing)} not in the trace (trace has: "
+                f"{', '.join(trace.models)})"
+            )
+        self.trace = trace
+        self.fleet = {f.name: f for f in fleet}
+        self.params = params
+        self.demand: dict[str, list[float]] = {}
+        self.need: dict[str, list[int]] = {}
+        for f in fleet:
+            s = trace.series[f.name]
+            demand = [
+                demand_tokens_per_s(r * o, r * p, params.prompt_weight)
+                for r, p, o in zip(s.rps, s.prompt_tokens, s.output_tokens, strict=True)
+            ]
+            self.demand[f.name] = demand
+            floor = min(params.floor, f.replicas)
+            self.need[f.name] = [
+                min(f.replicas, max(floor, replicas_for(d, f.tokens_per_s, params.utilisation)))
+                for d in demand
+            ]
+        self.nodes: dict[str, list[SimNode]] = {
+            f.name: [SimNode(n, f.name, since=trace.start) for n in node_names(f.name, f.replicas)]
+            for f in fleet
+        }
+        self.by_name = {n.name: n for nodes in self.nodes.values() for n in nodes}
+        # serving replicas per model and minute, filled as the run goes (policies read the past)
+        self.serving: dict[str, list[int]] = {f.name: [] for f in fleet}
+        self.preemptions = 0
+        self.lost_gpu_hours = 0.0
+
+    # -- one tick -------------------------------------------------------------------------------
+
+    def apply(self, action: Action, now: float) -> bool:
+        """Apply one action if its node is where the action expects and latencies allow."""
+        node = self.by_name.get(action.node)
+        if node is None or node.phase is not action.from_phase:
+            return False
+        check_transition(node.phase, action.to_phase)
+        if action.kind is ActionKind.CONTINUE and now - node.since < self.params.latency(node.phase):
+            return False
+        if node.phase is Phase.LENT and action.to_phase is Phase.RECLAIMING:
+            self._preempt(node, now)
+        self._enter(node, action.to_phase, now)
+        self._carry_on(node, now)
+        return True
+
+    def _preempt(self, node: SimNode, now: float) -> None:
+        self.preemptions += 1
+        lent_for = now - (node.lent_since if node.lent_since is not None else now)
+        gpus = self.fleet[node.model].gpus_per_replica
+        self.lost_gpu_hours += gpus * (lent_for % self.params.checkpoint_s) / 3600.0
+
+    def _enter(self, node: SimNode, phase: Phase, now: float) -> None:
+        node.phase, node.since = phase, now
+        node.lent_since = now if phase is Phase.LENT else None
+
+    def _carry_on(self, node: SimNode, now: float) -> None:
+        nxt = next_phase(node.phase)
+        while nxt is not None and now - node.since >= self.params.latency(node.phase):
+            self._enter(node, nxt, now)
+            nxt = next_phase(node.phase)
+
+    # -- the run ----------------------------------------------------------------------------------
+
+    def run(self, policy: SimPolicy) -> SimResult:
+        p = self.params
+        harvested = 0.0
+        violations = 0
+        timeline: dict[str, list[tuple[int, int, int, int]]] = {m: [] for m in self.fleet}
+        for minute in range(self.trace.minutes):
+            now = self.trace.timestamp(minute)
+            if policy.auto_continue:
+                for node in self.by_name.values():
+                    self._carry_on(node, now)
+            for action in policy.decide(self, minute, now):
+                self.apply(action, now)
+            short = False
+            for model, nodes in self.nodes.items():
+                counts = {ph: 0 for ph in Phase}
+                for node in nodes:
+                    counts[node.phase] += 1
+                serving = counts[Phase.SERVING] + counts[Phase.RETIRING]
+                row = (
+                    serving,
+                    counts[Phase.STARTING],
+                    counts[Phase.LENT] + counts[Phase.LENDING],
+                    counts[Phase.RECLAIMING],
+                )
+                timeline[model].append(row)
+                self.serving[model].append(serving)
+                harvested += counts[Phase.LENT] * self.fleet[model].gpus_per_replica / 60.0
+                if serving < self.need[model][minute]:
+                    short = True
+            violations += short
+        return SimResult(
+            minutes=self.trace.minutes,
+            harvested_gpu_hours=harvested,
+            oracle_gpu_hours=self.oracle_bound(),
+            slo_violation_minutes=violations,
+            preemptions=self.preemptions,
+            lost_gpu_hours=self.lost_gpu_hours,
+            timeline=timeline,
+        )
+
+    def oracle_bound(self) -> float:
+        """The most GPU-hours any policy can lend without a violation, latencies respected.
+
+        Replicas are interchangeable, so look at each level k (the k-th replica): it is free in
+        the minutes where the need is below k. A free gap [a, b) can be lent from
+        max(a, drain) (the replica drains during the last needed minute; at the start of the
+        trace it drains first) until the reclaim that must start `reclaim_minutes` before b;
+        a gap that runs to the end needs no reclaim. Exact for drains of at most one tick.
+        """
+        p = self.params
+        total = 0.0
+        reclaim, drain, end = p.reclaim_minutes, p.drain_minutes, self.trace.minutes
+        for model, need in self.need.items():
+            fleet = self.fleet[model]
+            minutes = 0
+            for level in range(1, fleet.replicas + 1):
+                m = 0
+                while m < end:
+                    if need[m] >= level:
+                        m += 1
+                        continue
+                    a = m
+                    while m < end and need[m] < level:
+                        m += 1
+                    lend_from = max(a, drain)
+                    lend_until = end if m == end else m - reclaim
+                    minutes += max(0, lend_until - lend_from)
+            total += minutes * fleet.gpus_per_replica / 60.0
+        return total

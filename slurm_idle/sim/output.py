@@ -1,0 +1,76 @@
+"""What a simulation run writes besides its score: the per-minute timeline CSV and a plot.
+
+matplotlib is an optional extra (`pip install slurm-idle[plot]`), imported only when a plot
+is asked for, with a clear error when it is missing.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+
+from slurm_idle.errors import ConfigError
+from slurm_idle.sim.engine import FleetModel, SimParams, SimResult
+from slurm_idle.traces import Trace, iso_minute
+
+TIMELINE_HEADER = ("timestamp", "model", "serving", "starting", "lent", "reclaiming")
+
+
+def write_timeline(path: str | Path, trace: Trace, result: SimResult) -> None:
+    """One row per trace minute and model; the four counts sum to the model's replicas."""
+    try:
+        with Path(path).open("w", newline="") as handle:
+            writer = csv.writer(handle, lineterminator="\n")
+            writer.writerow(TIMELINE_HEADER)
+            for minute in range(trace.minutes):
+                stamp = iso_minute(trace.timestamp(minute))
+                for model, rows in result.timeline.items():
+                    writer.writerow([stamp, model, *rows[minute]])
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write the timeline: {exc.strerror}") from None
+
+
+def plot_run(
+    path: str | Path,
+    trace: Trace,
+    fleet: Sequence[FleetModel],
+    params: SimParams,
+    result: SimResult,
+    policy: str,
+) -> None:
+    """Load, needed and serving replicas, and lent GPUs over time, one panel per model."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError(
+            "--plot needs matplotlib: pip install 'slurm-idle[plot]' (or pip install matplotlib)"
+        ) from None
+    from slurm_idle.sim.engine import Simulation
+
+    need = Simulation(trace, fleet, params).need
+    hours = [m / 60.0 for m in range(trace.minutes)]
+    fig, axes = plt.subplots(len(fleet), 1, figsize=(14, 4 * len(fleet)), squeeze=False)
+    for ax, f in zip(axes[:, 0], fleet, strict=True):
+        rows = result.timeline[f.name]
+        ax.plot(hours, need[f.name], label="needed replicas", color="tab:red", linewidth=0.8)
+        ax.plot(hours, [r[0] for r in rows], label="serving replicas", color="tab:blue", linewidth=0.8)
+        ax.set_ylabel("replicas")
+        ax.set_xlabel(f"hours since {iso_minute(trace.start)}")
+        lent = ax.twinx()
+        lent.fill_between(hours, [r[2] * f.gpus_per_replica for r in rows], color="tab:green",
+                          alpha=0.25, label="lent GPUs")
+        lent.set_ylabel("lent GPUs")
+        ax.set_title(f"{f.name} under {policy}")
+        ax.legend(loc="upper left")
+        lent.legend(loc="upper right")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write the plot: {exc.strerror}") from None
+    finally:
+        plt.close(fig)

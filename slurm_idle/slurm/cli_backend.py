@@ -1,0 +1,202 @@
+"""The default Slurm backend: the ordinary commands with `--json`, run through a CommandRunner.
+
+Reads are one command each (`sinfo --json` or, on 23.02+, `scontrol show node --json`, whose
+per-node records keep each node's Comment; one `squeue --json` for every job). The Slurm
+release is learnt from the `meta` block of whatever JSON came back first, so no extra
+`--version` call is made in a tick; a 23.02+ cluster costs one extra command the first time.
+
+Requeue, as measured on 22.05 (see docs in `requeue`): `scontrol requeue` itself sends SIGCONT +
+SIGTERM to every process of the job at once and SIGKILL after the cluster's KillWait; the run
+is recorded as requeued (never FAILED), the job shows COMPLETING on its node meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from slurm_idle.errors import CommandError
+from slurm_idle.model import SlurmJob, SlurmNode
+from slurm_idle.slurm import parse
+from slurm_idle.slurm.protocol import AcctJob
+from slurm_idle.slurm.runner import CommandRunner, CompletedResult, SubprocessRunner
+
+#: First release whose `scontrol show node` knows `--json`.
+SCONTROL_JSON_SINCE = (23, 2)
+#: Steps that are not workload steps: they exist as long as the job does.
+_HOUSEKEEPING_STEPS = ("batch", "extern", "interactive")
+#: `scontrol requeue` complaints that mean there is nothing left to do for that job.
+_REQUEUE_DONE = ("job is pending execution", "invalid job id specified")
+
+
+class CliBackend:
+    """SlurmBackend over sinfo/squeue/sacct/scontrol/sbatch/scancel."""
+
+    def __init__(
+        self,
+        runner: CommandRunner | None = None,
+        bin_dir: str | None = None,
+        timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.runner = runner or SubprocessRunner()
+        self.bin_dir = bin_dir
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.sleep = sleep
+        self.poll_s = poll_s
+        self.calls = 0
+        self._version: str | None = None
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _argv(self, command: str, *args: str) -> list[str]:
+        exe = os.path.join(self.bin_dir, command) if self.bin_dir else command
+        return [exe, *args]
+
+    def _run(self, command: str, *args: str, input: str | None = None) -> CompletedResult:
+        self.calls += 1
+        return self.runner.run(self._argv(command, *args), input=input, timeout=self.timeout_s)
+
+    def _json(self, command: str, *args: str) -> dict[str, Any]:
+        result = self._run(command, *args)
+        try:
+            doc = json.loads(result.stdout)
+        except json.JSONDecodeError as exc:
+            raise CommandError(
+                result.argv, result.rc, f"output is not JSON ({exc.msg} at char {exc.pos})"
+            ) from None
+        if not isinstance(doc, dict):
+            raise CommandError(result.argv, result.rc, "JSON output is not an object")
+        release = parse.meta_release(doc)
+        if release and self._version is None:
+            self._version = release
+        return doc
+
+    def _scontrol_has_json(self) -> bool:
+        return self._version is not None and parse.major_minor(self._version) >= SCONTROL_JSON_SINCE
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def nodes(self) -> list[SlurmNode]:
+        if self._scontrol_has_json():
+            return parse.parse_nodes(self._json("scontrol", "show", "node", "--json"))
+        doc = self._json("sinfo", "--json")
+        if "sinfo" in doc:
+            # 23.02+ sinfo groups nodes per partition and state: ask for per-node records.
+            return parse.parse_nodes(self._json("scontrol", "show", "node", "--json"))
+        return parse.parse_nodes(doc)
+
+    def jobs(self) -> list[SlurmJob]:
+        return parse.parse_jobs(self._json("squeue", "--json", "--all"))
+
+    def accounting(
+        self,
+        since: float | None,
+        until: float | None,
+        partition: str | None = None,
+        job_ids: Sequence[int] = (),
+    ) -> list[AcctJob]:
+        args = ["--json", "--allusers", "--duplicates", "--allocations"]
+        # Without explicit times sacct shows only today's jobs; with job ids it shows them all.
+        if since is not None:
+            args.append(f"--starttime={_slurm_time(since)}")
+        elif not job_ids:
+            args.append("--starttime=1970-01-01T00:00:00")
+        if until is not None:
+            args.append(f"--endtime={_slurm_time(until)}")
+        if partition:
+            args.append(f"--partition={partition}")
+        if job_ids:
+            args.append("--jobs=" + ",".join(str(j) for j in job_ids))
+        return parse.parse_accounting(self._json("sacct", *args))
+
+    def version(self) -> str:
+        if self._version is None:
+            self._version = parse.parse_version_output(self._run("sinfo", "--version").stdout)
+        return self._version
+
+    # --- node changes --------------------------------------------------------------------
+
+    def drain(self, node: str, reason: str) -> None:
+        if not reason:
+            raise ValueError("Slurm requires a reason to drain a node")
+        self._run("scontrol", "update", f"nodename={node}", "state=DRAIN", f"reason={reason}")
+
+    def resume(self, node: str) -> None:
+        try:
+            self._run("scontrol", "update", f"nodename={node}", "state=RESUME")
+        except CommandError as exc:
+            # 22.05 answers rc=1 "Invalid node state specified" for a node that is not drained.
+            if exc.rc == 1 and "invalid node state" in exc.stderr.lower():
+                return
+            raise
+
+    def set_comment(self, node: str, comment: str) -> None:
+        self._run("scontrol", "update", f"nodename={node}", f"comment={comment}")
+
+    # --- job changes ---------------------------------------------------------------------
+
+    def submit(self, script: str, extra_args: Sequence[str] = ()) -> int:
+        result = self._run("sbatch", "--parsable", *extra_args, input=script)
+        first = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+        try:
+            return int(first.split(";", 1)[0])
+        except ValueError:
+            raise CommandError(result.argv, result.rc, f"no job id in sbatch output {first!r}") from None
+
+    def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None:
+        if not job_ids:
+            return
+        args = [f"--signal={signal}"] if signal else []
+        self._run("scancel", *args, *(str(j) for j in job_ids))
+
+    def requeue(self, job_ids: Sequence[int], grace_s: float = 0) -> None:
+        """Requeue jobs so they go back to PENDING (restart count + 1), never FAILED.
+
+        `scontrol requeue` alone is already graceful up to KillWait: every process of the job
+        gets SIGTERM at once and SIGKILL KillWait seconds later; meanwhile the job shows
+        COMPLETING on its node. With `grace_s > 0` the job's srun steps (not its batch shell,
+        as Slurm's own preemption GraceTime does) get SIGTERM first, and the requeue follows
+        once no workload step is left or after grace_s, whichever comes first. Signalling the
+        batch shell ourselves (`scancel --full`) is avoided: a shell that exits on it ends the
+        run as FAILED in accounting before the requeue can turn it back to PENDING.
+        """
+        if not job_ids:
+            return
+        ids = [str(j) for j in job_ids]
+        if grace_s > 0:
+            self._run("scancel", "--signal=TERM", *ids)
+            deadline = self.clock() + grace_s
+            while self._workload_steps(ids) and self.clock() < deadline:
+                self.sleep(min(self.poll_s, max(deadline - self.clock(), 0)))
+        try:
+            self._run("scontrol", "requeue", ",".join(ids))
+        except CommandError as exc:
+            # Slurm still requeues the other jobs of the list; a job already requeued (it
+            # reads "pending execution", also while COMPLETING) or gone needs nothing more.
+            lines = [line.strip().lower() for line in exc.stderr.splitlines() if line.strip()]
+            if exc.rc == 1 and lines and all(any(b in ln for b in _REQUEUE_DONE) for ln in lines):
+                return
+            raise
+
+    def _workload_steps(self, ids: Sequence[str]) -> list[str]:
+        try:
+            out = self._run(
+                "squeue", "--steps", "--noheader", "--format=%i", "--jobs=" + ",".join(ids)
+            ).stdout
+        except CommandError:
+            return []  # jobs already gone from the controller: nothing left to wait for
+        steps = [line.strip() for line in out.splitlines() if line.strip()]
+        return [s for s in steps if s.rsplit(".", 1)[-1] not in _HOUSEKEEPING_STEPS]
+
+
+def _slurm_time(ts: float) -> str:
+    """Unix seconds as the local-time ISO form sacct's --starttime/--endtime take."""
+    return datetime.fromtimestamp(ts, UTC).astimezone().strftime("%Y-%m-%dT%H:%M:%S")

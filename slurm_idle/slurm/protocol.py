@@ -1,0 +1,89 @@
+"""The narrow interface the agent uses to read and change Slurm, whatever the backend.
+
+Two backends implement it: the CLI one (`sinfo`/`squeue`/`sacct --json`, `scontrol`, `sbatch`)
+and the pyslurm one. Reads are batched: one command for all nodes and one for all jobs, so the
+number of Slurm calls per tick does not grow with the fleet. Writes are idempotent where Slurm
+lets them be (resuming a node that is not drained is a no-op, not an error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from slurm_idle.model import SlurmJob, SlurmNode
+
+
+@dataclass(frozen=True)
+class AcctJob:
+    """One job from accounting (`sacct`), for reports: what ran where, how long, on how many GPUs.
+
+    `state` is the upper-case base state of the job's latest run (COMPLETED, PREEMPTED,
+    REQUEUED, RUNNING, ...); `restarts` counts requeues when the accounting reports it.
+    """
+
+    job_id: int
+    name: str
+    partition: str
+    state: str
+    start: float | None  # unix seconds, None if it never started
+    end: float | None  # unix seconds, None while running / never ran
+    elapsed_s: float
+    gpus: int
+    restarts: int = 0
+    nodes: tuple[str, ...] = ()
+    comment: str = ""
+
+
+@runtime_checkable
+class SlurmBackend(Protocol):
+    """Read and change the cluster: nodes, jobs, accounting."""
+
+    calls: int  # commands (or API round trips) issued so far; the tick benchmark reads it
+
+    def nodes(self) -> list[SlurmNode]:
+        """Every node, in one query."""
+        ...
+
+    def jobs(self) -> list[SlurmJob]:
+        """Every job the controller knows (pending, running, completing...), in one query."""
+        ...
+
+    def drain(self, node: str, reason: str) -> None:
+        """DRAIN a node with a Reason (also rewrites the Reason of an already drained node)."""
+        ...
+
+    def resume(self, node: str) -> None:
+        """RESUME a node; a node that is not drained is left as it is (idempotent)."""
+        ...
+
+    def set_comment(self, node: str, comment: str) -> None:
+        """Set the node's free-text Comment (our machine-readable phase data)."""
+        ...
+
+    def requeue(self, job_ids: Sequence[int], grace_s: float = 0) -> None:
+        """Requeue jobs; with grace_s > 0 their steps get SIGTERM first and up to grace_s to end."""
+        ...
+
+    def submit(self, script: str, extra_args: Sequence[str] = ()) -> int:
+        """Submit a batch script (given as text) and return the job id."""
+        ...
+
+    def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None:
+        """Cancel jobs, or only send them `signal` (e.g. "TERM") when it is given."""
+        ...
+
+    def accounting(
+        self,
+        since: float | None,
+        until: float | None,
+        partition: str | None = None,
+        job_ids: Sequence[int] = (),
+    ) -> list[AcctJob]:
+        """Finished and running jobs from accounting in a time window."""
+        ...
+
+    def version(self) -> str:
+        """The Slurm release, e.g. "22.05.8"."""
+        ...

@@ -1,0 +1,269 @@
+"""The whole lend/reclaim story on the sandbox, printed as it happens (`scripts/demo`).
+
+low load -> nodes lent -> an admin drains a node (never touched) -> the demo container job
+runs on a lent node -> load rises -> node reclaimed, job requeued (not failed) -> load falls ->
+job resumes from its checkpoint and completes. The end-to-end test runs this same story and
+checks its `DemoReport`; the README's first command runs it for people.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_idle.config import load_config
+from slurm_idle.model import Phase
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_SPEC = REPO / "etc" / "examples" / "demo-job.yaml"
+ADMIN_REASON = "admin: disk check"
+LOW_RPS, HIGH_RPS = 0.2, 500.0
+
+
+@dataclass
+class DemoReport:
+    """What the story measured; the e2e test asserts on it."""
+
+    lent_nodes_at_low_load: list[str] = field(default_factory=list)
+    admin_node: str = ""
+    admin_reason_after: str = ""
+    job_id: int = 0
+    job_first_node: str = ""
+    reclaim_to_serving_s: dict[str, float] = field(default_factory=dict)
+    reclaimed_all_serving: bool = False
+    job_state_after_reclaim: str = ""
+    job_restarts: int = 0
+    job_final_state: str = ""
+    resumed_from: int | None = None
+    job_output_tail: list[str] = field(default_factory=list)
+    lost_gpu_s: float | None = None
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+class Story:
+    """Drives the sandbox and the real agent, printing each phase change with its time."""
+
+    def __init__(self, sandbox: Any, out: Callable[[str], None] = print, tick_every_s: float = 2.0) -> None:
+        from slurm_idle.wiring import build_agent
+
+        self.sb = sandbox
+        self.out = out
+        self.tick_every_s = tick_every_s
+        os.environ.update(sandbox.env())
+        self.config = load_config(sandbox.config_path)
+        self.agent = build_agent(self.config)
+        self.t0 = time.monotonic()
+        self.report = DemoReport()
+        self._last_phases: dict[str, str] = {}
+
+    # -- helpers ----------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        self.out(f"[{time.monotonic() - self.t0:6.1f}s] {text}")
+
+    def phases(self) -> dict[str, Phase]:
+        return {v.name: v.phase for v in self.agent.observe().nodes}
+
+    def tick(self) -> dict[str, Phase]:
+        result = self.agent.tick()
+        for step in result.steps:
+            if step.outcome == "ok":
+                self.say(f"  {step.node}: {step.from_phase.value} -> {step.to_phase.value} ({step.reason})")
+            elif step.outcome != "waiting":
+                self.say(f"  {step.node}: {step.from_phase.value} -> {step.to_phase.value} "
+                         f"{step.outcome}: {step.error}")
+        phases = self.phases()
+        summary = " ".join(f"{n}={p.value}" for n, p in sorted(phases.items()))
+        if summary != self._last_phases.get("summary"):
+            self.say(f"phases: {summary}")
+            self._last_phases["summary"] = summary
+        return phases
+
+    def until(self, what: str, cond: Callable[[], bool], timeout_s: float, tick: bool = True) -> float:
+        """Tick (or just poll) until cond() holds; returns the seconds it took."""
+        start = time.monotonic()
+        while True:
+            if tick:
+                self.tick()
+            if cond():
+                return time.monotonic() - start
+            if time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"demo: gave up waiting {timeout_s:.0f}s for {what}")
+            time.sleep(self.tick_every_s)
+
+    def job(self) -> Any | None:
+        for j in self.agent.slurm.jobs():
+            if j.job_id == self.report.job_id:
+                return j
+        return None
+
+    def scontrol_job(self) -> dict[str, str]:
+        proc = self.sb.run(["scontrol", "-o", "show", "job", str(self.report.job_id)],
+                           capture_output=True, text=True)
+        fields: dict[str, str] = {}
+        for token in proc.stdout.split():
+            if "=" in token:
+                key, _, value = token.partition("=")
+                fields[key] = value
+        return fields
+
+    def reset(self) -> None:
+        """Start from a plain cluster: no jobs, nodes undrained without comments, engines up."""
+        self.sb.run(["scancel", "--full", "--user", pwd.getpwuid(os.getuid()).pw_name], capture_output=True)
+        for node in self.sb.nodes:
+            self.sb.run(["scontrol", "update", f"nodename={node}", "comment="], capture_output=True)
+            self.sb.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], capture_output=True)
+            self.sb.engine_start(node)
+        if Path(self.config.paths.journal).exists():
+            Path(self.config.paths.journal).unlink()
+
+    # -- the story ----------------------------------------------------------------------------
+    def run(self) -> DemoReport:
+        r = self.report
+        sb = self.sb
+        self.say(f"sandbox at {sb.root}: Slurm {sb.slurm_version}, nodes {', '.join(sb.nodes)}")
+        self.reset()
+        sb.load(LOW_RPS)
+        self.say(f"load {LOW_RPS} req/s: the first tick adopts every node into serving")
+        self.until("every node serving", lambda: all(
+            p is Phase.SERVING for p in self.phases().values()), 120)
+
+        r.admin_node = sb.nodes[-1]
+        sb.run(["scontrol", "update", f"nodename={r.admin_node}", "state=DRAIN",
+                f"reason={ADMIN_REASON}"], check=True)
+        self.say(f"admin drains {r.admin_node} with reason {ADMIN_REASON!r}: slurm-idle must never touch it")
+
+        self.say(f"low load for {self.config.policy.scale_down_window_s}s window: lending idle replicas")
+        r.timings_s["lend"] = self.until(">=2 nodes lent", lambda: sum(
+            p is Phase.LENT for p in self.phases().values()) >= 2, 240)
+        r.lent_nodes_at_low_load = sorted(n for n, p in self.phases().items() if p is Phase.LENT)
+        self.say(f"lent: {', '.join(r.lent_nodes_at_low_load)} (in {r.timings_s['lend']:.0f}s)")
+
+        proc = sb.run([sys.executable, "-m", "slurm_idle.cli", "submit", str(DEMO_SPEC), "--json"],
+                      capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"demo: submit failed: {proc.stderr.strip()}")
+        r.job_id = int(json.loads(proc.stdout)["job_id"])
+        self.say(f"researcher submits the demo container job: job {r.job_id} on partition idle")
+        self.until("the demo job running", lambda: (j := self.job()) is not None and j.state == "RUNNING",
+                   180, tick=False)
+        job = self.job()
+        assert job is not None
+        r.job_first_node = job.nodes[0] if job.nodes else ""
+        self.say(f"job {r.job_id} runs on lent node {r.job_first_node}; letting it checkpoint")
+        time.sleep(25)
+
+        sb.load(HIGH_RPS)
+        rise = time.monotonic()
+        self.say(f"load rises to {HIGH_RPS} req/s: queues build, every lent node must come back")
+        lent = set(r.lent_nodes_at_low_load)
+
+        def all_back() -> bool:
+            phases = self.phases()
+            now = time.monotonic() - rise
+            for node in lent:
+                if phases[node] is Phase.SERVING and node not in r.reclaim_to_serving_s:
+                    r.reclaim_to_serving_s[node] = round(now, 1)
+            return all(phases[n] is Phase.SERVING for n in lent)
+
+        r.timings_s["reclaim"] = self.until("lent nodes serving again", all_back, 300)
+        r.reclaimed_all_serving = all(
+            self.agent.engine_for(self.config.models[0].name).health(self.config.replica(n)).serving
+            for n in lent)
+        info = self.scontrol_job()
+        r.job_state_after_reclaim = info.get("JobState", "")
+        r.job_restarts = int(info.get("Restarts", "0") or 0)
+        self.say(f"all lent nodes serving again in {r.timings_s['reclaim']:.0f}s "
+                 f"(per node: {r.reclaim_to_serving_s}); job {r.job_id} is {r.job_state_after_reclaim} "
+                 f"with Restarts={r.job_restarts}")
+
+        sb.load(LOW_RPS)
+        self.say(f"load falls to {LOW_RPS} req/s: nodes are lent again and the job resumes")
+        r.timings_s["resume_and_finish"] = self.until("the demo job finished", self._job_done, 600)
+        r.job_final_state = self.scontrol_job().get("JobState", "") or "COMPLETED"
+        self._read_output()
+        r.admin_reason_after = next(v.node.reason for v in self.agent.observe().nodes if v.name == r.admin_node)
+        self.say(f"job {r.job_id} {r.job_final_state}: resumed_from={r.resumed_from}, "
+                 f"work lost to the preemption: {r.lost_gpu_s} GPU-seconds")
+        self.say(f"{r.admin_node} still drained by the admin: reason {r.admin_reason_after!r}")
+        return r
+
+    def _job_done(self) -> bool:
+        info = self.scontrol_job()
+        state = info.get("JobState", "")
+        if state in {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}:
+            raise RuntimeError(f"demo: job {self.report.job_id} ended {state}")
+        return state == "COMPLETED" or (not info and self.job() is None)
+
+    def _read_output(self) -> None:
+        info = self.scontrol_job()
+        path = info.get("StdOut")
+        if not path or not Path(path).exists():
+            path = str(self._stdout_from_sacct() or "")
+        lines = Path(path).read_text().splitlines() if path and Path(path).exists() else []
+        self.report.job_output_tail = lines[-15:]
+        resumed = [int(m.group(1)) for line in lines if (m := re.search(r"resumed_from=(\d+)", line))]
+        self.report.resumed_from = resumed[-1] if resumed else None
+        self.report.lost_gpu_s = lost_gpu_seconds(lines)
+
+    def _stdout_from_sacct(self) -> str | None:
+        return None
+
+
+def lost_gpu_seconds(lines: list[str]) -> float | None:
+    """Work lost at the preemption: steps done after the last checkpoint before the restart,
+    times the step's GPU-seconds, from the demo job's `step=N gpus=G step_s=S` and
+    `checkpoint=N` lines."""
+    last_step = last_ckpt = None
+    gpus, step_s = 1, 1.0
+    for line in lines:
+        if (m := re.search(r"resumed_from=(\d+)", line)) and last_step is not None:
+            lost_steps = last_step - int(m.group(1))
+            return float(max(lost_steps, 0) * step_s * gpus)
+        if m := re.search(r"\bstep=(\d+)", line):
+            last_step = int(m.group(1))
+        if m := re.search(r"\bgpus=(\d+)", line):
+            gpus = int(m.group(1))
+        if m := re.search(r"\bstep_s=([\d.]+)", line):
+            step_s = float(m.group(1))
+        if m := re.search(r"\bcheckpoint=(\d+)", line):
+            last_ckpt = int(m.group(1))
+    return None if last_ckpt is None else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from slurm_idle.testing.sandbox import Sandbox
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default="/tmp/slurm-idle-sandbox", help="sandbox directory")
+    parser.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
+    parser.add_argument("--json", action="store_true", help="print the measurements as JSON at the end")
+    args = parser.parse_args(argv)
+    sb = Sandbox(Path(args.root))
+    started = time.monotonic()
+    print(f"bringing the sandbox up under {args.root} ...", flush=True)
+    sb.up()
+    print(f"sandbox up in {time.monotonic() - started:.1f}s", flush=True)
+    try:
+        report = Story(sb, out=lambda s: print(s, flush=True)).run()
+    finally:
+        if not args.keep:
+            sb.down()
+    if args.json:
+        print(json.dumps(asdict(report), indent=2))
+    ok = report.job_restarts >= 1 and (report.resumed_from or 0) > 0
+    print("demo: OK" if ok else "demo: the story did not complete as expected", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

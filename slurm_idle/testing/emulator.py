@@ -1,0 +1,309 @@
+"""A vLLM emulator: one replica's HTTP surface (metrics, health, completions, sleep API).
+
+Speaks what slurm-idle reads from a real vLLM server so the product can be tested without
+GPUs: `/metrics` (v1 names), `/health`, `/v1/models`, `/v1/completions`, and the dev-mode
+sleep API (`POST /sleep?level=&mode=`, `POST /wake_up`, `GET /is_sleeping`).
+
+Background load: the total request rate in `--load-file` (JSON `{"rps": R}`, written by
+`scripts/sandbox load R`) is spread evenly over the replicas that are up and awake. Each
+emulator announces itself in `--state-dir/<node>.json` (a heartbeat) so the others know how
+many share the load. The capacity model lives in engine_model.py.
+
+Run: python -m slurm_idle.testing.emulator --port P --model sandbox-model --node gpu1 \
+        --state-dir DIR [--load-file FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from slurm_idle.testing.engine_model import Capacity, EngineModel, Request
+
+TICK_S = 0.1
+HEARTBEAT_STALE_S = 3.0
+
+
+def read_rps(load_file: Path | None) -> float:
+    """Total requests/s asked for by `sandbox load`; 0 when absent or unreadable."""
+    if load_file is None:
+        return 0.0
+    try:
+        return max(0.0, float(json.loads(load_file.read_text()).get("rps", 0.0)))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:"):
+                return line.split()[1] not in ("Z", "X")
+    except OSError:
+        return False
+    return False
+
+
+def count_awake(state_dir: Path, now: float, pid_alive: Callable[[int], bool] = _pid_alive) -> int:
+    """How many replicas announced themselves awake recently (a live pid, a fresh heartbeat)."""
+    n = 0
+    for f in state_dir.glob("*.json"):
+        try:
+            st = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if st.get("awake") and now - float(st.get("ts", 0)) < HEARTBEAT_STALE_S and pid_alive(int(st.get("pid", 0))):
+            n += 1
+    return n
+
+
+class Emulator:
+    """The simulation thread and state shared by HTTP handlers (all under one lock)."""
+
+    def __init__(self, model: EngineModel, node: str, state_dir: Path | None, load_file: Path | None) -> None:
+        self.model = model
+        self.node = node
+        self.state_dir = state_dir
+        self.load_file = load_file
+        self.lock = threading.Lock()
+        self.draining = False  # sleep(mode=wait) in progress: take no new load
+        self.stop = threading.Event()
+        self.share_rps = 0.0
+        self.port = 0
+
+    # --- load sharing -------------------------------------------------------------------
+
+    def heartbeat(self) -> None:
+        if self.state_dir is None:
+            return
+        now = time.time()
+        awake = self.model.awake and not self.draining
+        tmp = self.state_dir / f".{self.node}.json.tmp"
+        tmp.write_text(json.dumps({"node": self.node, "pid": os.getpid(), "port": self.port,
+                                   "awake": awake, "ts": now}))
+        tmp.replace(self.state_dir / f"{self.node}.json")
+        total = read_rps(self.load_file)
+        n = count_awake(self.state_dir, now)
+        self.share_rps = total / n if (awake and n) else 0.0
+
+    def forget(self) -> None:
+        if self.state_dir is not None:
+            (self.state_dir / f"{self.node}.json").unlink(missing_ok=True)
+
+    def run(self) -> None:
+        last = time.monotonic()
+        last_beat = 0.0
+        while not self.stop.wait(TICK_S):
+            now = time.monotonic()
+            if now - last_beat >= 0.5:
+                try:
+                    self.heartbeat()
+                except OSError:
+                    pass
+                last_beat = now
+            with self.lock:
+                rps = 0.0 if self.draining else self.share_rps
+                for req in self.model.step(now - last, rps):
+                    if isinstance(req.done, threading.Event):
+                        req.done.set()
+            last = now
+
+    # --- lifecycle API ------------------------------------------------------------------
+
+    def sleep(self, level: int, mode: str, timeout_s: float = 300.0) -> None:
+        if mode == "wait":
+            with self.lock:
+                self.draining = True
+            self.heartbeat()
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                with self.lock:
+                    if not self.model.running and not self.model.waiting:
+                        break
+                time.sleep(0.05)
+        with self.lock:
+            if mode != "keep":
+                for req in self.model.abort_all():
+                    if isinstance(req.done, threading.Event):
+                        req.done.set()
+            self.model.go_to_sleep(level)
+            self.draining = False
+        self.heartbeat()
+
+    def wake_up(self) -> None:
+        with self.lock:
+            self.model.wake_up()
+        self.heartbeat()
+
+    def complete(self, prompt_tokens: int, max_tokens: int, timeout_s: float = 120.0) -> Request | None:
+        with self.lock:
+            if not self.model.awake or self.draining:
+                return None
+            req = self.model.submit(prompt_tokens, max_tokens)
+            req.done = threading.Event()
+        assert isinstance(req.done, threading.Event)
+        req.done.wait(timeout_s)
+        return req
+
+
+def make_handler(emu: Emulator) -> type[BaseHTTPRequestHandler]:
+    model_name = emu.model.model_name
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+            pass
+
+        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, code: int, obj: Any) -> None:
+            self._send(code, json.dumps(obj).encode())
+
+        def do_GET(self) -> None:  # noqa: N802
+            path = urlparse(self.path).path
+            if path == "/metrics":
+                with emu.lock:
+                    body = emu.model.render()
+                self._send(200, body, CONTENT_TYPE_LATEST)
+            elif path == "/health":
+                self._send(200, b"", "text/plain")
+            elif path == "/is_sleeping":
+                with emu.lock:
+                    self._json(200, {"is_sleeping": not emu.model.awake})
+            elif path == "/v1/models":
+                self._json(200, {"object": "list", "data": [{
+                    "id": model_name, "object": "model", "created": int(time.time()),
+                    "owned_by": "vllm", "root": model_name, "parent": None, "max_model_len": 8192}]})
+            elif path == "/version":
+                self._json(200, {"version": "0.0.0-emulator"})
+            else:
+                self._json(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:  # noqa: N802
+            url = urlparse(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            if url.path == "/sleep":
+                try:
+                    level = int(query.get("level", "1"))
+                except ValueError:
+                    level = 0
+                mode = query.get("mode", "abort")
+                if level not in (1, 2) or mode not in ("abort", "wait", "keep"):
+                    self._json(400, {"detail": "level must be 1|2, mode abort|wait|keep"})
+                    return
+                emu.sleep(level, mode)
+                self._send(200, b"", "text/plain")
+            elif url.path == "/wake_up":
+                emu.wake_up()
+                self._send(200, b"", "text/plain")
+            elif url.path == "/v1/completions":
+                self._complete(raw)
+            else:
+                self._json(404, {"detail": "Not Found"})
+
+        def _complete(self, raw: bytes) -> None:
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                self._json(400, {"error": {"message": "invalid JSON", "type": "BadRequestError", "code": 400}})
+                return
+            if body.get("model", model_name) != model_name:
+                self._json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                           "type": "NotFoundError", "code": 404}})
+                return
+            prompt = body.get("prompt", "")
+            text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+            prompt_tokens = max(1, len(text.split()))
+            max_tokens = int(body.get("max_tokens") or 16)
+            req = emu.complete(prompt_tokens, max_tokens)
+            if req is None:
+                self._json(503, {"error": {"message": "engine is sleeping", "type": "ServiceUnavailable", "code": 503}})
+                return
+            generated = int(req.generated)
+            self._json(200, {
+                "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                "created": int(time.time()), "model": model_name,
+                "choices": [{"index": 0, "text": " tok" * generated, "logprobs": None,
+                             "finish_reason": req.finished_reason or "abort"}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                          "total_tokens": prompt_tokens + generated},
+            })
+
+    return Handler
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m slurm_idle.testing.emulator", description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model", default="sandbox-model")
+    p.add_argument("--node", default="gpu1")
+    p.add_argument("--state-dir", type=Path, default=None)
+    p.add_argument("--load-file", type=Path, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=Capacity.max_num_seqs)
+    p.add_argument("--tokens-per-s", type=float, default=Capacity.tokens_per_s)
+    p.add_argument("--seq-tokens-per-s", type=float, default=Capacity.seq_tokens_per_s)
+    p.add_argument("--start-delay-s", type=float, default=0.0, help="simulated cold start before listening")
+    p.add_argument("--asleep", action="store_true", help="start in sleep level 1")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cap = Capacity(max_num_seqs=args.max_num_seqs, tokens_per_s=args.tokens_per_s,
+                   seq_tokens_per_s=args.seq_tokens_per_s)
+    model = EngineModel(args.model, cap)
+    if args.asleep:
+        model.go_to_sleep(1)
+    if args.state_dir is not None:
+        args.state_dir.mkdir(parents=True, exist_ok=True)
+    emu = Emulator(model, args.node, args.state_dir, args.load_file)
+    if args.start_delay_s > 0:
+        time.sleep(args.start_delay_s)
+    ThreadingHTTPServer.allow_reuse_address = True
+    ThreadingHTTPServer.daemon_threads = True
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(emu))
+    emu.port = server.server_address[1]
+
+    def _stop(signum: int, frame: object) -> None:
+        emu.stop.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    emu.heartbeat()
+    sim = threading.Thread(target=emu.run, name="sim", daemon=True)
+    sim.start()
+    print(f"vllm-emulator {args.model} node={args.node} listening on {args.host}:{emu.port}", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        emu.stop.set()
+        emu.forget()
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,604 @@
+"""A real local test cluster: Slurm (+ slurmdbd/MariaDB), dockerd, Prometheus, vLLM emulators.
+
+Everything runs on 127.0.0.1 under one root directory with its own ports, sockets and pid
+files, so several sandboxes (and other engineers' daemons) coexist on one machine. Daemons
+run in the foreground as our own detached children and are stopped strictly by pid; `down`
+then sweeps processes carrying this sandbox's marker (slurmstepd, containerd) or its unique
+cluster name (job processes), and unmounts dockerd's netns. Config texts live in
+sandboxconf.py, pid handling in procs.py, the emulator in emulator.py.
+
+CLI: python -m slurm_idle.testing.sandbox [--root DIR] [--base-port N]
+     up | down | status [--json] | env | load RPS | engine-start NODE | engine-stop NODE
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import slurm_idle
+from slurm_idle.testing import procs, sandboxconf
+from slurm_idle.testing.engine_model import Capacity
+from slurm_idle.testing.procs import PidFile
+from slurm_idle.testing.sandboxconf import NODES, Layout
+
+DEFAULT_ROOT = Path("/tmp/slurm-idle-sandbox")
+DEFAULT_BASE_PORT = 17100
+_AUTO = object()
+DB_USER = "slurm"
+
+
+def detect_slurm_version() -> str:
+    out = subprocess.run(["slurmd", "-V"], capture_output=True, text=True, timeout=30)
+    return sandboxconf.parse_slurm_version(out.stdout + out.stderr)
+
+
+def default_job_submit_lua() -> Path | None:
+    """The product's job_submit.lua beside the package (etc/job_submit.lua), if present."""
+    p = Path(slurm_idle.__file__).resolve().parents[1] / "etc" / "job_submit.lua"
+    return p if p.is_file() else None
+
+
+def pick_base_port(span: int = sandboxconf.PORT_SPAN) -> int:
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - span, 32)
+        if all(procs.port_free(base + i) for i in range(span)):
+            return base
+    raise RuntimeError("sandbox: no free block of ports found")
+
+
+def _unix_http(sock: Path, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("localhost", timeout=timeout)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(str(sock))
+    conn.sock = s
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def _http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _tail(path: Path, n: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+class Sandbox:
+    """One sandbox under `root`; `up()` is idempotent, `down()` leaves nothing running."""
+
+    nodes = list(NODES)
+
+    def __init__(self, root: Path | str, base_port: int | None = None, *,
+                 python: str | None = None, job_submit_lua: Any = _AUTO,
+                 engine_start_delay_s: float | None = None) -> None:
+        self.root = Path(root).resolve()
+        self._state_file = self.root / "sandbox.json"
+        saved = self._read_state()
+        if base_port is None:
+            base_port = saved.get("base_port") or pick_base_port()
+        self.python = python or saved.get("python") or sys.executable
+        # Simulated cold start of an emulator (seconds before it listens); kept in sandbox.json
+        # so `engine-start` run later by the product's start_command uses the same value.
+        self.engine_start_delay_s = float(engine_start_delay_s if engine_start_delay_s is not None
+                                          else saved.get("engine_start_delay_s", 0.0))
+        self.slurm_version: str = saved.get("slurm_version") or detect_slurm_version()
+        lua = default_job_submit_lua() if job_submit_lua is _AUTO else job_submit_lua
+        self.capacity = Capacity()
+        self.layout = Layout(root=self.root, base_port=int(base_port),
+                             slurm_version=self.slurm_version,
+                             hostname=socket.gethostname().split(".")[0], python=self.python,
+                             job_submit_lua=Path(lua) if lua else None)
+        self.base_port = self.layout.base_port
+        self.slurm_conf = self.layout.slurm_conf
+        self.config_path = self.layout.config_path
+        self.prometheus_url = self.layout.prometheus_url
+        self.docker_host = f"unix://{self.layout.docker_socket}"
+
+    # --- small public helpers -----------------------------------------------------------
+
+    def emulator_url(self, node: str) -> str:
+        return self.layout.emulator_url(node)
+
+    @property
+    def tokens_per_s_per_replica(self) -> float:
+        """The planner's capacity figure matching the emulator (generation + 0.1 * prompt)."""
+        return self.capacity.weighted_tokens_per_s(0.1)
+
+    def env(self) -> dict[str, str]:
+        """SLURM_CONF, PATH, SLURM_IDLE_CONFIG, DOCKER_HOST pointing at this sandbox."""
+        path = [p for p in os.environ.get("PATH", "").split(":") if p]
+        pybin = str(Path(self.python).parent)  # where `slurm-idle` of this python lives
+        parts = [pybin] + [p for p in path if p != pybin]
+        parts += [p for p in ("/usr/sbin", "/usr/bin", "/sbin", "/bin") if p not in parts]
+        return {
+            "SLURM_CONF": str(self.slurm_conf),
+            "PATH": ":".join(parts),
+            "SLURM_IDLE_CONFIG": str(self.config_path),
+            "DOCKER_HOST": self.docker_host,
+        }
+
+    def run(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        """Run a command against this sandbox (SLURM_CONF etc. set); output captured as text."""
+        env = {**os.environ, **self.env(), **kw.pop("env", {})}
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        kw.setdefault("timeout", 60)
+        return subprocess.run(argv, env=env, **kw)
+
+    def load(self, rps: float) -> None:
+        """Set the total simulated request rate, spread over the awake replicas."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.layout.load_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rps": float(rps)}))
+        tmp.replace(self.layout.load_file)
+
+    # --- state ---------------------------------------------------------------------------
+
+    def _read_state(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self._state_file.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _pidfile(self, name: str) -> PidFile:
+        return PidFile(self.layout.run / f"{name}.pidj")
+
+    def _daemon_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(self.env())
+        env[procs.MARKER] = str(self.root)
+        return env
+
+    def _spawn(self, name: str, argv: list[str]) -> bool:
+        """Start `name` unless it already runs; True when it was started now."""
+        pf = self._pidfile(name)
+        if pf.read() is not None:
+            return False
+        procs.spawn(argv, self.layout.log / f"{name}.out", self._daemon_env(), pf, cwd=self.root)
+        return True
+
+    def _check_alive(self, name: str) -> None:
+        if self._pidfile(name).read() is None:
+            raise RuntimeError(f"sandbox: {name} exited; see {self.layout.log}/{name}.out: "
+                               f"{_tail(self.layout.log / f'{name}.out')}")
+
+    def _wait(self, name: str, check: Any, timeout_s: float = 60.0) -> float:
+        def probe() -> bool:
+            self._check_alive(name)
+            return bool(check())
+        try:
+            return procs.wait_for(probe, timeout_s, name)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}; see {self.layout.log}/{name}.out: "
+                               f"{_tail(self.layout.log / f'{name}.out')}") from None
+
+    # --- files ---------------------------------------------------------------------------
+
+    def _write_files(self) -> None:
+        lay = self.layout
+        for d in (lay.etc, lay.run, lay.log, lay.dev, lay.emulator_state_dir,
+                  self.root / "state" / "slurmctld", self.root / "munge", self.root / "prometheus",
+                  self.root / "docker"):
+            d.mkdir(parents=True, exist_ok=True)
+        for n in NODES:
+            (self.root / "state" / f"slurmd-{n}").mkdir(parents=True, exist_ok=True)
+        self._state_file.write_text(json.dumps({
+            "base_port": lay.base_port, "python": self.python, "slurm_version": self.slurm_version,
+            "engine_start_delay_s": self.engine_start_delay_s}))
+        for i in range(sandboxconf.GPUS_PER_NODE):
+            dev = lay.dev / f"nvidia{i}"
+            if not dev.exists():
+                os.mknod(dev, 0o666 | 0o020000, os.makedev(195, i))
+        (lay.etc / "slurm.conf").write_text(sandboxconf.slurm_conf(lay))
+        (lay.etc / "gres.conf").write_text(sandboxconf.gres_conf(lay))
+        if lay.needs_cgroup_conf:
+            (lay.etc / "cgroup.conf").write_text(sandboxconf.cgroup_conf(lay))
+        if lay.job_submit_lua is not None:
+            shutil.copyfile(lay.job_submit_lua, lay.etc / "job_submit.lua")
+        pw_file = self.root / "munge" / "db.pass"
+        if not pw_file.exists():
+            pw_file.write_text(secrets.token_hex(12))
+        dbd = lay.etc / "slurmdbd.conf"
+        dbd.write_text(sandboxconf.slurmdbd_conf(lay, DB_USER, pw_file.read_text().strip()))
+        dbd.chmod(0o600)
+        key = self.root / "munge" / "munge.key"
+        if not key.exists():
+            key.write_bytes(secrets.token_bytes(1024))
+            key.chmod(0o400)
+        (self.root / "prometheus.yml").write_text(sandboxconf.prometheus_yml(lay))
+        (self.root / "docker" / "daemon.json").write_text("{}\n")
+        lay.config_path.write_text(sandboxconf.slurm_idle_config(lay, self.tokens_per_s_per_replica))
+        if not lay.load_file.exists():
+            self.load(0.0)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def up(self, timeout_s: float = 90.0) -> dict[str, float]:
+        """Start whatever is not running and wait until all is ready.
+
+        Returns when each part was ready, in seconds since up() began (cumulative), and total.
+        """
+        t0 = time.monotonic()
+        timings: dict[str, float] = {}
+        lay = self.layout
+        self._write_files()
+        root = self.root
+        self._spawn("munged", ["munged", "-F", "--force", f"--key-file={root}/munge/munge.key",
+                               f"--socket={lay.munge_socket}", f"--pid-file={lay.run}/munged.pid",
+                               f"--log-file={lay.log}/munged.log",
+                               f"--seed-file={root}/munge/munged.seed"])
+        self._spawn("dockerd", [
+            "dockerd", f"--config-file={root}/docker/daemon.json", "--iptables=false",
+            "--ip-masq=false", "--bridge=none", "--storage-driver=vfs",
+            f"--data-root={root}/docker/data", f"--exec-root={root}/docker/exec",
+            f"--pidfile={lay.run}/dockerd.pid", f"--host=unix://{lay.docker_socket}"])
+        self._spawn("prometheus", [
+            "prometheus", f"--config.file={root}/prometheus.yml",
+            f"--storage.tsdb.path={root}/prometheus", "--storage.tsdb.retention.time=1d",
+            f"--web.listen-address=127.0.0.1:{lay.prometheus_port}", "--web.enable-lifecycle"])
+        for node in NODES:
+            self.engine_start(node, start_delay_s=0)
+        self._start_mariadb(timings, t0)
+        self._wait("munged", lambda: lay.munge_socket.exists())
+        timings["munged"] = time.monotonic() - t0
+        self._spawn("slurmdbd", ["slurmdbd", "-D"])
+        self._wait("slurmdbd", lambda: procs.port_open(lay.dbd_port), timeout_s)
+        timings["slurmdbd"] = time.monotonic() - t0
+        # -c: a cold start forgets old jobs and node states, so nodes come up plain IDLE.
+        self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(self.slurm_conf)])
+        self._wait("slurmctld", lambda: self.run(["scontrol", "ping"], timeout=10).stdout.count("UP") > 0, timeout_s)
+        timings["slurmctld"] = time.monotonic() - t0
+        for node in NODES:
+            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.slurm_conf)])
+        self._wait("slurmd-gpu4", lambda: self._nodes_ready(), timeout_s)
+        timings["slurmd"] = time.monotonic() - t0
+        self._wait("slurmdbd", lambda: self.run(["sacct", "-n", "-X"], timeout=10).returncode == 0, timeout_s)
+        timings["sacct"] = time.monotonic() - t0
+        self._wait("prometheus", lambda: _http_get(f"{self.prometheus_url}/-/ready")[0] == 200, timeout_s)
+        timings["prometheus"] = time.monotonic() - t0
+        for node in NODES:
+            self._wait(f"emulator-{node}",
+                       lambda n=node: _http_get(f"{self.emulator_url(n)}/health")[0] == 200, timeout_s)
+        timings["emulators"] = time.monotonic() - t0
+        self._wait("prometheus", lambda: self._targets()["up"] == len(NODES), timeout_s)
+        timings["scraped"] = time.monotonic() - t0
+        self._wait("dockerd", lambda: _unix_http(lay.docker_socket, "/_ping")[0] == 200, timeout_s)
+        timings["dockerd"] = time.monotonic() - t0
+        timings["total"] = time.monotonic() - t0
+        return {k: round(v, 2) for k, v in timings.items()}
+
+    def _start_mariadb(self, timings: dict[str, float], t0: float) -> None:
+        lay = self.layout
+        datadir = self.root / "mysql"
+        if self._pidfile("mariadb").read() is None and not (datadir / "mysql").is_dir():
+            r = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={datadir}",
+                                "--auth-root-authentication-method=socket", "--skip-test-db",
+                                "--user=root"], capture_output=True, text=True, timeout=120)
+            if r.returncode != 0:
+                raise RuntimeError(f"sandbox: mariadb-install-db failed: {r.stderr.strip()[-300:]}")
+        self._spawn("mariadb", ["mariadbd", "--no-defaults", f"--datadir={datadir}",
+                                f"--socket={lay.mysql_socket}", f"--port={lay.mysql_port}",
+                                "--bind-address=127.0.0.1", "--user=root", "--skip-name-resolve",
+                                f"--pid-file={lay.run}/mariadb.pid",
+                                f"--log-error={lay.log}/mariadb.log",
+                                "--innodb-buffer-pool-size=64M", "--innodb-lock-wait-timeout=900"])
+        self._wait("mariadb", lambda: lay.mysql_socket.exists() and self._sql("SELECT 1"))
+        pw = (self.root / "munge" / "db.pass").read_text().strip()
+        ok = self._sql(
+            "CREATE DATABASE IF NOT EXISTS slurm_acct_db; "
+            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{pw}'; "
+            f"GRANT ALL ON slurm_acct_db.* TO '{DB_USER}'@'127.0.0.1';")
+        if not ok:
+            raise RuntimeError("sandbox: could not create the slurm database user in MariaDB")
+        timings["mariadb"] = time.monotonic() - t0
+
+    def _sql(self, sql: str) -> bool:
+        r = subprocess.run(["mariadb", "--no-defaults", f"--socket={self.layout.mysql_socket}",
+                            "-u", "root", "-e", sql], capture_output=True, text=True, timeout=20)
+        return r.returncode == 0
+
+    def _nodes_ready(self) -> bool:
+        nodes = self.slurm_nodes()
+        return len(nodes) == len(NODES) and all(n["state"] == "idle" for n in nodes)
+
+    def slurm_nodes(self) -> list[dict[str, Any]]:
+        """Each node once: name, base state (idle, mixed, drained...), GPUs configured."""
+        r = self.run(["sinfo", "-N", "-h", "-o", "%N|%T|%G"], timeout=15)
+        seen: dict[str, dict[str, Any]] = {}
+        for line in r.stdout.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) != 3 or parts[0] in seen:
+                continue
+            gpus = 0
+            for g in parts[2].split(","):
+                bits = g.split("(")[0].split(":")
+                if bits[0] == "gpu" and bits[-1].isdigit():
+                    gpus += int(bits[-1])
+            seen[parts[0]] = {"name": parts[0], "state": parts[1], "gpus": gpus}
+        return [seen[n] for n in sorted(seen)]
+
+    # --- engines (one emulator per node) -------------------------------------------------
+
+    def engine_start(self, node: str, start_delay_s: float | None = None) -> bool:
+        """Launch the node's emulator (returns at once; it answers /health shortly after).
+
+        start_delay_s: simulated cold start (default: the sandbox's engine_start_delay_s).
+        """
+        delay = self.engine_start_delay_s if start_delay_s is None else start_delay_s
+        if node not in NODES:
+            raise ValueError(f"unknown sandbox node {node!r}; nodes are {', '.join(NODES)}")
+        lay = self.layout
+        for d in (lay.run, lay.log, lay.emulator_state_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        cap = self.capacity
+        return self._spawn(f"emulator-{node}", [
+            self.python, "-m", "slurm_idle.testing.emulator", "--port", str(lay.emulator_port(node)),
+            "--model", sandboxconf.MODEL_NAME, "--node", node,
+            "--state-dir", str(lay.emulator_state_dir), "--load-file", str(lay.load_file),
+            "--max-num-seqs", str(cap.max_num_seqs), "--tokens-per-s", str(cap.tokens_per_s),
+            "--seq-tokens-per-s", str(cap.seq_tokens_per_s),
+            "--start-delay-s", str(delay)])
+
+    def engine_stop(self, node: str, timeout_s: float = 10.0) -> bool:
+        """Stop the node's emulator by pid; True when one was running."""
+        if node not in NODES:
+            raise ValueError(f"unknown sandbox node {node!r}; nodes are {', '.join(NODES)}")
+        pf = self._pidfile(f"emulator-{node}")
+        pid = pf.read()
+        if pid is not None:
+            procs.terminate([pid], timeout_s)
+        pf.clear()
+        (self.layout.emulator_state_dir / f"{node}.json").unlink(missing_ok=True)
+        return pid is not None
+
+    # --- teardown ------------------------------------------------------------------------
+
+    def _recorded(self) -> dict[str, int]:
+        out = {}
+        run = self.layout.run
+        if run.is_dir():
+            for f in run.glob("*.pidj"):
+                pid = PidFile(f).read()
+                if pid is not None:
+                    out[f.stem] = pid
+        return out
+
+    def _ours(self, env: dict[str, str]) -> bool:
+        return (env.get(procs.MARKER) == str(self.root)
+                or env.get("SLURM_CLUSTER_NAME") == self.layout.cluster_name)
+
+    def down(self) -> dict[str, Any]:
+        """Stop everything this sandbox started; return what was stopped and what is left."""
+        t0 = time.monotonic()
+        running = self._recorded()
+        if "slurmctld" in running:
+            self._cancel_jobs()
+        if "dockerd" in running:
+            self._remove_containers()
+        phases = [
+            [n for n in running if n.startswith(("emulator-", "slurmd-"))]
+            + [n for n in ("prometheus", "slurmctld", "dockerd") if n in running],
+            [n for n in ("slurmdbd",) if n in running],
+            [n for n in ("mariadb", "munged") if n in running],
+        ]
+        killed: list[str] = []
+        for names in phases:
+            k = procs.terminate([running[n] for n in names], timeout_s=15)
+            killed += [n for n in names if running[n] in k]
+        stray = procs.pids_with_env(self._ours)
+        procs.terminate(stray, timeout_s=5)
+        still_mounted = procs.unmount_all(self.root)
+        for name in running:
+            self._pidfile(name).clear()
+        if self.layout.emulator_state_dir.is_dir():
+            for f in self.layout.emulator_state_dir.glob("*.json"):
+                f.unlink(missing_ok=True)
+        left = list(self._recorded().values()) + procs.pids_with_env(self._ours)
+        return {"stopped": sorted(running), "killed": killed, "stray": stray,
+                "left": sorted(set(left)), "mounts_left": still_mounted,
+                "seconds": round(time.monotonic() - t0, 2)}
+
+    def _cancel_jobs(self) -> None:
+        try:
+            r = self.run(["squeue", "-h", "-o", "%A"], timeout=10)
+            ids = r.stdout.split()
+            if ids:
+                self.run(["scancel", *ids], timeout=10)
+                procs.wait_for(lambda: not self.run(["squeue", "-h", "-o", "%A"], timeout=10).stdout.split(),
+                               15, "job cancellation", interval_s=0.5)
+        except (subprocess.TimeoutExpired, TimeoutError, OSError):
+            pass
+
+    def _remove_containers(self) -> None:
+        try:
+            import docker
+
+            client = docker.DockerClient(base_url=self.docker_host, timeout=20)
+            for c in client.containers.list(all=True):
+                c.remove(force=True)
+            client.close()
+        except Exception:  # noqa: BLE001 - best effort; the pid sweep follows
+            pass
+
+    # --- status --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """What runs and answers: processes, nodes, emulators, sacct, dockerd, Prometheus."""
+        running = self._recorded()
+        st: dict[str, Any] = {"root": str(self.root), "slurm_version": self.slurm_version,
+                              "base_port": self.base_port,
+                              "processes": {n: running.get(n) for n in self._component_names()}}
+        try:
+            st["nodes"] = self.slurm_nodes() if "slurmctld" in running else []
+        except (subprocess.TimeoutExpired, OSError):
+            st["nodes"] = []
+        emus = {}
+        for node in NODES:
+            url = self.emulator_url(node)
+            e: dict[str, Any] = {"url": url, "healthy": False, "sleeping": None}
+            try:
+                e["healthy"] = _http_get(f"{url}/health", 1)[0] == 200
+                e["sleeping"] = json.loads(_http_get(f"{url}/is_sleeping", 1)[1])["is_sleeping"]
+            except (OSError, ValueError, KeyError):
+                pass
+            emus[node] = e
+        st["emulators"] = emus
+        try:
+            st["sacct"] = "slurmdbd" in running and self.run(["sacct", "-n", "-X"], timeout=10).returncode == 0
+        except (subprocess.TimeoutExpired, OSError):
+            st["sacct"] = False
+        try:
+            st["docker"] = _unix_http(self.layout.docker_socket, "/_ping")[0] == 200
+        except OSError:
+            st["docker"] = False
+        st["prometheus_targets"] = targets = self._targets()
+        try:
+            st["load_rps"] = json.loads(self.layout.load_file.read_text())["rps"]
+        except (OSError, ValueError, KeyError):
+            st["load_rps"] = None
+        st["ok"] = (len(st["nodes"]) == len(NODES)
+                    and all(n["state"] == "idle" and n["gpus"] == sandboxconf.GPUS_PER_NODE for n in st["nodes"])
+                    and all(e["healthy"] for e in emus.values()) and st["sacct"] and st["docker"]
+                    and targets["up"] == len(NODES))
+        return st
+
+    def _targets(self) -> dict[str, int]:
+        """How many emulator scrape targets Prometheus has, and how many are up."""
+        targets = {"up": 0, "total": 0}
+        try:
+            data = json.loads(_http_get(f"{self.prometheus_url}/api/v1/targets", 2)[1])
+            for t in data["data"]["activeTargets"]:
+                if t["labels"].get("job") == "vllm":
+                    targets["total"] += 1
+                    targets["up"] += t["health"] == "up"
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return targets
+
+    def _component_names(self) -> list[str]:
+        return (["munged", "mariadb", "slurmdbd", "slurmctld"] + [f"slurmd-{n}" for n in NODES]
+                + ["dockerd", "prometheus"] + [f"emulator-{n}" for n in NODES])
+
+
+# --- CLI -----------------------------------------------------------------------------------
+
+
+def _print_status(st: dict[str, Any]) -> None:
+    print(f"sandbox {st['root']}  (Slurm {st['slurm_version']}, base port {st['base_port']})")
+    procs_line = " ".join(f"{n}={'up' if pid else 'DOWN'}" for n, pid in st["processes"].items())
+    print(f"processes: {procs_line}")
+    if st["nodes"]:
+        for n in st["nodes"]:
+            print(f"node {n['name']}: {n['state']}, {n['gpus']} GPUs")
+    else:
+        print("nodes: slurmctld not answering")
+    for node, e in st["emulators"].items():
+        health = "healthy" if e["healthy"] else "NOT ANSWERING"
+        sleep = "" if e["sleeping"] is None else (", asleep" if e["sleeping"] else ", awake")
+        print(f"emulator {node} {e['url']}: {health}{sleep}")
+    print(f"sacct: {'works' if st['sacct'] else 'FAILS'}")
+    print(f"dockerd: {'answers' if st['docker'] else 'NOT ANSWERING'}")
+    t = st["prometheus_targets"]
+    print(f"prometheus: {t['up']}/{t['total']} emulator targets up")
+    print(f"load: {st['load_rps']} req/s")
+    print("OK" if st["ok"] else "NOT OK")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="sandbox", description="A local Slurm + Prometheus + vLLM-emulator sandbox.")
+    p.add_argument("--root", type=Path, default=None, help=f"sandbox dir (default {DEFAULT_ROOT})")
+    p.add_argument("--base-port", type=int, default=None,
+                   help=f"first of {sandboxconf.PORT_SPAN} ports (default {DEFAULT_BASE_PORT} for the default root)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    u = sub.add_parser("up", help="start everything (idempotent)")
+    u.add_argument("--engine-start-delay-s", type=float, default=None,
+                   help="simulated cold start of engine-start (kept for later engine-start calls)")
+    sub.add_parser("down", help="stop everything started here, by pid")
+    s = sub.add_parser("status", help="what runs and answers")
+    s.add_argument("--json", action="store_true")
+    sub.add_parser("env", help="print export lines for this sandbox")
+    ld = sub.add_parser("load", help="set the total simulated request rate")
+    ld.add_argument("rps", type=float)
+    for name in ("engine-start", "engine-stop"):
+        e = sub.add_parser(name, help=f"{name.split('-')[1]} one node's vLLM emulator")
+        e.add_argument("node")
+    args = p.parse_args(argv)
+    root = args.root or DEFAULT_ROOT
+    base = args.base_port
+    if base is None and args.root is None and not (root / "sandbox.json").exists():
+        base = DEFAULT_BASE_PORT
+    try:
+        sb = Sandbox(root, base, engine_start_delay_s=getattr(args, "engine_start_delay_s", None))
+        if args.cmd == "up":
+            timings = sb.up()
+            steps = ", ".join(f"{k} {v:.1f}s" for k, v in timings.items() if k != "total")
+            print(f"sandbox up in {timings['total']:.1f}s ({steps})")
+            where = "" if args.root is None else f" --root {shlex.quote(str(root))}"
+            print(f'use it:  eval "$(scripts/sandbox{where} env)"')
+            return 0
+        if args.cmd == "down":
+            res = sb.down()
+            print(f"stopped {len(res['stopped'])} processes in {res['seconds']:.1f}s"
+                  + (f" (killed: {', '.join(res['killed'])})" if res["killed"] else "")
+                  + (f", swept {len(res['stray'])} job/helper processes" if res["stray"] else ""))
+            if res["left"] or res["mounts_left"]:
+                print(f"LEFT RUNNING: pids {res['left']} mounts {res['mounts_left']}", file=sys.stderr)
+                return 1
+            print("nothing left running")
+            return 0
+        if args.cmd == "status":
+            st = sb.status()
+            if args.json:
+                print(json.dumps(st, indent=2))
+            else:
+                _print_status(st)
+            return 0 if st["ok"] else 1
+        if args.cmd == "env":
+            for k, v in sb.env().items():
+                print(f"export {k}={shlex.quote(v)}")
+            return 0
+        if args.cmd == "load":
+            sb.load(args.rps)
+            print(f"load set to {args.rps:g} req/s")
+            return 0
+        if args.cmd == "engine-start":
+            sb.engine_start(args.node)
+            return 0
+        if args.cmd == "engine-stop":
+            sb.engine_stop(args.node)
+            return 0
+    except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+        print(f"sandbox: {e}", file=sys.stderr)
+        return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

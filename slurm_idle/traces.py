@@ -1,0 +1,245 @@
+"""Load traces for the simulator: reading, writing, and a seeded synthetic generator.
+
+A trace is per-minute demand per model: mean requests/s and mean prompt/output tokens per
+request. Two input formats are read:
+- the slurm-idle CSV `timestamp,model,rps,prompt_tokens,output_tokens` (one row per minute
+  per model, ISO timestamps);
+- the public Azure LLM inference trace `TIMESTAMP,ContextTokens,GeneratedTokens` (one row per
+  request), aggregated per minute.
+Minutes without a row have no traffic. The synthetic generator draws weekday/weekend diurnal
+curves with day-to-day level changes, minute noise and optional unannounced bursts, from a seed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from slurm_idle.errors import ConfigError
+
+CSV_HEADER = ("timestamp", "model", "rps", "prompt_tokens", "output_tokens")
+AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+@dataclass(frozen=True)
+class Series:
+    """One model's per-minute demand, aligned on the trace's minutes."""
+
+    rps: tuple[float, ...]
+    prompt_tokens: tuple[float, ...]
+    output_tokens: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Per-minute demand of every model, from `start` (unix seconds, on a minute) for `minutes`."""
+
+    start: float
+    minutes: int
+    series: dict[str, Series] = field(default_factory=dict)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(self.series)
+
+    def timestamp(self, minute: int) -> float:
+        return self.start + 60.0 * minute
+
+
+def iso_minute(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: str, where: str) -> float:
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ConfigError(f"{where}: timestamp {text!r} is not ISO 8601") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _number(text: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: {text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{where}: {text!r} must be a finite number >= 0")
+    return value
+
+
+def _build(rows: dict[str, dict[int, tuple[float, float, float]]], source: str) -> Trace:
+    minutes_seen = [m for per in rows.values() for m in per]
+    if not minutes_seen:
+        raise ConfigError(f"{source}: the trace has no rows")
+    first, last = min(minutes_seen), max(minutes_seen)
+    count = last - first + 1
+    series = {}
+    for model, per in rows.items():
+        values = [per.get(first + i, (0.0, 0.0, 0.0)) for i in range(count)]
+        series[model] = Series(
+            tuple(v[0] for v in values), tuple(v[1] for v in values), tuple(v[2] for v in values)
+        )
+    return Trace(start=first * 60.0, minutes=count, series=series)
+
+
+def parse_csv_trace(text: str, source: str = "<trace>") -> Trace:
+    """The slurm-idle per-minute CSV format."""
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None or tuple(h.strip() for h in header) != CSV_HEADER:
+        raise ConfigError(f"{source}: header must be {','.join(CSV_HEADER)}")
+    rows: dict[str, dict[int, tuple[float, float, float]]] = {}
+    for lineno, row in enumerate(reader, start=2):
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        where = f"{source}, line {lineno}"
+        if len(row) != len(CSV_HEADER):
+            raise ConfigError(f"{where}: expected {len(CSV_HEADER)} columns, got {len(row)}")
+        minute = int(_parse_time(row[0], where) // 60)
+        model = row[1].strip()
+        if not model:
+            raise ConfigError(f"{where}: empty model name")
+        rows.setdefault(model, {})[minute] = (
+            _number(row[2], where), _number(row[3], where), _number(row[4], where),
+        )
+    return _build(rows, source)
+
+
+def parse_azure_trace(lines: Iterable[str], model: str, source: str = "<trace>") -> Trace:
+    """Per-request Azure LLM trace rows, aggregated into per-minute means for `model`."""
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if header is None or tuple(h.strip() for h in header[:3]) != AZURE_HEADER:
+        raise ConfigError(f"{source}: header must start with {','.join(AZURE_HEADER)}")
+    acc: dict[int, list[float]] = {}
+    for lineno, row in enumerate(reader, start=2):
+        if not row:
+            continue
+        where = f"{source}, line {lineno}"
+        if len(row) < 3:
+            raise ConfigError(f"{where}: expected {len(AZURE_HEADER)} columns, got {len(row)}")
+        minute = int(_parse_time(row[0], where) // 60)
+        slot = acc.setdefault(minute, [0.0, 0.0, 0.0])
+        slot[0] += 1
+        slot[1] += _number(row[1], where)
+        slot[2] += _number(row[2], where)
+    per = {m: (n / 60.0, p / n, o / n) for m, (n, p, o) in acc.items()}
+    return _build({model: per}, source)
+
+
+def read_trace(path: str | Path, azure_model: str = "azure") -> Trace:
+    """Read a trace file, telling the two formats apart by their header."""
+    p = Path(path)
+    try:
+        with p.open(newline="") as handle:
+            head = handle.readline()
+            if head.startswith("TIMESTAMP"):
+                handle.seek(0)
+                return parse_azure_trace(handle, azure_model, source=str(p))
+            handle.seek(0)
+            return parse_csv_trace(handle.read(), source=str(p))
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: trace file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read trace: {exc.strerror}") from None
+
+
+def format_trace(trace: Trace) -> str:
+    """The trace as slurm-idle CSV text."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_HEADER)
+    for minute in range(trace.minutes):
+        stamp = iso_minute(trace.timestamp(minute))
+        for model, s in trace.series.items():
+            writer.writerow(
+                [stamp, model, f"{s.rps[minute]:.4f}", f"{s.prompt_tokens[minute]:.1f}",
+                 f"{s.output_tokens[minute]:.1f}"]
+            )
+    return out.getvalue()
+
+
+# --- synthetic traces -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SyntheticModel:
+    """The shape of one model's traffic in a synthetic trace."""
+
+    name: str = "llama-70b"
+    peak_rps: float = 60.0  # weekday afternoon mean
+    night_fraction: float = 0.18  # night level as a fraction of the weekday peak
+    weekend_fraction: float = 0.55  # weekend daytime level as a fraction of the weekday one
+    prompt_tokens: float = 1500.0
+    output_tokens: float = 300.0
+    day_sigma: float = 0.05  # day-to-day level change (log-normal)
+    noise_sigma: float = 0.02  # minute-to-minute noise (log-normal, partly persistent)
+    bursts_per_week: float = 0.0  # unannounced surges
+    burst_factor: tuple[float, float] = (1.4, 2.2)
+    burst_minutes: tuple[int, int] = (10, 60)
+
+
+def _logistic(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _daily_shape(hour: float) -> float:
+    """0 at night, 1 in the afternoon: a morning ramp ~07-10h, an evening decline ~18-23h."""
+    up = _logistic((hour - 8.5) / 0.7)
+    down = _logistic((20.5 - hour) / 1.1)
+    lunch = 1.0 - 0.08 * math.exp(-(((hour - 12.75) / 0.6) ** 2))
+    return up * down * lunch
+
+
+def synthetic_trace(
+    days: int = 14,
+    models: Sequence[SyntheticModel] = (SyntheticModel(),),
+    seed: int = 1,
+    start: str = "2025-01-06T00:00:00Z",
+) -> Trace:
+    """A seeded per-minute trace (the default start is a Monday, 00:00 UTC)."""
+    rng = random.Random(seed)
+    t0 = _parse_time(start, "start")
+    t0 -= t0 % 60
+    minutes = days * 1440
+    series = {}
+    for spec in models:
+        day_levels = [math.exp(rng.gauss(0.0, spec.day_sigma)) for _ in range(days + 1)]
+        bursts: list[tuple[int, int, float]] = []
+        expected = spec.bursts_per_week * days / 7.0
+        count = int(expected) + (1 if rng.random() < expected - int(expected) else 0)
+        for _ in range(count):
+            at = rng.randrange(minutes)
+            bursts.append((at, at + rng.randint(*spec.burst_minutes), rng.uniform(*spec.burst_factor)))
+        persistent = 0.0
+        rps, prompt, output = [], [], []
+        for m in range(minutes):
+            ts = t0 + 60 * m
+            moment = datetime.fromtimestamp(ts, UTC)
+            hour = moment.hour + moment.minute / 60.0
+            day = m // 1440
+            # the level drifts smoothly from one day's value to the next
+            frac = (m % 1440) / 1440.0
+            level = day_levels[day] * (1 - frac) + day_levels[day + 1] * frac
+            weekday = moment.weekday() < 5
+            daytime = (1.0 if weekday else spec.weekend_fraction) * (1 - spec.night_fraction)
+            base = spec.peak_rps * (spec.night_fraction + daytime * _daily_shape(hour)) * level
+            persistent = 0.9 * persistent + rng.gauss(0.0, spec.noise_sigma * math.sqrt(1 - 0.81))
+            value = base * math.exp(persistent + rng.gauss(0.0, spec.noise_sigma * 0.5))
+            for begin, end, factor in bursts:
+                if begin <= m < end:
+                    value *= factor
+            rps.append(round(value, 4))
+            prompt.append(round(spec.prompt_tokens * math.exp(rng.gauss(0.0, 0.01)), 1))
+            output.append(round(spec.output_tokens * math.exp(rng.gauss(0.0, 0.01)), 1))
+        series[spec.name] = Series(tuple(rps), tuple(prompt), tuple(output))
+    return Trace(start=t0, minutes=minutes, series=series)

@@ -1,0 +1,188 @@
+"""Contract tests of the CLI Slurm backend against the sandbox's real Slurm (and slurmdbd).
+
+What the agent relies on: one query lists every node and job; drain/resume/comment round-trip;
+resume is idempotent; a requeued job comes back PENDING with its restart counted (never FAILED
+or CANCELLED); the graceful requeue signals steps before the batch shell; accounting sees the
+runs; commands time out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_idle.config import load_config
+from slurm_idle.errors import CommandError
+from slurm_idle.model import SlurmJob
+from slurm_idle.slurm import CliBackend, make_backend
+from slurm_idle.slurm.runner import TIMEOUT_RC, SubprocessRunner
+
+pytestmark = pytest.mark.sandbox
+
+NEVER = {"FAILED", "CANCELLED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
+
+
+def poll(check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5) -> Any:
+    """The first truthy value of check(); fails the test after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval_s)
+    pytest.fail(f"{what} not seen within {timeout_s}s (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def slurm(sandbox: Any) -> CliBackend:
+    return CliBackend(runner=SubprocessRunner(env=sandbox.env()), timeout_s=30)
+
+
+@pytest.fixture()
+def jobs_to_cancel(slurm: CliBackend) -> Iterator[list[int]]:
+    ids: list[int] = []
+    yield ids
+    if ids:
+        slurm.cancel(ids)
+
+
+def job(slurm: CliBackend, job_id: int) -> SlurmJob | None:
+    return next((j for j in slurm.jobs() if j.job_id == job_id), None)
+
+
+def test_nodes_lists_four_gpu_nodes_in_one_call(slurm: CliBackend) -> None:
+    """nodes() is one command and shows the 4 sandbox nodes with 4 GPUs in both partitions."""
+    slurm.nodes()  # the first call may learn the release
+    before = slurm.calls
+    nodes = {n.name: n for n in slurm.nodes()}
+    assert slurm.calls == before + 1
+    assert sorted(nodes) == ["gpu1", "gpu2", "gpu3", "gpu4"]
+    for node in nodes.values():
+        assert node.gpus_total == 4
+        assert {"idle", "inference"} <= set(node.partitions)
+
+
+def test_version_matches_sandbox(slurm: CliBackend, sandbox: Any) -> None:
+    """version() reports the release the sandbox runs."""
+    assert slurm.version() == sandbox.slurm_version
+
+
+def test_drain_comment_resume_round_trip(slurm: CliBackend) -> None:
+    """A drain reason and a comment show up in nodes(); resume clears DRAIN and is idempotent."""
+    reason = "slurm-idle:serving since=2026-12-02T10:00:00Z"
+    try:
+        slurm.drain("gpu4", reason)
+        slurm.set_comment("gpu4", "slurm-idle phase=serving since=1796205600")
+        node = {n.name: n for n in slurm.nodes()}["gpu4"]
+        assert node.drained and node.reason == reason
+        assert node.comment == "slurm-idle phase=serving since=1796205600"
+        assert node.reason_changed_at is not None
+        slurm.drain("gpu4", reason + " again")  # re-draining rewrites the reason
+        assert {n.name: n for n in slurm.nodes()}["gpu4"].reason == reason + " again"
+        slurm.resume("gpu4")
+        slurm.resume("gpu4")  # not drained any more: a no-op, not an error
+        node = {n.name: n for n in slurm.nodes()}["gpu4"]
+        assert not node.drained and node.state == "idle"
+        slurm.set_comment("gpu4", "")
+        assert {n.name: n for n in slurm.nodes()}["gpu4"].comment == ""
+    finally:
+        slurm.set_comment("gpu4", "")
+        slurm.resume("gpu4")
+
+
+def test_resume_unknown_node_fails(slurm: CliBackend) -> None:
+    """Resuming a node Slurm does not know is an error with Slurm's message."""
+    with pytest.raises(CommandError, match="(?i)invalid node name"):
+        slurm.resume("nosuchnode")
+
+
+def test_submit_run_requeue_and_account(slurm: CliBackend, jobs_to_cancel: list[int]) -> None:
+    """An idle job runs on a node with its GPU; requeue brings it back with restarts >= 1,
+    never FAILED/CANCELLED; sacct lists its runs."""
+    t0 = time.time()
+    job_id = slurm.submit(
+        "#!/bin/sh\nsleep 300\n",
+        ["-p", "idle", "--requeue", "--gres=gpu:1", "-w", "gpu3", "-J", "contract-requeue",
+         "-o", "/dev/null"],
+    )
+    jobs_to_cancel.append(job_id)
+    running = poll(lambda: (j := job(slurm, job_id)) and j.state == "RUNNING" and j,
+                   30, "job running")
+    assert running.nodes == ("gpu3",) and running.gpus == 1 and running.partition == "idle"
+    assert running.requeue and running.restart_count == 0 and running.start_time
+    assert {n.name: n for n in slurm.nodes()}["gpu3"].gpus_used == 1
+
+    slurm.requeue([job_id])
+    slurm.requeue([job_id])  # already requeued: a no-op
+    seen: list[str] = []
+
+    def back_in_queue() -> SlurmJob | None:
+        j = job(slurm, job_id)
+        assert j is not None
+        seen.append(j.state)
+        assert j.state not in NEVER, f"requeued job went {j.state}"
+        return j if j.restart_count >= 1 and j.state in {"PENDING", "RUNNING"} else None
+
+    requeued = poll(back_in_queue, 30, "job back in the queue")
+    assert requeued.restart_count >= 1
+
+    runs = poll(lambda: [r for r in slurm.accounting(t0 - 60, None, "idle", [job_id])
+                         if r.state == "REQUEUED"], 30, "REQUEUED run in sacct")
+    assert runs[0].job_id == job_id and runs[0].gpus == 1 and runs[0].nodes == ("gpu3",)
+    assert runs[0].restarts == 0
+
+
+GRACEFUL_JOB = """\
+#!/bin/bash
+log={log}
+srun bash -c 'trap "echo step-term >> {log}; exit 0" TERM; echo step-start >> {log}; \
+while true; do sleep 0.1; done'
+echo step-ended >> $log
+trap 'echo batch-term >> {log}; exit 0' TERM
+while true; do sleep 0.1; done
+"""
+
+
+def test_graceful_requeue_signals_steps_first(
+    slurm: CliBackend, jobs_to_cancel: list[int], tmp_path: Path
+) -> None:
+    """requeue(grace_s) TERMs the srun step, waits for it to end, then requeues (batch TERM)."""
+    log = tmp_path / "signals.log"
+    log.touch()
+    job_id = slurm.submit(
+        GRACEFUL_JOB.format(log=log),
+        ["-p", "idle", "--requeue", "--gres=gpu:1", "-w", "gpu2", "-J", "contract-grace",
+         "-o", "/dev/null"],
+    )
+    jobs_to_cancel.append(job_id)
+    poll(lambda: "step-start" in log.read_text(), 30, "srun step started")
+    start = time.monotonic()
+    slurm.requeue([job_id], grace_s=20)
+    took = time.monotonic() - start
+    assert took < 15, f"requeue waited {took:.1f}s although the step ended on SIGTERM"
+    poll(lambda: "batch-term" in log.read_text(), 15, "batch shell got SIGTERM from the requeue")
+    assert log.read_text().split() == ["step-start", "step-term", "step-ended", "batch-term"]
+    requeued = poll(lambda: (j := job(slurm, job_id)) and j.restart_count >= 1 and j, 20,
+                    "restart counted")
+    assert requeued.state not in NEVER
+
+
+def test_command_timeout_raises(sandbox: Any) -> None:
+    """A Slurm command past the configured timeout raises CommandError with rc -1."""
+    slow = CliBackend(runner=SubprocessRunner(env=sandbox.env()), timeout_s=0.001)
+    with pytest.raises(CommandError) as info:
+        slow.jobs()
+    assert info.value.rc == TIMEOUT_RC and "timed out" in str(info.value)
+
+
+def test_make_backend_from_sandbox_config(sandbox: Any) -> None:
+    """The sandbox's generated config yields a working CLI backend."""
+    backend = make_backend(load_config(sandbox.config_path),
+                           runner=SubprocessRunner(env=sandbox.env()))
+    assert isinstance(backend, CliBackend)
+    assert len(backend.nodes()) == 4

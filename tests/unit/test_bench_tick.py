@@ -1,0 +1,56 @@
+"""scripts/bench-tick: one observe -> plan through the real parsers costs a constant number of calls."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench-tick"
+
+
+def load_script() -> ModuleType:
+    loader = importlib.machinery.SourceFileLoader("bench_tick", str(SCRIPT))
+    spec = importlib.util.spec_from_loader("bench_tick", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_tick"] = module  # dataclasses look their module up while decorating
+    loader.exec_module(module)
+    return module
+
+
+def test_calls_do_not_grow_with_the_fleet() -> None:
+    """Slurm commands and Prometheus queries per tick are the same for 8, 40 and 200 nodes."""
+    bench = load_script().bench
+    results = [bench(n) for n in (8, 40, 200)]
+    assert {r["slurm_calls"] for r in results} == {2}  # sinfo --json + squeue --json
+    assert len({r["prometheus_queries"] for r in results}) == 1
+    assert results[0]["prometheus_queries"] == 9 + 10  # per-replica signals + per-model ones
+    assert all(r["planned"] and r["observation_errors"] == 0 for r in results)
+
+
+def test_synthetic_cluster_goes_through_the_real_parsers() -> None:
+    """The synthetic sinfo/squeue JSON parse into every node, half of them lent with a job."""
+    mod = load_script()
+    config = mod.make_config(40)
+    sinfo, squeue = mod.synthetic_slurm(config)
+    runner = mod.ReplayRunner(sinfo, squeue)
+    backend = mod.CliBackend(runner=runner)
+    nodes, jobs = backend.nodes(), backend.jobs()
+    assert {n.name for n in nodes} == set(config.pool_nodes)
+    assert 5 < len(jobs) < 35 and all(j.state == "RUNNING" and j.partition == "idle" for j in jobs)
+    assert [a[0] for a in runner.argvs] == ["sinfo", "squeue"]
+
+
+def test_cli_prints_the_documented_json() -> None:
+    """`bench-tick --nodes N --json` prints tick_s, slurm_calls and prometheus_queries."""
+    res = subprocess.run([sys.executable, str(SCRIPT), "--nodes", "20", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert {"tick_s", "slurm_calls", "prometheus_queries"} <= set(doc)
+    assert doc["tick_s"] >= 0 and doc["nodes"] == 20

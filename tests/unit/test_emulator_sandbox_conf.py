@@ -1,0 +1,101 @@
+"""The sandbox's generated files (pure): Slurm config per version, slurm-idle config, capacity."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurm_idle.config import parse_config
+from slurm_idle.testing import sandboxconf
+from slurm_idle.testing.engine_model import Capacity
+from slurm_idle.testing.sandboxconf import Layout
+
+REMOVED_IN_24_11 = ("AccountingStoreJobComment", "TaskPluginParam", "MemLimitEnforce", "PreemptParameters")
+
+
+def layout(version: str = "22.05.8", lua: Path | None = None) -> Layout:
+    return Layout(root=Path("/tmp/sb"), base_port=30000, slurm_version=version, hostname="vm",
+                  python="/usr/bin/python3", job_submit_lua=lua)
+
+
+def conf_keys(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out.setdefault(key, value)
+    return out
+
+
+@pytest.mark.parametrize("text,version", [("slurm-wlm 22.05.8\n", "22.05.8"), ("slurm 24.11.5", "24.11.5")])
+def test_parse_slurm_version(text: str, version: str) -> None:
+    """`slurmd -V` output of Debian 12 and 13 gives the version number."""
+    assert sandboxconf.parse_slurm_version(text) == version
+
+
+@pytest.mark.parametrize("version", ["22.05.8", "24.11.5"])
+def test_slurm_conf_has_preemption_accounting_and_no_removed_keys(version: str) -> None:
+    """slurm.conf sets partition preemption, fast requeue, gres accounting, and no key 24.11 rejects."""
+    lay = layout(version)
+    text = sandboxconf.slurm_conf(lay)
+    keys = conf_keys(text)
+    assert keys["PreemptType"] == "preempt/partition_prio" and keys["JobRequeue"] == "1"
+    assert "cred_expire=10" in keys["AuthInfo"] and keys["AccountingStorageTRES"] == "gres/gpu"
+    assert keys["SlurmctldPort"] == "30000" and "Port=30010-30013" in text
+    assert "PartitionName=inference Nodes=gpu[1-4] PriorityTier=10 PreemptMode=OFF" in text
+    assert "PartitionName=idle Nodes=gpu[1-4] PriorityTier=1 PreemptMode=REQUEUE GraceTime=10" in text
+    assert not set(REMOVED_IN_24_11) & set(keys)
+    assert "JobSubmitPlugins" not in keys
+
+
+def test_cgroup_conf_only_for_newer_slurm() -> None:
+    """24.11 needs cgroup.conf (CgroupPlugin=disabled); 22.05 runs without it."""
+    assert layout("24.11.5").needs_cgroup_conf and not layout("22.05.8").needs_cgroup_conf
+
+
+def test_job_submit_lua_enabled_when_present() -> None:
+    """A job_submit.lua turns on JobSubmitPlugins=lua."""
+    assert "JobSubmitPlugins=lua\n" in sandboxconf.slurm_conf(layout(lua=Path("/x/job_submit.lua")))
+
+
+def test_gres_conf_points_at_four_fake_devices() -> None:
+    """gres.conf lists the 4 character devices (a count-only gres.conf leaves nodes INVAL)."""
+    assert sandboxconf.gres_conf(layout()) == "NodeName=gpu[1-4] Name=gpu File=/tmp/sb/dev/nvidia[0-3]\n"
+
+
+def test_prometheus_scrapes_each_emulator_every_second() -> None:
+    """prometheus.yml scrapes the 4 emulator ports every 1 s, labelled by node."""
+    doc = yaml.safe_load(sandboxconf.prometheus_yml(layout()))
+    assert doc["global"]["scrape_interval"] == "1s"
+    vllm = doc["scrape_configs"][0]
+    assert [(sc["targets"], sc["labels"]["node"]) for sc in vllm["static_configs"]] == [
+        ([f"127.0.0.1:{30020 + i}"], f"gpu{i + 1}") for i in range(4)]
+
+
+def test_generated_slurm_idle_config_validates() -> None:
+    """The generated slurm-idle config passes the product's own validation with sandbox values."""
+    lay = layout()
+    cfg = parse_config(sandboxconf.slurm_idle_config(lay, 600.0), source="sandbox")
+    model = cfg.model("sandbox-model")
+    assert [r.url for r in model.replicas] == [f"http://127.0.0.1:{30020 + i}" for i in range(4)]
+    assert cfg.metrics.prometheus_url == "http://127.0.0.1:30003"
+    engine = cfg.engine_for("sandbox-model")
+    assert engine.kind == "command"
+    assert engine.start_command == "/usr/bin/python3 -m slurm_idle.testing.sandbox --root /tmp/sb engine-start {node}"
+    assert cfg.paths.journal == "/tmp/sb/journal.jsonl"
+
+
+@pytest.mark.parametrize("rps,replicas", [(0.2, 1), (6.0, 2), (15.0, 4)])
+def test_capacity_figure_sizes_replicas_sensibly(rps: float, replicas: int) -> None:
+    """With the emulator's capacity, the planner's formula needs 1 replica at 0.2 req/s, all 4 near 15."""
+    cap = Capacity()
+    demand = rps * (cap.output_tokens + 0.1 * cap.prompt_tokens)
+    assert math.ceil(demand / (cap.weighted_tokens_per_s(0.1) * 0.8)) == replicas
+
+
+def test_500_rps_overloads_all_four_replicas() -> None:
+    """500 req/s is far beyond what 4 replicas complete per second."""
+    assert 500 > 4 * Capacity().requests_per_s * 10

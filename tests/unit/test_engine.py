@@ -1,0 +1,394 @@
+"""Engine control: health/sleep parsing against an in-process HTTP server, commands, waiting."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from slurm_idle.config import EngineConfig, ReplicaConfig
+from slurm_idle.engine import (
+    CommandEngine,
+    EngineHealth,
+    HttpSleepEngine,
+    UrllibClient,
+    container_name,
+    format_command,
+    make_engine,
+    parse_is_sleeping,
+    parse_metrics,
+    wait_until_idle,
+    wait_until_serving,
+)
+from slurm_idle.errors import CommandError, EngineError
+from slurm_idle.slurm.runner import CompletedResult
+
+METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+# HELP vllm:engine_sleep_state Engine sleep state
+# TYPE vllm:engine_sleep_state gauge
+vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} %s
+vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="weights_offloaded"} %s
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 10.0
+"""
+
+
+@dataclass
+class FakeVllm:
+    """State of the fake server; the handler reads and changes it."""
+
+    health_status: int = 200
+    sleeping: bool = False
+    dev_mode: bool = True  # /is_sleeping, /sleep, /wake_up exist
+    running: float = 0.0
+    posts: list[str] = field(default_factory=list)
+
+    def metrics(self) -> str:
+        awake = 0.0 if self.sleeping else 1.0
+        return (
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{engine="0",model_name="m"}} {self.running}\n'
+            'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+            "# TYPE vllm:engine_sleep_state gauge\n"
+            f'vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="awake"}} {awake}\n'
+            f'vllm:engine_sleep_state{{engine="0",sleep_state="weights_offloaded"}} {1 - awake}\n'
+        )
+
+
+def _handler(state: FakeVllm) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, code: int, body: str = "") -> None:
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/health":
+                self._send(state.health_status)
+            elif self.path == "/is_sleeping" and state.dev_mode:
+                self._send(200, json.dumps({"is_sleeping": state.sleeping}))
+            elif self.path == "/metrics":
+                self._send(200, state.metrics())
+            else:
+                self._send(404, '{"detail": "Not Found"}')
+
+        def do_POST(self) -> None:  # noqa: N802
+            state.posts.append(self.path)
+            if not state.dev_mode:
+                self._send(404, '{"detail": "Not Found"}')
+            elif self.path.startswith("/sleep"):
+                state.sleeping = True
+                self._send(200)
+            elif self.path == "/wake_up":
+                state.sleeping = False
+                self._send(200)
+            else:
+                self._send(404)
+
+    return Handler
+
+
+@pytest.fixture()
+def vllm() -> Iterator[tuple[FakeVllm, ReplicaConfig]]:
+    state = FakeVllm()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    try:
+        yield state, ReplicaConfig(node="gpu1", url=f"http://127.0.0.1:{server.server_port}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def sleep_engine(**kw: Any) -> HttpSleepEngine:
+    return HttpSleepEngine(EngineConfig(kind="http-sleep", stop_timeout_s=2, start_timeout_s=2), **kw)
+
+
+def closed_port_replica() -> ReplicaConfig:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return ReplicaConfig(node="gpu9", url=f"http://127.0.0.1:{port}")
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+def test_parse_metrics_sums_engines_and_reads_awake() -> None:
+    """Running requests are summed over engines; awake comes from the sleep-state gauge."""
+    reading = parse_metrics(METRICS % ("1.0", "0.0"))
+    assert reading.running == 3.0 and reading.awake is True
+    assert parse_metrics(METRICS % ("0.0", "1.0")).awake is False
+
+
+def test_parse_metrics_without_gauges() -> None:
+    """A page without vLLM gauges yields unknowns, not zeros."""
+    reading = parse_metrics("# TYPE up gauge\nup 1\n")
+    assert reading.running is None and reading.awake is None
+
+
+def test_parse_is_sleeping() -> None:
+    """The dev-mode answer is read; anything else is unknown."""
+    assert parse_is_sleeping(b'{"is_sleeping": true}') is True
+    assert parse_is_sleeping(b'{"is_sleeping": false}') is False
+    assert parse_is_sleeping(b"<html>") is None
+    assert parse_is_sleeping(b"{}") is None
+
+
+def test_health_serving_property() -> None:
+    """Serving means up and not known to be asleep."""
+    assert EngineHealth(up=True, awake=None).serving
+    assert not EngineHealth(up=True, awake=False).serving
+    assert not EngineHealth(up=False, awake=True).serving
+
+
+# --- health over HTTP ----------------------------------------------------------------------
+
+
+def test_health_up_awake_running(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
+    """A live awake server is up, awake, and reports its running requests."""
+    state, replica = vllm
+    state.running = 4.0
+    health = sleep_engine().health(replica)
+    assert health == EngineHealth(up=True, awake=True, running=5.0, error=None)
+    assert health.serving
+
+
+def test_health_asleep_via_is_sleeping(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
+    """/is_sleeping true makes the replica up but not serving."""
+    state, replica = vllm
+    state.sleeping = True
+    health = sleep_engine().health(replica)
+    assert health.up and health.awake is False and not health.serving
+
+
+def test_health_falls_back_to_gauge(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
+    """Without dev mode (/is_sleeping 404) the sleep-state gauge decides awake."""
+    state, replica = vllm
+    state.dev_mode = False
+    state.sleeping = True
+    assert sleep_engine().health(replica).awake is False
+
+
+def test_health_503_is_down(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
+    """/health 503 (dead engine) is not up and says why."""
+    state, replica = vllm
+    state.health_status = 503
+    health = sleep_engine().health(replica)
+    assert not health.up and health.error and "503" in health.error
+
+
+def test_health_unreachable() -> None:
+    """A closed port is down with the connection error, and in_flight is unknown."""
+    replica = closed_port_replica()
+    engine = sleep_engine()
+    health = engine.health(replica)
+    assert not health.up and health.error
+    assert engine.in_flight(replica) is None
+
+
+def test_urllib_client_returns_error_statuses(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
+    """HTTP error statuses come back as responses, not exceptions."""
+    _, replica = vllm
+    resp = UrllibClient().request("GET", replica.url + "nope", 2)
+    assert resp.status == 404
+
+
+# --- http-sleep engine ---------------------------------------------------------------------
+
+
+def test_sleep_stop_posts_wait_mode(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
+    """stop() sleeps the engine with mode=wait at the configured level, once."""
+    state, replica = vllm
+    engine = sleep_engine()
+    engine.stop(replica)
+    engine.stop(replica)
+    assert state.posts == ["/sleep?level=1&mode=wait"] and state.sleeping
+
+
+def test_sleep_start_wakes(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
+    """start() wakes a sleeping engine and is a no-op on a serving one."""
+    state, replica = vllm
+    state.sleeping = True
+    engine = sleep_engine()
+    engine.start(replica)
+    engine.start(replica)
+    assert state.posts == ["/wake_up"] and not state.sleeping
+
+
+def test_sleep_start_on_dead_server_says_so() -> None:
+    """Waking a server that is not running raises with what to do."""
+    with pytest.raises(EngineError, match="only wakes a running server"):
+        sleep_engine().start(closed_port_replica())
+
+
+def test_sleep_without_dev_mode_hints(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
+    """A 404 on /sleep names the vLLM flags that enable sleep mode."""
+    state, replica = vllm
+    state.dev_mode = False
+    with pytest.raises(EngineError, match="enable-sleep-mode"):
+        sleep_engine().stop(replica)
+
+
+# --- command engine ------------------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self, fail: bool = False) -> None:
+        self.argvs: list[list[str]] = []
+        self.timeouts: list[float | None] = []
+        self.fail = fail
+
+    def run(self, argv: Any, input: str | None = None, timeout: float | None = None) -> CompletedResult:
+        self.argvs.append(list(argv))
+        self.timeouts.append(timeout)
+        if self.fail:
+            raise CommandError(argv, 5, "unit failed")
+        return CompletedResult(tuple(argv), 0, "", "")
+
+
+def command_config() -> EngineConfig:
+    return EngineConfig(kind="command", start_command="start {node} {url} {model} | awk '{print}'",
+                        stop_command="stop {node}", start_timeout_s=9, stop_timeout_s=4)
+
+
+def test_format_command_quotes_values() -> None:
+    """Placeholders get shell-quoted values; other braces are left alone."""
+    out = format_command("x {node} {model} '{print}'", "gpu1", "u", "meta/L 70B")
+    assert out == "x gpu1 'meta/L 70B' '{print}'"
+
+
+def test_command_engine_start_and_stop() -> None:
+    """start runs the start command (down replica), stop always runs the stop command."""
+    runner = Recorder()
+    engine = CommandEngine(command_config(), "m x", runner=runner)
+    replica = closed_port_replica()
+    engine.start(replica)
+    engine.stop(replica)
+    assert runner.argvs[0] == ["sh", "-c", f"start gpu9 {replica.url} 'm x' | awk '{{print}}'"]
+    assert runner.argvs[1] == ["sh", "-c", "stop gpu9"]
+    assert runner.timeouts == [9, 34]
+
+
+def test_command_engine_start_noop_when_serving(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
+    """start on a healthy awake replica runs nothing."""
+    _, replica = vllm
+    runner = Recorder()
+    CommandEngine(command_config(), runner=runner).start(replica)
+    assert runner.argvs == []
+
+
+def test_command_failure_is_engine_error() -> None:
+    """A failing command becomes EngineError naming the node and the command's error."""
+    engine = CommandEngine(command_config(), runner=Recorder(fail=True))
+    with pytest.raises(EngineError, match="gpu9.*unit failed"):
+        engine.stop(closed_port_replica())
+
+
+def test_make_engine_kinds() -> None:
+    """make_engine returns the control the kind names."""
+    assert isinstance(make_engine(command_config()), CommandEngine)
+    assert isinstance(make_engine(EngineConfig(kind="http-sleep")), HttpSleepEngine)
+    assert type(make_engine(EngineConfig(kind="docker"))).__name__ == "DockerEngine"
+
+
+def test_container_name_template() -> None:
+    """The container template takes the node and a name-safe model."""
+    assert container_name("vllm-{node}", "gpu1") == "vllm-gpu1"
+    assert container_name("{model}-{node}", "gpu1", "meta/Llama 3") == "meta-Llama-3-gpu1"
+
+
+# --- waiting -------------------------------------------------------------------------------
+
+
+@dataclass
+class ScriptedEngine:
+    """in_flight/health answers follow a script, one entry per poll."""
+
+    running: list[float | None]
+    up: bool = True
+    serving_after: int = 0
+    polls: int = 0
+
+    def in_flight(self, replica: ReplicaConfig) -> float | None:
+        value = self.running[min(self.polls, len(self.running) - 1)]
+        self.polls += 1
+        return value
+
+    def health(self, replica: ReplicaConfig) -> EngineHealth:
+        self.polls += 1
+        return EngineHealth(up=self.up, awake=self.polls > self.serving_after)
+
+    def start(self, replica: ReplicaConfig) -> None: ...
+
+    def stop(self, replica: ReplicaConfig) -> None: ...
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+REPLICA = ReplicaConfig(node="gpu1", url="http://x")
+
+
+def test_wait_until_idle_returns_when_drained() -> None:
+    """Waiting ends as soon as no request runs."""
+    clock = FakeClock()
+    engine = ScriptedEngine(running=[3, 1, 0])
+    assert wait_until_idle(engine, REPLICA, 60, clock, clock.sleep)
+    assert clock.now == 2.0
+
+
+def test_wait_until_idle_times_out() -> None:
+    """A replica that keeps running requests is reported not idle at the timeout."""
+    clock = FakeClock()
+    assert not wait_until_idle(ScriptedEngine(running=[2]), REPLICA, 5, clock, clock.sleep)
+    assert clock.now == 5.0
+
+
+def test_wait_until_idle_down_replica_is_idle() -> None:
+    """A replica that is down runs nothing: idle at once."""
+    clock = FakeClock()
+    assert wait_until_idle(ScriptedEngine(running=[None], up=False), REPLICA, 5, clock, clock.sleep)
+    assert clock.now == 0.0
+
+
+def test_wait_until_idle_unknown_but_up_keeps_waiting() -> None:
+    """Unreadable metrics on a live replica are not taken as idle."""
+    clock = FakeClock()
+    assert not wait_until_idle(ScriptedEngine(running=[None]), REPLICA, 3, clock, clock.sleep)
+
+
+def test_wait_until_serving() -> None:
+    """Waiting for serving ends when health says so, or fails at the timeout."""
+    clock = FakeClock()
+    assert wait_until_serving(ScriptedEngine(running=[0], serving_after=3), REPLICA, 60, clock, clock.sleep)
+    assert clock.now == 3.0
+    clock = FakeClock()
+    assert not wait_until_serving(ScriptedEngine(running=[0], up=False), REPLICA, 4, clock, clock.sleep)

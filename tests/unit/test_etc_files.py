@@ -1,0 +1,106 @@
+"""The shipped etc/ files: alert rules, Grafana dashboard, cron.d entry, systemd units (structure)."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slurm_idle.agent_metrics import METRICS
+
+ETC = Path(__file__).resolve().parents[2] / "etc"
+METRIC_RE = re.compile(r"\bslurm_idle_[a-z_]+\b")
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(METRIC_RE.findall(expr))
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load((ETC / "prometheus" / "slurm-idle-alerts.yml").read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def test_alert_rules_cover_the_issue_and_use_only_our_metrics() -> None:
+    """Tick stale, reclaim too slow, serving below floor and tick errors exist, on real metrics."""
+    rules = {rule["alert"]: rule for rule in alert_rules()}
+    for name in ("SlurmIdleTickStale", "SlurmIdleReclaimTooSlow", "SlurmIdleServingBelowFloor",
+                 "SlurmIdleTickErrors"):
+        assert name in rules
+    for rule in rules.values():
+        used = metric_names(rule["expr"])
+        assert used, rule["alert"]
+        assert used <= set(METRICS), f"{rule['alert']} uses unknown metrics {used - set(METRICS)}"
+        assert rule["labels"]["severity"] in {"warning", "critical"}
+        assert rule["annotations"]["summary"]
+
+
+def test_grafana_dashboard_loads_and_queries_our_metrics() -> None:
+    """The dashboard is JSON whose panels query slurm_idle_* metrics the agent writes."""
+    dash = json.loads((ETC / "grafana" / "slurm-idle-dashboard.json").read_text())
+    assert dash["title"] and dash["panels"]
+    used: set[str] = set()
+    for panel in dash["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            names = metric_names(target["expr"])
+            assert names, f"panel {panel['title']!r} queries none of our metrics"
+            used |= names
+    assert used <= set(METRICS)
+    for name in ("slurm_idle_nodes", "slurm_idle_transitions_total", "slurm_idle_needed_replicas",
+                 "slurm_idle_serving_replicas", "slurm_idle_last_tick_timestamp_seconds",
+                 "slurm_idle_tick_errors_total", "slurm_idle_tick_duration_seconds"):
+        assert name in used
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_cron_entry_runs_tick_every_minute_as_a_user() -> None:
+    """cron.d lines have five time fields, a user and the tick command; env lines are KEY=value."""
+    jobs = []
+    for line in (ETC / "cron.d" / "slurm-idle").read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if re.match(r"^[A-Z_]+=", line):
+            continue
+        fields = line.split(None, 6)
+        assert len(fields) == 7, line
+        for f in fields[:5]:
+            assert re.fullmatch(r"[\d*/,\-]+", f), line
+        jobs.append(fields)
+    assert len(jobs) == 1
+    minute, hour, dom, month, dow, user, command = jobs[0]
+    assert (minute, hour, dom, month, dow) == ("*", "*", "*", "*", "*")
+    assert user == "root"
+    assert "slurm-idle" in command and " tick" in command
+
+
+def unit(name: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=True, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string((ETC / "systemd" / name).read_text())
+    return parser
+
+
+def test_systemd_service_is_a_oneshot_tick() -> None:
+    """The service runs `slurm-idle tick` once, by absolute path, with a hard time limit."""
+    svc = unit("slurm-idle-tick.service")
+    assert set(svc.sections()) == {"Unit", "Service"}
+    service = svc["Service"]
+    assert service["Type"] == "oneshot"
+    exec_start = service["ExecStart"].split()
+    assert exec_start[0].startswith("/") and exec_start[0].endswith("/slurm-idle")
+    assert exec_start[-1] == "tick"
+    assert int(service["TimeoutStartSec"]) > 50  # longer than timeouts.tick_budget_s
+
+
+def test_systemd_timer_fires_every_minute_and_names_the_service() -> None:
+    """The timer starts the tick service every minute and is enabled from timers.target."""
+    timer = unit("slurm-idle-tick.timer")
+    assert timer["Timer"]["OnCalendar"] == "*-*-* *:*:00"
+    assert timer["Timer"]["Unit"] == "slurm-idle-tick.service"
+    assert timer["Install"]["WantedBy"] == "timers.target"

@@ -1,0 +1,199 @@
+"""Job specs and the sbatch scripts rendered from them (validation, golden files, quoting)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurm_idle.errors import ConfigError
+from slurm_idle.jobs import (
+    JobSpec,
+    SubmitOptions,
+    decode_spec,
+    encode_spec,
+    job_comment,
+    load_job_spec,
+    parse_job_comment,
+    parse_job_spec,
+    render_script,
+    sbatch_args,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "etc" / "examples"
+GOLDEN = ROOT / "tests" / "data" / "golden"
+FIXED = SubmitOptions(python="/usr/bin/python3")  # golden files must not depend on the venv
+
+
+def minimal(**over: object) -> dict[str, object]:
+    return {"name": "demo", "image": "slurm-idle/demo:latest", **over}
+
+
+@pytest.mark.parametrize("example", ["demo-job.yaml", "train-job.yaml"])
+def test_examples_validate(example: str) -> None:
+    """Every shipped job spec example is valid."""
+    spec = load_job_spec(EXAMPLES / example)
+    assert spec.name
+
+
+@pytest.mark.parametrize("example", ["demo-job", "train-job"])
+def test_rendered_script_matches_golden_file(example: str) -> None:
+    """The batch script of each example equals its reviewed golden file (UPDATE_GOLDEN=1 rewrites)."""
+    script = render_script(load_job_spec(EXAMPLES / f"{example}.yaml"), FIXED)
+    golden = GOLDEN / f"{example}.sbatch"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(script)
+    assert script == golden.read_text()
+
+
+def test_script_carries_the_required_sbatch_options() -> None:
+    """idle partition, requeue, early-warning signal, append log, GPUs, name and our comment tag."""
+    spec = parse_job_spec(minimal(gpus=2, time="1:00:00", warn_s=90))
+    args = sbatch_args(spec)
+    for expected in ("--partition=idle", "--requeue", "--open-mode=append", "--gres=gpu:2",
+                     "--job-name=demo", "--comment=slurm-idle:job", "--signal=USR1@90",
+                     "--time=1:00:00", "--output=slurm-idle-%x-%j.out"):
+        assert expected in args
+    script = render_script(spec)
+    assert all(f"#SBATCH {a}" in script for a in args)
+
+
+def test_partition_and_tag_come_from_options() -> None:
+    """The lend partition and tag of the config replace the defaults."""
+    args = sbatch_args(parse_job_spec(minimal()), SubmitOptions(partition="lent", tag="acme"))
+    assert "--partition=lent" in args and "--comment=acme:job" in args
+
+
+def test_runner_is_an_srun_step_of_this_interpreter() -> None:
+    """The script starts the runner with srun and the interpreter given (sys.executable by default)."""
+    script = render_script(parse_job_spec(minimal()), SubmitOptions(python="/opt/py/bin/python"))
+    assert "srun --ntasks=1 --kill-on-bad-exit=1 /opt/py/bin/python -m slurm_idle.runner" in script
+
+
+def test_spec_round_trips_through_base64() -> None:
+    """What the runner decodes is exactly the spec that was rendered."""
+    spec = load_job_spec(EXAMPLES / "train-job.yaml")
+    assert decode_spec(encode_spec(spec)) == spec
+
+
+def test_comment_round_trip_and_foreign_comments() -> None:
+    """Our comment parses back to its fields; anyone else's comment is not ours."""
+    c = job_comment(SubmitOptions(comment_extra=(("pipeline", "p1"), ("step", "sft"))))
+    assert c == "slurm-idle:job,pipeline=p1,step=sft"
+    assert parse_job_comment(c) == {"pipeline": "p1", "step": "sft"}
+    assert parse_job_comment("slurm-idle:jobx") is None
+    assert parse_job_comment("my own note") is None
+    assert parse_job_comment("") is None
+
+
+@pytest.mark.parametrize(
+    "over, words",
+    [
+        ({"surprise": 1}, "unknown key 'surprise'"),
+        ({"name": "a b"}, "job name"),
+        ({"name": "x\n#SBATCH --partition=inference"}, "job name"),
+        ({"image": "img:1 --privileged"}, "image reference"),
+        ({"env": {"BAD-NAME": "1"}}, "environment variable name"),
+        ({"mem": "lots"}, "mem"),
+        ({"time": "tomorrow"}, "time"),
+        ({"log": "/tmp/a b.out"}, "log path"),
+        ({"log": "/tmp/x\n#SBATCH --partition=inference"}, "log path"),
+        ({"mounts": {"inputs": [{"source": "data", "target": "/d"}]}}, "absolute"),
+        ({"mounts": {"outputs": [{"source": "/var/run/docker.sock", "target": "/s"}]}}, "engine socket"),
+        ({"network": "bridge"}, "network"),
+        ({"gpus": -1}, "gpus"),
+    ],
+)
+def test_bad_specs_fail_with_one_clear_line(over: dict[str, object], words: str) -> None:
+    """Invalid specs raise ConfigError naming the problem, never a traceback."""
+    with pytest.raises(ConfigError) as err:
+        parse_job_spec(minimal(**over), source="job.yaml")
+    assert str(err.value).startswith("job.yaml: ") and words in str(err.value)
+    assert "\n" not in str(err.value).rstrip()
+
+
+def test_env_scalars_become_strings_and_params_become_env() -> None:
+    """YAML numbers/booleans in env and params arrive as strings; params as PARAM_<KEY>."""
+    spec = parse_job_spec(minimal(env={"THREADS": 4, "DEBUG": True}, params={"lr": 0.1, "fast": False}))
+    assert spec.env == {"THREADS": "4", "DEBUG": "true"}
+    assert spec.param_env() == {"PARAM_LR": "0.1", "PARAM_FAST": "false"}
+    assert parse_job_spec(minimal(params={"a": 1}, params_as=["file"])).param_env() == {}
+
+
+HOSTILE = [
+    "$(touch {marker})",
+    "`touch {marker}`",
+    '"; touch {marker}; #',
+    "'; touch {marker}; '",
+    "\n touch {marker}\n",
+    "${{IFS}}$(touch${{IFS}}{marker})",
+    "a\\\"; touch {marker} #",
+]
+
+
+def _hostile_spec(marker: Path) -> JobSpec:
+    values = [h.format(marker=marker) for h in HOSTILE]
+    return parse_job_spec(minimal(
+        command=values,
+        args=values,
+        env={f"E{i}": v for i, v in enumerate(values)},
+        params={f"p{i}": v for i, v in enumerate(values)},
+        mounts={"checkpoint": {"source": "/tmp/ck " + values[0].replace("\n", " "), "target": "/ck"}},
+        workdir="/w$(touch " + str(marker) + ")",
+    ))
+
+
+def _run_with_stubs(script: str, tmp_path: Path) -> list[list[str]]:
+    """`bash -n`, then run the script with srun/scontrol/docker as inert argv recorders."""
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    stubs = tmp_path / "bin"
+    stubs.mkdir(exist_ok=True)
+    argv_file = tmp_path / "argv.json"
+    for name in ("srun", "scontrol", "docker"):
+        stub = stubs / name
+        stub.write_text(
+            "#!/usr/bin/env python3\nimport json, sys\n"
+            f"open({str(argv_file)!r}, 'a').write(json.dumps(sys.argv) + '\\n')\n"
+        )
+        stub.chmod(0o755)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(path)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    if not argv_file.exists():
+        return []
+    return [json.loads(line) for line in argv_file.read_text().splitlines()]
+
+
+def test_hostile_strings_are_valid_bash_and_never_execute(tmp_path: Path) -> None:
+    """A script full of shell metacharacters passes `bash -n` and, run with srun/scontrol
+    stubbed, creates no file and hands the runner the exact spec."""
+    marker = tmp_path / "pwned"
+    spec = _hostile_spec(marker)
+    calls = _run_with_stubs(render_script(spec, SubmitOptions(python="/usr/bin/python3")), tmp_path)
+    assert not marker.exists()
+    assert len(calls) == 1 and calls[0][0].endswith("/srun")
+    assert decode_spec(calls[0][-1]) == spec
+
+
+def test_the_stub_harness_does_catch_an_injection(tmp_path: Path) -> None:
+    """Control: the same harness sees the marker file when a value is pasted unquoted."""
+    marker = tmp_path / "pwned"
+    _run_with_stubs(f"#!/bin/bash\necho {HOSTILE[0].format(marker=marker)}\n", tmp_path)
+    assert marker.exists()
+
+
+def test_no_user_string_appears_raw_in_the_script(tmp_path: Path) -> None:
+    """User strings travel only inside the base64 spec: none shows up in the script text."""
+    spec = _hostile_spec(tmp_path / "pwned")
+    script = render_script(spec)
+    assert "touch" not in script
+    payload = script.split("SPEC=", 1)[1].split("\n", 1)[0]
+    assert json.loads(base64.b64decode(payload))["args"][0].startswith("$(touch")

@@ -1,0 +1,179 @@
+"""ScrapeSource: two scrapes or a kept previous scrape give rates; failures make replicas unknown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from slurm_idle.config import Config, ReplicaConfig, parse_config
+from slurm_idle.errors import MetricsUnavailable
+from slurm_idle.metrics.scrape import HttpResponse, ScrapeSource, metrics_url, scrape
+
+PAGES = Path(__file__).resolve().parents[1] / "data" / "vllm"
+
+CONFIG = """
+metrics: {source: scrape, staleness_s: 120, scrape_interval_s: 10}
+engine: {kind: command, start_command: "start", stop_command: "stop"}
+policy: {scale_down_window_s: 300}
+models:
+  - name: meta-llama/Llama-3.1-8B-Instruct
+    replicas:
+      - {node: a, url: "http://a:8000"}
+      - {node: b, url: "http://b:8000"}
+"""
+
+
+def page(name: str) -> str:
+    return (PAGES / f"{name}.txt").read_text()
+
+
+class Web:
+    """A fake HTTP client: each URL serves the next page of its list (the last one repeats)."""
+
+    def __init__(self, pages: dict[str, list[str | None]]) -> None:
+        self.pages = pages
+        self.got: list[str] = []
+
+    def __call__(self, url: str, timeout_s: float) -> HttpResponse:
+        self.got.append(url)
+        queue = self.pages[url]
+        text = queue.pop(0) if len(queue) > 1 else queue[0]
+        if text is None:
+            raise ConnectionRefusedError(111, "Connection refused")
+        return HttpResponse(200, text)
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def source(web: Web, clock: Clock, state: Path | None = None) -> tuple[ScrapeSource, Config]:
+    cfg = parse_config(CONFIG)
+    return ScrapeSource(cfg, http=web, clock=clock, sleep=clock.sleep, state_path=state), cfg
+
+
+def pairs(cfg: Config) -> list[tuple[str, ReplicaConfig]]:
+    return [(m.name, r) for m in cfg.models for r in m.replicas]
+
+
+def test_without_state_each_replica_is_scraped_twice() -> None:
+    """No kept scrape: two scrapes scrape_interval_s apart give rates; a dead replica is unknown."""
+    web = Web({"http://a:8000/metrics": [page("v1_recent"), page("v1_recent_10s_later")],
+               "http://b:8000/metrics": [None]})
+    clock = Clock()
+    src, cfg = source(web, clock)
+    a, b = src.replica_loads(pairs(cfg))
+    assert a.known and a.running == 9.0
+    assert a.generation_tokens_per_s == pytest.approx(1150.0)
+    assert not b.known
+    assert "connection refused" in src.errors["http://b:8000"]
+    assert web.got.count("http://a:8000/metrics") == 2
+
+
+def test_state_file_gives_rates_across_ticks(tmp_path: Path) -> None:
+    """With a state file, the second tick scrapes once and rates span the time between ticks."""
+    state = tmp_path / "scrape.json"
+    web = Web({"http://a:8000/metrics": [page("v1_recent"), page("v1_recent"), page("v1_recent_10s_later")],
+               "http://b:8000/metrics": [page("v1_recent")]})
+    clock = Clock()
+    src, cfg = source(web, clock, state)
+    src.replica_loads(pairs(cfg))  # first tick: double scrape, state saved
+    assert state.exists()
+    clock.t += 50.0  # next tick 60 s after the first scrape's second round
+    web.got.clear()
+    a, b = src.replica_loads(pairs(cfg))
+    assert web.got.count("http://a:8000/metrics") == 1
+    assert a.generation_tokens_per_s == pytest.approx(11500.0 / 50.0)
+    assert b.known and b.generation_tokens_per_s == 0.0
+
+
+def test_old_state_is_not_used_for_rates(tmp_path: Path) -> None:
+    """A kept scrape older than staleness_s is ignored: the replica is scraped twice again."""
+    state = tmp_path / "scrape.json"
+    web = Web({"http://a:8000/metrics": [page("v1_recent")], "http://b:8000/metrics": [page("v1_recent")]})
+    clock = Clock()
+    src, cfg = source(web, clock, state)
+    src.replica_loads(pairs(cfg))
+    clock.t += 500.0
+    web.got.clear()
+    src.replica_loads(pairs(cfg))
+    assert web.got.count("http://a:8000/metrics") == 2
+
+
+def test_counter_reset_between_ticks(tmp_path: Path) -> None:
+    """A replica restarted between ticks gives its new totals as the increase, not a negative rate."""
+    state = tmp_path / "scrape.json"
+    web = Web({"http://a:8000/metrics": [page("v1_recent"), page("v1_recent"), page("v1_restarted")],
+               "http://b:8000/metrics": [page("v1_recent")]})
+    clock = Clock()
+    src, cfg = source(web, clock, state)
+    src.replica_loads(pairs(cfg))
+    clock.t += 10.0
+    a, _ = src.replica_loads(pairs(cfg))
+    assert a.generation_tokens_per_s == pytest.approx(183.0)
+    assert a.prompt_tokens_per_s >= 0
+
+
+def test_model_loads_sum_replicas_and_window_needs_history(tmp_path: Path) -> None:
+    """Fleet load sums known replicas; window fields stay None until history spans the window."""
+    state = tmp_path / "scrape.json"
+    web = Web({"http://a:8000/metrics": [page("v1_recent"), page("v1_recent_10s_later")],
+               "http://b:8000/metrics": [page("v1_sleeping")]})
+    clock = Clock()
+    src, cfg = source(web, clock, state)
+    [m] = src.model_loads(cfg.models, clock())
+    assert m.known and m.running == 9.0
+    assert m.generation_tokens_per_s == pytest.approx(1150.0)
+    assert m.demand_tokens_per_s_max_window is None  # one point of history, window is 300 s
+    first_demand = 1150.0 + 0.1 * 2400.0
+    maxima = []
+    for _ in range(7):  # a tick every 70 s; the pages stop changing, so demand drops to 0
+        clock.t += 60.0
+        src.replica_loads(pairs(cfg))
+        [m] = src.model_loads(cfg.models, clock())
+        maxima.append(m.demand_tokens_per_s_max_window)
+    # history spans the window from the 3rd tick on; the first busy tick then ages out of it
+    assert maxima[:2] == [None, None]
+    assert maxima[2] == pytest.approx(first_demand)
+    assert maxima[-1] == 0.0
+    assert m.waiting_min_window == 1.0 and m.waiting_max_window == 1.0
+
+
+def test_no_state_means_no_window() -> None:
+    """Without a state file there is no history: the hysteresis fields are None."""
+    web = Web({"http://a:8000/metrics": [page("v1_recent")], "http://b:8000/metrics": [page("v1_recent")]})
+    src, cfg = source(web, Clock())
+    [m] = src.model_loads(cfg.models, 1000.0)
+    assert m.known and m.demand_tokens_per_s_max_window is None
+
+
+@pytest.mark.parametrize(
+    ("answer", "needle"),
+    [
+        (HttpResponse(404, "Not Found"), "HTTP 404"),
+        (HttpResponse(200, "<html><body>hello</body></html>"), "not a vLLM metrics page"),
+        (HttpResponse(200, "node_load1 0.1\n"), "no vllm:"),
+    ],
+)
+def test_bad_pages_raise_metrics_unavailable(answer: HttpResponse, needle: str) -> None:
+    """Wrong status, HTML and non-vLLM metrics each say what is wrong with the URL."""
+    get: Callable[[str, float], HttpResponse] = lambda url, timeout: answer  # noqa: E731
+    with pytest.raises(MetricsUnavailable, match=needle):
+        scrape("http://x:8000", get, 1.0)
+
+
+def test_metrics_url_appends_the_path() -> None:
+    """A server URL gets /metrics; an explicit metrics path is kept."""
+    assert metrics_url("http://a:8000") == "http://a:8000/metrics"
+    assert metrics_url("http://a:8000/") == "http://a:8000/metrics"
+    assert metrics_url("a:8000") == "http://a:8000/metrics"
+    assert metrics_url("http://a:8000/custom/metrics") == "http://a:8000/custom/metrics"

@@ -1,0 +1,346 @@
+"""The planner's rules, one test each: capacity, hysteresis, scale-up, safety, choice, reasons."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_idle.errors import ConfigError
+from slurm_idle.model import ActionKind, ModelLoad, Phase, SlurmJob
+from slurm_idle.policy import (
+    assess,
+    default_forecast_lead_s,
+    forecast_demand,
+    in_windows,
+    parse_window,
+    plan,
+    replicas_for,
+)
+from test_policy_helpers import NOW, config, load, node, observation
+
+
+def kinds(actions, kind):  # type: ignore[no-untyped-def]
+    return [a.node for a in actions if a.kind is kind]
+
+
+def four_serving(**kw):  # type: ignore[no-untyped-def]
+    return [node(f"m0-n{i}", **kw) for i in range(4)]
+
+
+# --- capacity --------------------------------------------------------------------------------
+
+
+def test_replicas_for_exact_boundary_needs_that_many() -> None:
+    """Demand exactly at k replicas' planned capacity needs k replicas, a hair more needs k+1."""
+    assert replicas_for(2400.0, 1000.0, 0.8) == 3
+    assert replicas_for(2400.1, 1000.0, 0.8) == 4
+    assert replicas_for(0.0, 1000.0, 0.8) == 0
+
+
+def test_need_counts_weighted_prompt_tokens() -> None:
+    """Prompt tokens count at prompt_token_weight: 700 gen + 0.1*2000 prompt = 900 tok/s -> 2."""
+    obs = observation(*four_serving(), loads=(load(700.0, prompt_tokens_per_s=2000.0, window=900.0),))
+    (verdict,) = assess(obs, config(), NOW)
+    assert verdict.needed_replicas == 2
+    assert verdict.serving_replicas == 4
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"waiting": 3.0},
+        {"waiting_min_window": 1.0},
+        {"kv_cache_usage_max": 0.95},
+        {"ttft_p95_s": 5.0},
+    ],
+)
+def test_pressure_signals_add_a_replica_over_those_serving(fields: dict[str, float]) -> None:
+    """A queue now or sustained, a hot KV cache or a broken TTFT SLO need one more than serve."""
+    obs = observation(
+        node("m0-n0"), node("m0-n1"), node("m0-n2", Phase.LENT), node("m0-n3", Phase.LENT),
+        loads=(load(100.0, **fields),),
+    )
+    actions = plan(obs, config(ttft_p95_slo_s=2.0), NOW)
+    assert len(kinds(actions, ActionKind.RECLAIM)) == 1
+
+
+def test_headroom_and_floor_and_cap() -> None:
+    """Headroom adds replicas, the floor is a minimum, the model's replica count a maximum."""
+    quiet = observation(*four_serving(), loads=(load(0.0),))
+    assert assess(quiet, config(floor=2), NOW)[0].needed_replicas == 2
+    assert assess(quiet, config(floor=1, headroom_replicas=2), NOW)[0].needed_replicas == 3
+    busy = observation(*four_serving(), loads=(load(99999.0),))
+    assert assess(busy, config(), NOW)[0].needed_replicas == 4
+
+
+def test_learned_capacity_from_saturated_replicas() -> None:
+    """With learn_capacity, a queueing replica's throughput replaces the configured capacity."""
+    views = [node(f"m0-n{i}") for i in range(4)]
+    from dataclasses import replace
+
+    from slurm_idle.model import ReplicaLoad
+
+    views[0] = replace(views[0], replica=ReplicaLoad(model="m0", node="m0-n0", running=8, waiting=2,
+                                                     generation_tokens_per_s=600.0))
+    obs = observation(*views, loads=(load(1400.0),))
+    assert assess(obs, config(), NOW)[0].needed_replicas == 2  # 1400 / 800
+    learned = assess(obs, config(learn_capacity=True), NOW)[0]
+    assert learned.needed_replicas == 3  # 1400 / (600 * 0.8)
+    assert "learned" in learned.reason
+
+
+# --- scale down ----------------------------------------------------------------------------------
+
+
+def test_lends_down_to_the_need_at_most_k_per_tick() -> None:
+    """Low load lends the surplus, at most max_transitions_per_tick LENDs per tick."""
+    obs = observation(*four_serving(), loads=(load(100.0),))
+    assert len(kinds(plan(obs, config(max_transitions_per_tick=2), NOW), ActionKind.LEND)) == 2
+    assert len(kinds(plan(obs, config(max_transitions_per_tick=5), NOW), ActionKind.LEND)) == 3
+
+
+def test_window_maximum_holds_replicas_back() -> None:
+    """Load low now but high within the window lends only what the window maximum allows."""
+    obs = observation(*four_serving(), loads=(load(100.0, window=2000.0),))
+    actions = plan(obs, config(max_transitions_per_tick=5), NOW)
+    assert len(kinds(actions, ActionKind.LEND)) == 1  # window needs 3 of 4
+
+
+def test_queue_within_window_blocks_lending() -> None:
+    """Any queue over the scale-down window means nothing is lent."""
+    obs = observation(*four_serving(), loads=(load(100.0, waiting_max_window=2.0),))
+    assert plan(obs, config(), NOW) == []
+
+
+def test_missing_window_maximum_blocks_lending() -> None:
+    """Without the window evidence nothing is lent (unless the window is 0)."""
+    obs = observation(*four_serving(), loads=(ModelLoad(model="m0", generation_tokens_per_s=100.0),))
+    assert plan(obs, config(), NOW) == []
+    assert kinds(plan(obs, config(scale_down_window_s=0), NOW), ActionKind.LEND)
+
+
+def test_no_lending_on_unknown_model_load_or_replica() -> None:
+    """Unknown model metrics, a missing load or one unknown serving replica lend nothing."""
+    cfg = config()
+    unknown_model = observation(*four_serving(), loads=(load(0.0, known=False),))
+    missing = observation(*four_serving())
+    blind = observation(node("m0-n0", known=False), *four_serving()[1:], loads=(load(0.0),))
+    for obs in (unknown_model, missing, blind):
+        assert not kinds(plan(obs, cfg, NOW), ActionKind.LEND)
+
+
+def test_unknown_metrics_reclaim_only_when_configured() -> None:
+    """reclaim_on_unknown_metrics brings lent nodes back when the load is unknown."""
+    obs = observation(node("m0-n0"), node("m0-n1", Phase.LENT), loads=(load(0.0, known=False),))
+    assert not kinds(plan(obs, config(replicas=2), NOW), ActionKind.RECLAIM)
+    assert kinds(plan(obs, config(replicas=2, reclaim_on_unknown_metrics=True), NOW), ActionKind.RECLAIM) == [
+        "m0-n1"
+    ]
+
+
+def test_max_lent_fraction_caps_lending() -> None:
+    """Never more than max_lent_fraction of a model's replicas are out."""
+    obs = observation(node("m0-n0"), node("m0-n1"), node("m0-n2"), node("m0-n3", Phase.LENT),
+                      loads=(load(0.0),))
+    actions = plan(obs, config(max_lent_fraction=0.5, max_transitions_per_tick=5), NOW)
+    assert len(kinds(actions, ActionKind.LEND)) == 1
+
+
+def test_no_lending_while_scaling_up() -> None:
+    """While a node of the model is reclaiming or starting, no other is lent."""
+    obs = observation(node("m0-n0"), node("m0-n1"), node("m0-n2"), node("m0-n3", Phase.STARTING),
+                      loads=(load(0.0),))
+    actions = plan(obs, config(), NOW)
+    assert not kinds(actions, ActionKind.LEND)
+    assert kinds(actions, ActionKind.CONTINUE) == ["m0-n3"]
+
+
+def test_lending_windows_gate_lends_and_bring_nodes_back_outside() -> None:
+    """Outside the lending windows nothing is lent and lent nodes are reclaimed."""
+    # NOW is 09:20 UTC
+    inside = config(lending_windows=("08:00-10:00",))
+    outside = config(lending_windows=("20:00-08:00",))
+    quiet = observation(*four_serving(), loads=(load(0.0),))
+    assert kinds(plan(quiet, inside, NOW), ActionKind.LEND)
+    assert not kinds(plan(quiet, outside, NOW), ActionKind.LEND)
+    lent = observation(node("m0-n0"), node("m0-n1", Phase.LENT), loads=(load(0.0),))
+    assert kinds(plan(lent, outside, NOW), ActionKind.RECLAIM) == ["m0-n1"]
+
+
+def test_windows_parse_and_wrap_midnight() -> None:
+    """HH:MM-HH:MM windows wrap over midnight and respect the time zone; bad text is refused."""
+    assert parse_window("20:00-08:00") == (1200, 480)
+    assert in_windows(NOW, ("20:00-08:00",), "UTC") is False
+    assert in_windows(NOW, ("18:00-08:00",), "Asia/Tokyo") is True  # 18:20 in Tokyo
+    assert in_windows(NOW, ("18:00-08:00",), "UTC") is False
+    with pytest.raises(ConfigError):
+        parse_window("8-20")
+    with pytest.raises(ConfigError):
+        in_windows(NOW, ("20:00-08:00",), "Mars/Olympus")
+
+
+def test_floor_never_lent_below() -> None:
+    """No lend takes the serving count below min_serving_replicas."""
+    obs = observation(*four_serving(), loads=(load(0.0),))
+    actions = plan(obs, config(floor=3, max_transitions_per_tick=5), NOW)
+    assert len(kinds(actions, ActionKind.LEND)) == 1
+
+
+# --- scale up --------------------------------------------------------------------------------
+
+
+def test_scale_up_aborts_retiring_before_reclaiming() -> None:
+    """When load rises, a RETIRING node is kept (cheapest) before any LENT node is reclaimed."""
+    obs = observation(node("m0-n0"), node("m0-n1", Phase.RETIRING), node("m0-n2", Phase.LENT),
+                      node("m0-n3", Phase.LENT), loads=(load(1500.0),))
+    actions = plan(obs, config(), NOW)
+    assert kinds(actions, ActionKind.ABORT_LEND) == ["m0-n1"]
+    assert not kinds(actions, ActionKind.RECLAIM)
+
+
+def test_scale_up_is_not_rate_limited() -> None:
+    """Reclaims ignore max_transitions_per_tick and the scale-down window."""
+    obs = observation(node("m0-n0"), *(node(f"m0-n{i}", Phase.LENT) for i in (1, 2, 3)),
+                      loads=(load(3000.0, window=3000.0),))
+    actions = plan(obs, config(max_transitions_per_tick=1), NOW)
+    assert len(kinds(actions, ActionKind.RECLAIM)) == 3
+
+
+def test_starting_and_reclaiming_count_as_supply() -> None:
+    """Nodes already on their way back are not reclaimed twice."""
+    obs = observation(node("m0-n0"), node("m0-n1", Phase.RECLAIMING), node("m0-n2", Phase.LENT),
+                      loads=(load(1500.0),))
+    actions = plan(obs, config(replicas=3), NOW)
+    assert not kinds(actions, ActionKind.RECLAIM)
+
+
+def test_forecast_reclaims_ahead_of_the_ramp() -> None:
+    """A forecast above current demand reclaims now; with forecast off it does not."""
+    obs = observation(node("m0-n0"), node("m0-n1", Phase.LENT),
+                      loads=(load(500.0, forecast_demand_tokens_per_s=1500.0),))
+    actions = plan(obs, config(replicas=2), NOW)
+    assert kinds(actions, ActionKind.RECLAIM) == ["m0-n1"]
+    assert "forecast 1500 tok/s needs 2" in actions[0].reason
+    assert not plan(obs, config(replicas=2, forecast=False), NOW)
+
+
+def test_forecast_over_window_blocks_a_lend_that_would_come_back() -> None:
+    """A replica the window-long forecast needs is not lent."""
+    obs = observation(*four_serving(), loads=(load(100.0, forecast_demand_tokens_per_s_max_window=3000.0),))
+    assert not plan(obs, config(), NOW)
+
+
+def test_lending_node_is_brought_straight_back() -> None:
+    """A node whose engine is stopping goes LENDING -> STARTING without a job preemption."""
+    obs = observation(node("m0-n0"), node("m0-n1", Phase.LENDING), loads=(load(1500.0),))
+    (action,) = plan(obs, config(replicas=2), NOW)
+    assert (action.kind, action.from_phase, action.to_phase) == (ActionKind.RECLAIM, Phase.LENDING, Phase.STARTING)
+
+
+# --- choice of nodes ------------------------------------------------------------------------
+
+
+def job(start: float | None, gpus: int = 4, job_id: int = 1) -> SlurmJob:
+    return SlurmJob(job_id=job_id, name="j", partition="idle", state="RUNNING", start_time=start, gpus=gpus)
+
+
+def test_reclaims_nodes_whose_jobs_lose_least_work() -> None:
+    """Empty nodes first, then the youngest / smallest jobs; unknown start times last."""
+    obs = observation(
+        node("m0-n0"),
+        node("m0-n1", Phase.LENT, jobs=(job(NOW - 7200),)),
+        node("m0-n2", Phase.LENT, jobs=(job(None),)),
+        node("m0-n3", Phase.LENT, jobs=(job(NOW - 60),)),
+        node("m0-n4", Phase.LENT),
+        loads=(load(2400.0),),
+    )
+    actions = plan(obs, config(replicas=5), NOW)
+    assert kinds(actions, ActionKind.RECLAIM) == ["m0-n4", "m0-n3"]
+
+
+def test_lends_the_replica_with_fewest_running_requests() -> None:
+    """The cheapest replica to retire is the one with the fewest requests in flight."""
+    obs = observation(node("m0-n0", running=5), node("m0-n1", running=1), node("m0-n2", running=3),
+                      loads=(load(100.0),))
+    actions = plan(obs, config(replicas=3, max_transitions_per_tick=1), NOW)
+    assert kinds(actions, ActionKind.LEND) == ["m0-n1"]
+
+
+# --- safety and lifecycle ----------------------------------------------------------------------
+
+
+def test_admin_nodes_never_appear() -> None:
+    """ADMIN nodes are not counted, not lent, not reclaimed."""
+    obs = observation(node("m0-n0", Phase.ADMIN), node("m0-n1", Phase.LENT), loads=(load(5000.0),))
+    actions = plan(obs, config(replicas=2), NOW)
+    assert [a.node for a in actions] == ["m0-n1"]
+    assert assess(obs, config(replicas=2), NOW)[0].needed_replicas == 1
+
+
+def test_pinned_nodes_are_never_lent_and_come_back() -> None:
+    """A pinned serving node is not lent; a pinned lent or retiring node is brought back."""
+    quiet = observation(node("m0-n0", pinned=True), node("m0-n1", pinned=True), loads=(load(0.0),))
+    assert plan(quiet, config(replicas=2), NOW) == []
+    back = observation(node("m0-n0"), node("m0-n1", Phase.LENT, pinned=True),
+                       node("m0-n2", Phase.RETIRING, pinned=True), loads=(load(0.0),))
+    actions = plan(back, config(replicas=3), NOW)
+    assert kinds(actions, ActionKind.RECLAIM) == ["m0-n1"]
+    assert kinds(actions, ActionKind.ABORT_LEND) == ["m0-n2"]
+
+
+def test_unknown_nodes_are_adopted_unless_drained_or_down() -> None:
+    """A pool node in UNKNOWN that nobody drained is adopted into serving; others are left."""
+    obs = observation(node("m0-n0"), node("m0-n1", Phase.UNKNOWN), node("m0-n2", Phase.UNKNOWN, drained=True),
+                      node("m0-n3", Phase.UNKNOWN, down=True), loads=(load(0.0),))
+    actions = plan(obs, config(), NOW)
+    assert [(a.kind, a.node, a.to_phase) for a in actions] == [(ActionKind.ADOPT, "m0-n1", Phase.RECLAIMING)]
+
+
+def test_every_transitional_node_continues() -> None:
+    """One CONTINUE per transitional node, to its next phase."""
+    obs = observation(node("m0-n0"), node("m0-n1", Phase.RETIRING), node("m0-n2", Phase.LENDING),
+                      node("m0-n3", Phase.RECLAIMING), loads=(load(0.0),))
+    actions = plan(obs, config(), NOW)
+    cont = {a.node: (a.from_phase, a.to_phase) for a in actions if a.kind is ActionKind.CONTINUE}
+    assert cont == {
+        "m0-n1": (Phase.RETIRING, Phase.LENDING),
+        "m0-n2": (Phase.LENDING, Phase.LENT),
+        "m0-n3": (Phase.RECLAIMING, Phase.STARTING),
+    }
+
+
+def test_steady_state_is_a_no_op() -> None:
+    """Serving exactly what is needed, with nothing in transition, plans nothing."""
+    obs = observation(node("m0-n0"), node("m0-n1"), node("m0-n2", Phase.LENT), loads=(load(1500.0),))
+    assert plan(obs, config(replicas=3), NOW) == []
+
+
+def test_lend_budget_is_pool_wide() -> None:
+    """max_transitions_per_tick counts LENDs over all models together."""
+    nodes = [node(f"m{m}-n{i}", model=f"m{m}") for m in range(2) for i in range(4)]
+    obs = observation(*nodes, loads=(load(0.0, model="m0"), load(0.0, model="m1")))
+    actions = plan(obs, config(models=2, max_transitions_per_tick=2), NOW)
+    assert [a.node for a in actions if a.kind is ActionKind.LEND] == ["m0-n0", "m0-n1"]
+
+
+def test_reasons_carry_the_numbers() -> None:
+    """A lend says the demand, the need and how many serve."""
+    obs = observation(*four_serving(), loads=(load(1200.0),))
+    reason = plan(obs, config(max_transitions_per_tick=1), NOW)[0].reason
+    assert "demand 1200 tok/s needs 2" in reason and "4 serving" in reason
+
+
+# --- forecast helper ---------------------------------------------------------------------------
+
+
+def test_forecast_uses_the_rise_not_the_level_of_the_past() -> None:
+    """Forecast = now + the largest rise seen back then (or the trend), None without evidence."""
+    assert forecast_demand(1000.0, [(2000.0, 2500.0), (1800.0, 1900.0)]) == 1500.0
+    assert forecast_demand(1000.0, [(2000.0, 1500.0)]) == 1000.0
+    assert forecast_demand(1000.0, [], trend_per_s=1.0, lead_s=300.0) == 1300.0
+    assert forecast_demand(1000.0, []) is None
+
+
+def test_default_forecast_lead_follows_the_engine() -> None:
+    """The lead time is the knob if set, else grace + start (+ a tick)."""
+    assert default_forecast_lead_s(config(), "m0") == 420.0
+    assert default_forecast_lead_s(config(forecast_lead_s=100.0), "m0") == 100.0

@@ -1,0 +1,263 @@
+"""Aggregation of accounting runs and journal records into the report (pure)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_idle.report import (
+    build_report,
+    csv_rows,
+    journal_facts,
+    lost_seconds,
+    percentile,
+    render_text,
+)
+from slurm_idle.slurm.parse import parse_accounting
+from slurm_idle.slurm.protocol import AcctJob
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "sacct" / "22.05"
+H = 3600.0
+
+
+def ts(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+def run(job_id: int, start: str, end: str | None, gpus: int = 1, state: str = "COMPLETED",
+        partition: str = "idle", restarts: int = 0) -> AcctJob:
+    s, e = ts(start), (ts(end) if end else None)
+    return AcctJob(job_id=job_id, name=f"j{job_id}", partition=partition, state=state, start=s,
+                   end=e, elapsed_s=(e or s) - s, gpus=gpus, restarts=restarts)
+
+
+def step(node: str, src: str, dst: str, at: str, duration_s: float = 0.0,
+         outcome: str = "ok") -> dict[str, Any]:
+    return {"event": "transition", "ts": ts(at), "node": node, "model": "m", "action": "x",
+            "from": src, "to": dst, "reason": "r", "outcome": outcome, "duration_s": duration_s}
+
+
+def report(runs: list[AcctJob], journal: list[dict[str, Any]] | None = None, **kw: Any) -> Any:
+    args: dict[str, Any] = {
+        "since": ts("2026-12-01T00:00:00"), "until": ts("2026-12-03T00:00:00"),
+        "now": ts("2026-12-10T00:00:00"), "partition": "idle", "price_per_gpu_hour": 2.0, "currency": "EUR",
+    }
+    args.update(kw)
+    return build_report(runs, journal or [], **args)
+
+
+def test_job_crossing_midnight_is_split_between_days() -> None:
+    """A 4-GPU job from 22:00 to 02:00 puts 8 GPU-hours on each day and 16 in the total."""
+    r = report([run(1, "2026-12-01T22:00:00", "2026-12-02T02:00:00", gpus=4)])
+    assert [d.day.isoformat() for d in r.days] == ["2026-12-01", "2026-12-02"]
+    assert [d.gpu_hours for d in r.days] == pytest.approx([8.0, 8.0])
+    assert r.gpu_hours == pytest.approx(16.0)
+    assert [d.jobs for d in r.days] == [1, 1]
+    assert r.jobs == 1
+
+
+def test_days_split_at_local_midnight_of_the_timezone() -> None:
+    """In Europe/Paris (UTC+1 in December) the same job splits 4 + 12 GPU-hours."""
+    r = report([run(1, "2026-12-01T22:00:00", "2026-12-02T02:00:00", gpus=4)],
+               timezone="Europe/Paris")
+    by_day = {d.day.isoformat(): d.gpu_hours for d in r.days}
+    # 22:00Z = 23:00 Paris: one hour before local midnight, three after.
+    assert by_day["2026-12-01"] == pytest.approx(4.0)
+    assert by_day["2026-12-02"] == pytest.approx(12.0)
+
+
+def test_runs_are_clipped_to_the_period() -> None:
+    """Only the part of a run inside [since, until) counts."""
+    r = report([run(1, "2026-11-30T23:00:00", "2026-12-01T01:00:00", gpus=2)])
+    assert r.gpu_hours == pytest.approx(2.0)
+
+
+def test_running_job_counts_until_now_not_until_the_end_of_the_period() -> None:
+    """A run without an end counts up to `now`, never into the future."""
+    r = report([run(1, "2026-12-01T10:00:00", None, gpus=1, state="RUNNING")],
+               now=ts("2026-12-01T13:00:00"))
+    assert r.gpu_hours == pytest.approx(3.0)
+
+
+def test_requeued_job_counts_once_with_each_preemption() -> None:
+    """Two preempted runs then a completed one: 1 job, 3 runs, 2 preemptions, all GPU-hours."""
+    runs = [
+        run(7, "2026-12-01T01:00:00", "2026-12-01T02:00:00", gpus=4, state="PREEMPTED"),
+        run(7, "2026-12-01T03:00:00", "2026-12-01T03:30:00", gpus=4, state="REQUEUED"),
+        run(7, "2026-12-01T04:00:00", "2026-12-01T06:00:00", gpus=4, state="COMPLETED"),
+    ]
+    r = report(runs)
+    assert (r.jobs, r.job_runs, r.preemptions) == (1, 3, 2)
+    assert (r.jobs_completed, r.jobs_requeued) == (1, 1)
+    assert r.gpu_hours == pytest.approx(4 * 3.5)
+    # No checkpoint interval configured: the whole interrupted runs are lost (upper bound).
+    assert r.lost_gpu_hours == pytest.approx(4 * 1.5)
+    job = r.per_job[0]
+    assert (job.runs, job.preemptions, job.state) == (3, 2, "COMPLETED")
+
+
+def test_lost_work_with_a_checkpoint_interval_is_the_tail_of_each_run() -> None:
+    """With checkpoints every 20 min a preempted run loses at most 20 min x its GPUs."""
+    runs = [
+        run(7, "2026-12-01T01:00:00", "2026-12-01T02:00:00", gpus=4, state="PREEMPTED"),
+        run(7, "2026-12-01T03:00:00", "2026-12-01T03:10:00", gpus=4, state="PREEMPTED"),
+    ]
+    r = report(runs, checkpoint_interval_s=1200)
+    assert r.lost_gpu_hours == pytest.approx(4 * (20 + 10) / 60)
+    assert lost_seconds(3600, None) == 3600
+    assert lost_seconds(3600, 600) == 600
+
+
+def test_preemption_is_counted_on_the_day_the_run_ended() -> None:
+    """A run preempted after midnight adds its preemption to the second day."""
+    r = report([run(1, "2026-12-01T23:00:00", "2026-12-02T00:30:00", state="PREEMPTED")])
+    assert [d.preemptions for d in r.days] == [0, 1]
+
+
+def test_other_partitions_and_never_started_runs_are_ignored() -> None:
+    """Inference jobs and runs without a start add nothing."""
+    runs = [
+        run(1, "2026-12-01T01:00:00", "2026-12-01T02:00:00", gpus=4, partition="inference"),
+        AcctJob(job_id=2, name="p", partition="idle", state="PENDING", start=None, end=None,
+                elapsed_s=0, gpus=1),
+    ]
+    r = report(runs)
+    assert (r.gpu_hours, r.jobs) == (0.0, 0)
+
+
+def test_savings_are_gpu_hours_at_the_configured_price() -> None:
+    """10 GPU-hours at 2 EUR are 20 EUR, per day and in total."""
+    r = report([run(1, "2026-12-01T00:00:00", "2026-12-01T05:00:00", gpus=2)])
+    out = r.to_json()
+    assert (out["savings"], out["currency"]) == (20.0, "EUR")
+    assert out["days"][0]["savings"] == 20.0
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    """p95 of 1..20 is 19.05 and p50 10.5; an empty list has no percentile."""
+    values = [float(v) for v in range(20, 0, -1)]
+    assert percentile(values, 95) == pytest.approx(19.05)
+    assert percentile(values, 50) == pytest.approx(10.5)
+    assert percentile([42.0], 95) == 42.0
+    assert percentile([], 95) is None
+
+
+def test_reclaim_latency_runs_from_reclaim_start_to_serving() -> None:
+    """lent->reclaiming at 10:00 and starting->serving ending 10:02 is a 120 s reclaim."""
+    journal = [
+        step("gpu1", "lent", "reclaiming", "2026-12-01T10:00:00", 1.0),
+        step("gpu1", "reclaiming", "starting", "2026-12-01T10:00:30", 0.5),
+        step("gpu1", "starting", "serving", "2026-12-01T10:01:00", 0.0, outcome="waiting"),
+        step("gpu1", "starting", "serving", "2026-12-01T10:01:50", 10.0),
+    ]
+    r = report([], journal)
+    assert r.reclaims == 1
+    assert r.reclaim_latencies == 1
+    assert r.reclaim_latency_s_p95 == pytest.approx(120.0)
+    assert r.reclaim_latency_s_p50 == pytest.approx(120.0)
+
+
+def test_reclaim_latency_p95_over_several_nodes() -> None:
+    """Reclaims of 60, 120 and 600 s have p50 120 s and p95 552 s."""
+    journal = []
+    for node, seconds in (("a", 60), ("b", 120), ("c", 600)):
+        journal.append(step(node, "lent", "reclaiming", "2026-12-01T10:00:00"))
+        end = datetime.fromtimestamp(ts("2026-12-01T10:00:00") + seconds, UTC)
+        journal.append(step(node, "starting", "serving", end.strftime("%Y-%m-%dT%H:%M:%S")))
+    r = report([], journal)
+    assert r.reclaim_latency_s_p50 == pytest.approx(120.0)
+    assert r.reclaim_latency_s_p95 == pytest.approx(120 + 0.9 * 480)
+
+
+def test_failed_steps_change_no_phase_and_count_nothing() -> None:
+    """An errored lend step is neither a lend nor a phase change."""
+    journal = [
+        step("gpu1", "serving", "retiring", "2026-12-01T10:00:00", outcome="error"),
+        step("gpu2", "serving", "retiring", "2026-12-01T11:00:00"),
+    ]
+    facts = journal_facts(journal, since=ts("2026-12-01T00:00:00"),
+                          until=ts("2026-12-02T00:00:00"), now=ts("2026-12-05T00:00:00"))
+    assert facts.lends == 1
+    assert {iv.node for iv in facts.intervals} == {"gpu2"}
+
+
+def test_phase_hours_and_lent_gpu_hours_follow_the_node_timeline() -> None:
+    """A 4-GPU node lent from 02:00 to 05:00 spends 3 h lent (12 lent GPU-hours)."""
+    journal = [
+        {"event": "tick", "ts": ts("2026-12-01T00:00:00"), "errors": 0},
+        step("gpu1", "lending", "lent", "2026-12-01T02:00:00"),
+        step("gpu1", "lent", "reclaiming", "2026-12-01T05:00:00"),
+        step("gpu1", "reclaiming", "starting", "2026-12-01T05:10:00"),
+        step("gpu1", "starting", "serving", "2026-12-01T05:20:00"),
+    ]
+    r = report([], journal, until=ts("2026-12-02T00:00:00"), node_gpus={"gpu1": 4})
+    ph = r.phase_hours
+    assert ph["lending"] == pytest.approx(2.0)  # from the journal's first record
+    assert ph["lent"] == pytest.approx(3.0)
+    assert ph["reclaiming"] == pytest.approx(10 / 60)
+    assert ph["serving"] == pytest.approx(24 - 5 - 20 / 60)
+    assert r.lent_gpu_hours == pytest.approx(12.0)
+    assert r.lent_gpus_per_hour[2:5] == pytest.approx((4.0, 4.0, 4.0))
+    assert r.lent_gpus_per_hour[5] == 0.0
+    assert r.ticks == 1
+
+
+def test_used_gpus_per_hour_is_the_mean_over_the_hour() -> None:
+    """A 2-GPU job running half of an hour shows 1 GPU used in that hour."""
+    r = report([run(1, "2026-12-01T03:00:00", "2026-12-01T03:30:00", gpus=2)],
+               until=ts("2026-12-01T06:00:00"))
+    assert r.used_gpus_per_hour == pytest.approx((0, 0, 0, 1.0, 0, 0))
+
+
+def test_json_has_the_documented_keys() -> None:
+    """`report --json` carries every key the issue names."""
+    out = report([run(1, "2026-12-01T00:00:00", "2026-12-01T01:00:00")]).to_json()
+    required = {"gpu_hours", "jobs", "preemptions", "lost_gpu_hours", "reclaim_latency_s_p95",
+                "savings", "currency", "days"}
+    assert required <= set(out)
+    json.dumps(out)  # serialisable as is
+    assert isinstance(out["jobs"], int) and isinstance(out["days"], list)
+
+
+def test_empty_period_is_refused() -> None:
+    """until <= since is an error, not an empty report."""
+    with pytest.raises(ValueError):
+        report([], since=ts("2026-12-02T00:00:00"), until=ts("2026-12-01T00:00:00"))
+
+
+def test_captured_sacct_output_gives_the_hand_computed_numbers() -> None:
+    """Real 22.05 `sacct --json -D -X`: 6 idle jobs, 2 interrupted runs, GPU-hours by hand."""
+    doc = json.loads((DATA / "sacct-XD.json").read_text())
+    runs = parse_accounting(doc)
+    r = report(runs, since=ts("2026-12-02T00:00:00"), until=ts("2026-12-03T00:00:00"))
+    # job 1: 3 s x1, job 2: (24+25) s x4, job 4: (8+20) s x2, job 5: cancelled 1x(its run),
+    # job 6: 2 s x1, job 7: no GPU; job 3 ran in `inference`.
+    per_job = {j.job_id: j for j in r.per_job}
+    assert set(per_job) == {1, 2, 4, 5, 6, 7}
+    assert per_job[2].gpu_hours == pytest.approx(4 * 49 / H)
+    assert per_job[4].gpu_hours == pytest.approx(2 * 28 / H)
+    assert (per_job[2].preemptions, per_job[4].preemptions) == (1, 1)
+    assert r.preemptions == 2
+    assert r.lost_gpu_hours == pytest.approx((4 * 24 + 2 * 8) / H)
+    expected = sum(
+        (x.end - x.start) * x.gpus for x in runs if x.partition == "idle" and x.start and x.end
+    )
+    assert r.gpu_hours == pytest.approx(expected / H)
+
+
+def test_csv_rows_end_with_a_total() -> None:
+    """The CSV table has one row per day and a total row."""
+    rows = csv_rows(report([run(1, "2026-12-01T22:00:00", "2026-12-02T02:00:00", gpus=4)]))
+    assert [r["date"] for r in rows] == ["2026-12-01", "2026-12-02", "total"]
+    assert rows[-1]["gpu_hours"] == pytest.approx(16.0)
+
+
+def test_text_report_names_the_totals() -> None:
+    """The human report shows GPU-hours, money saved with its currency, and preemptions."""
+    text = render_text(report([run(1, "2026-12-01T00:00:00", "2026-12-01T05:00:00", gpus=2,
+                                   state="PREEMPTED")]))
+    assert "10.00" in text and "20.00 EUR" in text and "preemptions" in text

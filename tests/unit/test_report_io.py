@@ -1,0 +1,131 @@
+"""The report's inputs and outputs: dates, the sacct call, CSV and PNG (no real Slurm)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from slurm_idle.config import parse_config
+from slurm_idle.errors import CommandError, ConfigError, SlurmIdleError
+from slurm_idle.journal import Journal
+from slurm_idle.report_io import fetch_runs, make_report, parse_date, sacct_argv, write_csv
+from slurm_idle.slurm.runner import CompletedResult
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "sacct" / "22.05"
+
+CONFIG = """
+engine: {kind: command, start_command: "true", stop_command: "true"}
+models:
+  - {name: m, gpus_per_replica: 4, nodes: "gpu[1-2]"}
+report: {price_per_gpu_hour: 3.0, currency: EUR}
+"""
+
+
+class ReplayRunner:
+    """Answers every command with fixed output (or fails like the real runner would)."""
+
+    def __init__(self, stdout: str = "", rc: int = 0, stderr: str = "") -> None:
+        self.stdout, self.rc, self.stderr = stdout, rc, stderr
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: Sequence[str], input: str | None = None,
+            timeout: float | None = None) -> CompletedResult:
+        self.calls.append(list(argv))
+        if self.rc:
+            raise CommandError(argv, self.rc, self.stderr)
+        return CompletedResult(tuple(argv), 0, self.stdout, "")
+
+
+def test_date_only_is_local_midnight_of_the_timezone() -> None:
+    """2026-12-01 in Europe/Paris is 2026-11-30T23:00Z."""
+    assert parse_date("2026-12-01", "Europe/Paris") == datetime(
+        2026, 11, 30, 23, tzinfo=UTC).timestamp()
+
+
+def test_iso_datetime_with_and_without_offset() -> None:
+    """An explicit Z wins over the timezone; a naive datetime is in the timezone."""
+    assert parse_date("2026-12-01T08:00:00Z", "Europe/Paris") == datetime(
+        2026, 12, 1, 8, tzinfo=UTC).timestamp()
+    assert parse_date("2026-12-01T08:00", "Europe/Paris") == datetime(
+        2026, 12, 1, 7, tzinfo=UTC).timestamp()
+
+
+def test_bad_date_is_a_clear_config_error() -> None:
+    """A date that is neither form says which forms are accepted."""
+    with pytest.raises(ConfigError, match="YYYY-MM-DD"):
+        parse_date("last tuesday", "UTC")
+
+
+def test_sacct_call_lists_every_run_of_the_lend_partition() -> None:
+    """The report asks sacct for JSON, duplicates (one record per run), allocations only."""
+    argv = sacct_argv(0, 3600, "idle", bin_dir="/opt/slurm/bin")
+    assert argv[0] == "/opt/slurm/bin/sacct"
+    for flag in ("--json", "--duplicates", "--allocations", "--allusers"):
+        assert flag in argv
+    assert argv[argv.index("--partition") + 1] == "idle"
+
+
+def test_fetch_runs_parses_captured_sacct_json() -> None:
+    """Runs come back one per run, the requeued ones included."""
+    runner = ReplayRunner((DATA / "sacct-XD.json").read_text())
+    config = parse_config(CONFIG)
+    runs = fetch_runs(config, 0, 2e9, runner=runner)
+    assert runner.calls and "--duplicates" in runner.calls[0]
+    assert sorted(r.state for r in runs if r.job_id == 2) == ["COMPLETED", "PREEMPTED"]
+
+
+def test_disabled_accounting_says_what_to_configure() -> None:
+    """Without slurmdbd, the error names the accounting settings the report needs."""
+    runner = ReplayRunner(rc=1, stderr="sacct: error: Slurm accounting storage is disabled")
+    with pytest.raises(SlurmIdleError, match="slurmdbd"):
+        fetch_runs(parse_config(CONFIG), 0, 1, runner=runner)
+
+
+def test_garbage_from_sacct_is_a_clear_error() -> None:
+    """Output that is not Slurm JSON becomes one readable error."""
+    with pytest.raises(SlurmIdleError, match="sacct --json"):
+        fetch_runs(parse_config(CONFIG), 0, 1, runner=ReplayRunner("not json"))
+
+
+def test_make_report_reads_the_journal_and_prices_from_config(tmp_path: Path) -> None:
+    """Lent GPU-hours use the model's gpus_per_replica; savings use report.price_per_gpu_hour."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    journal.append({"event": "transition", "ts": 1000.0, "node": "gpu1", "from": "lending",
+                    "to": "lent", "outcome": "ok", "duration_s": 0})
+    doc = json.loads((DATA / "sacct-XD.json").read_text())
+    from slurm_idle.slurm.parse import parse_accounting
+
+    config = parse_config(CONFIG)
+    r = make_report(config, 1000.0, 1000.0 + 7200, 1000.0 + 7200, parse_accounting(doc),
+                    journal_path=str(journal.path))
+    assert r.lent_gpu_hours == pytest.approx(8.0)
+    assert (r.currency, r.price_per_gpu_hour) == ("EUR", 3.0)
+
+
+def test_csv_file_has_header_days_and_total(tmp_path: Path) -> None:
+    """The CSV opens in any spreadsheet: a header, one row per day, then the total."""
+    config = parse_config(CONFIG)
+    r = make_report(config, 0.0, 2 * 86400.0, 2 * 86400.0, [],
+                    journal_path=str(tmp_path / "none.jsonl"))
+    path = tmp_path / "r.csv"
+    write_csv(r, str(path))
+    rows = list(csv.DictReader(path.open()))
+    assert [row["date"] for row in rows] == ["1970-01-01", "1970-01-02", "total"]
+
+
+def test_plot_is_a_png(tmp_path: Path) -> None:
+    """--plot writes a PNG of lent and used GPUs per hour."""
+    pytest.importorskip("matplotlib")
+    from slurm_idle.report_io import write_plot
+
+    config = parse_config(CONFIG)
+    r = make_report(config, 0.0, 6 * 3600.0, 6 * 3600.0, [],
+                    journal_path=str(tmp_path / "none.jsonl"))
+    path = tmp_path / "r.png"
+    write_plot(r, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
