@@ -475,7 +475,7 @@ def _client(docker_host: str | None, timeout: int | None = 60) -> Any:
 
     if docker_host:
         return docker.DockerClient(base_url=docker_host, timeout=timeout)
-    return docker.from_env(timeout=timeout)  # type: ignore[arg-type]
+    return docker.from_env(timeout=timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

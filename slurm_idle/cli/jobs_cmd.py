@@ -18,11 +18,16 @@ import click
 from slurm_idle.cli import main
 from slurm_idle.cli.common import Context, echo_json, pass_ctx
 from slurm_idle.config import Config
-from slurm_idle.jobs import SubmitOptions, load_job_spec, parse_job_comment, render_script, sbatch_args
+from slurm_idle.jobs import (
+    SubmitOptions,
+    load_job_spec,
+    parse_job_comment,
+    render_script,
+    sbatch_args,
+)
 from slurm_idle.pipeline import (
     Submitter,
     cancel_pipeline,
-    dry_run as pipeline_dry_run,
     job_record,
     load_pipeline,
     pipeline_status,
@@ -32,6 +37,9 @@ from slurm_idle.pipeline import (
     state_dir,
     step_options,
     submit_pipeline,
+)
+from slurm_idle.pipeline import (
+    dry_run as pipeline_dry_run,
 )
 
 
@@ -54,7 +62,7 @@ def _slurm(cfg: Config | None) -> Any:
     """The Slurm adapter (make_backend when the config names one), else its CLI backend."""
     if cfg is not None:
         try:
-            from slurm_idle.slurm import make_backend  # type: ignore[attr-defined]
+            from slurm_idle.slurm import make_backend
         except ImportError:
             pass
         else:

@@ -52,7 +52,8 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
     model) or an Azure LLM inference trace (`TIMESTAMP,ContextTokens,GeneratedTokens`).
     """
     from slurm_idle.config import load_config
-    from slurm_idle.sim import SimParams, fleet_from_config, parse_fleet, simulate as run
+    from slurm_idle.sim import SimParams, fleet_from_config, parse_fleet
+    from slurm_idle.sim import simulate as run
     from slurm_idle.sim.output import plot_run, write_timeline
     from slurm_idle.traces import SyntheticModel, read_trace, synthetic_trace
 
@@ -67,10 +68,12 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
             raise ConfigError("give either TRACE or --synthetic, not both")
         if days < 1:
             raise ConfigError("--days must be at least 1")
-        if not fleet:
+        if not fleet:  # the fleet and trace of scripts/bench-sim's `diurnal` row
             fleet = [parse_fleet(DEFAULT_SYNTHETIC_FLEET)]
-        models = [SyntheticModel(name=f.name, peak_rps=_peak_rps_for(f), bursts_per_week=bursts_per_week)
-                  for f in fleet]
+            models = [SyntheticModel(bursts_per_week=bursts_per_week)]
+        else:
+            models = [SyntheticModel(name=f.name, peak_rps=_peak_rps_for(f),
+                                     bursts_per_week=bursts_per_week) for f in fleet]
         load = synthetic_trace(days=days, models=models, seed=seed)
     elif trace:
         if not fleet:

@@ -14,6 +14,9 @@ from typing import Protocol, runtime_checkable
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
 from slurm_idle.model import ModelLoad, ReplicaLoad
 
+# The planner's unit of load (generated + weighted prompt tokens/s): one definition, the policy's.
+from slurm_idle.policy.capacity import demand_tokens_per_s
+
 
 @runtime_checkable
 class MetricsSource(Protocol):
@@ -26,11 +29,6 @@ class MetricsSource(Protocol):
     def model_loads(self, models: Sequence[ModelConfig], now: float) -> list[ModelLoad]:
         """One fleet-wide ModelLoad per model, in the same order."""
         ...
-
-
-def demand_tokens_per_s(generation: float, prompt: float, prompt_token_weight: float) -> float:
-    """The planner's unit of load: generated tokens plus weighted prompt tokens per second."""
-    return generation + prompt_token_weight * prompt
 
 
 def make_source(config: Config) -> MetricsSource:

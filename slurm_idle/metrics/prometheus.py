@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import requests
-from prometheus_api_client import PrometheusApiClientException
+from prometheus_api_client.exceptions import PrometheusApiClientException
 
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable
@@ -45,7 +45,7 @@ def connect(url: str, timeout_s: float) -> PrometheusClient:
 
     retry = Retry(total=1, backoff_factor=0.1, status_forcelist=[502, 503, 504])
     client: PrometheusClient = PrometheusConnect(
-        url=url, disable_ssl=True, retry=retry, timeout=timeout_s  # type: ignore[arg-type]
+        url=url, disable_ssl=True, retry=retry, timeout=timeout_s
     )
     return client
 
@@ -226,7 +226,7 @@ class _Vector:
 def parse_vector(result: Any) -> _Vector:
     """Check the shape of prometheus_api_client's `result` list; values are read lazily."""
     if not isinstance(result, list):
-        raise ValueError(f"expected a list of series, got {type(result).__name__}")
+        raise TypeError(f"expected a list of series, got {type(result).__name__}")
     eval_ts = float(result[-1]["value"][0]) if result else None
     return _Vector(result, eval_ts)
 

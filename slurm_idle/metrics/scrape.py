@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
@@ -49,10 +49,8 @@ class HttpResponse:
     text: str
 
 
-class HttpGet(Protocol):
-    """GET a URL; raises OSError (or urllib's errors) when there is no answer."""
-
-    def __call__(self, url: str, timeout_s: float) -> HttpResponse: ...
+#: GET (url, timeout_s) -> response; raises OSError (urllib's errors are OSErrors) on no answer.
+HttpGet = Callable[[str, float], HttpResponse]
 
 
 def urllib_get(url: str, timeout_s: float) -> HttpResponse:
@@ -277,7 +275,7 @@ class ScrapeSource:
             waiting = sum(s.waiting for s in servers)
             demand = demand_tokens_per_s(gen, prompt, policy.prompt_token_weight)
             ttft = sum_histograms(s.ttft for s in servers)
-            window = (None, None, None)
+            window: tuple[float | None, float | None, float | None] = (None, None, None)
             if state is not None:
                 state.history.append((now, m.name, demand, waiting))
                 window = _window(state.history, m.name, now, policy.scale_down_window_s,

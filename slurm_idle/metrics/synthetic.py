@@ -9,6 +9,7 @@ contract tests run the real server for that). Unknown queries fail loudly.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,10 +96,10 @@ def _exception(signal: str, signals: dict[str, Value], ts: float, staleness_s: f
         age = ts - fresh if isinstance(fresh, float) else None
         return age if age is not None and age > staleness_s else None
     value = signals.get(signal)
-    if signal in ("ttft", "queue") and isinstance(value, float) and value != value:
+    if signal in ("ttft", "queue") and isinstance(value, float) and math.isnan(value):
         return None  # `>= 0` drops NaN
     return value
 
 
 def _item(labels: dict[str, str], ts: float, value: float) -> dict[str, Any]:
-    return {"metric": labels, "value": [ts, repr(float(value)) if value == value else "NaN"]}
+    return {"metric": labels, "value": [ts, "NaN" if math.isnan(value) else repr(float(value))]}

@@ -126,12 +126,12 @@ def assess_need(
             parts.append(f"window max {peak:.0f} tok/s over {window}s needs {down}")
         if load.waiting_max_window is not None and load.waiting_max_window > policy.queue_waiting_threshold:
             down = max(down, serving)
-        ahead = load.forecast_demand_tokens_per_s_max_window
-        if policy.forecast and ahead is not None:
-            later = replicas_for(ahead, capacity, util)
+        coming = load.forecast_demand_tokens_per_s_max_window
+        if policy.forecast and coming is not None:
+            later = replicas_for(coming, capacity, util)
             if later > down:
                 down = later
-                parts.append(f"forecast over the window {ahead:.0f} tok/s needs {later}")
+                parts.append(f"forecast over the window {coming:.0f} tok/s needs {later}")
 
     floor = min(model.min_serving_replicas, total)
 

@@ -122,7 +122,7 @@ def _running(view: NodeView) -> tuple[float, str]:
     return (view.replica.running if view.replica is not None else 0.0), view.name
 
 
-def _act(kind: ActionKind, view: NodeView, to: Phase, reason: str, **details: float | int | str) -> Action:
+def _act(kind: ActionKind, view: NodeView, to: Phase, reason: str, **details: float | str) -> Action:
     return Action(kind, view.name, view.model, view.phase, to, reason, dict(details))
 
 

@@ -61,7 +61,7 @@ def fleet_from_config(config: Config) -> list[FleetModel]:
 def simulate(
     trace: Trace,
     fleet: Sequence[FleetModel],
-    params: SimParams = SimParams(),
+    params: SimParams | None = None,
     policy: str = "slurm-idle",
     policy_config: PolicyConfig | None = None,
     night_lend: int | None = None,
@@ -69,6 +69,7 @@ def simulate(
     """Run one policy over the trace and score it."""
     if not fleet:
         raise ConfigError("no fleet: give --fleet MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S or --config")
+    params = params or SimParams()
     sim = Simulation(trace, fleet, params)
     knobs = policy_config or SIM_POLICY
     chosen: SimPolicy

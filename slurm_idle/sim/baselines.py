@@ -28,7 +28,7 @@ def _lend(nodes: list[SimNode], count: int, reason: str) -> list[Action]:
 
 def _bring_back(nodes: list[SimNode], count: int, reason: str) -> list[Action]:
     """Abort lends first, then reclaim the youngest lent nodes."""
-    actions = []
+    actions: list[Action] = []
     for n in (n for n in nodes if n.phase is Phase.RETIRING):
         if len(actions) >= count:
             return actions
@@ -122,7 +122,7 @@ class Oracle:
         for model, nodes in sim.nodes.items():
             need = sim.need[model]
 
-            def at(m: int) -> int:
+            def at(m: int, need: list[int] = need) -> int:
                 return need[m] if m < end else 0
 
             serving = _count(nodes, Phase.SERVING)

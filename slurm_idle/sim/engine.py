@@ -212,7 +212,6 @@ class Simulation:
     # -- the run ----------------------------------------------------------------------------------
 
     def run(self, policy: SimPolicy) -> SimResult:
-        p = self.params
         harvested = 0.0
         violations = 0
         timeline: dict[str, list[tuple[int, int, int, int]]] = {m: [] for m in self.fleet}

@@ -30,7 +30,7 @@ from slurm_idle.sim.engine import FleetModel, SimNode, SimParams, Simulation, no
 #: The planner knobs the benchmarks run with (see docs/benchmarks.md): the defaults, except
 #: that replicas are planned at 78% instead of 80% busy, a 2.5% margin against minute-to-minute
 #: noise (the simulated SLO is broken at 80%).
-SIM_POLICY = PolicyConfig(target_utilisation=0.78)
+SIM_POLICY = PolicyConfig.model_validate({"target_utilisation": 0.78})
 
 DAY_MIN = 1440
 WEEK_MIN = 7 * DAY_MIN
@@ -40,7 +40,7 @@ _DRAINED = frozenset({"DRAIN"})
 def fleet_config(fleet: Sequence[FleetModel], params: SimParams, policy: PolicyConfig) -> Config:
     """A Config for the simulated pool (node names as the engine makes them)."""
     kind = "http-sleep" if params.wake_s is not None else "command"
-    engine = EngineConfig(kind=kind, start_command="true", stop_command="true")
+    engine = EngineConfig.model_validate({"kind": kind, "start_command": "true", "stop_command": "true"})
     models = tuple(
         ModelConfig(
             name=f.name,

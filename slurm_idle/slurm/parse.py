@@ -10,8 +10,9 @@ No I/O here: the CLI backend hands in the decoded JSON document, tests hand in c
 - numbers: plain ints in 22.05; often `{"set", "infinite", "number"}` objects in 24.11.
 - jobs: `job_state` a string (22.05) or a list (24.11); GPU requests as `tres_per_node`
   "gres:gpu:2" (22.05) or "gres/gpu:2" (24.11); allocations as `gres_detail` "gpu:2(IDX:0-1)".
-- accounting (`sacct --json`): `state.current` a string or a list; times plain or objects;
-  GPUs from the allocated TRES list (`type` gres, `name` gpu).
+- accounting (`sacct --json`): `state.current` a string ("REQUEUED") or a list (["PENDING",
+  "REQUEUED"] for the same run in 24.11); `restart_cnt` only in 24.11; a pending run's nodes
+  read "None assigned"; GPUs from the allocated TRES list (`type` gres, `name` gpu).
 """
 
 from __future__ import annotations
@@ -122,7 +123,9 @@ def major_minor(version: str) -> tuple[int, int]:
 
 
 def _split_outside_parens(s: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in s:
         depth += ch == "("
         depth -= ch == ")"
@@ -169,7 +172,7 @@ def tres_count(tres: Any, name: str = "gpu") -> int:
     untyped: int | None = None
     typed = 0
     for item in _split_outside_parens(text(tres)):
-        if not (item.startswith("gres/") or item.startswith("gres:")):
+        if not item.startswith(("gres/", "gres:")):
             continue
         body = item[5:]
         if "=" in body:
@@ -278,6 +281,14 @@ def job_state(state: Any) -> str:
     return next((w for w in words if w in JOB_BASE_STATES), words[0] if words else "UNKNOWN")
 
 
+def acct_state(state: Any) -> str:
+    """Upper-case state of one accounting run; a requeued run reads REQUEUED in both versions
+    (22.05 says "REQUEUED", 24.11 ["PENDING", "REQUEUED"])."""
+    if not isinstance(state, str) and "REQUEUED" in {str(w).upper() for w in state or ()}:
+        return "REQUEUED"
+    return job_state(state)
+
+
 def _job_gpus(rec: Mapping[str, Any], node_count: int) -> int:
     """GPUs the job holds (allocated detail) or, if not running, asks for."""
     held = gres_list_count(rec.get("gres_detail"))
@@ -362,7 +373,7 @@ def _acct_from_record(rec: Mapping[str, Any]) -> AcctJob:
         job_id=int(number(rec.get("job_id")) or 0),
         name=text(rec.get("name")),
         partition=text(rec.get("partition")),
-        state=job_state(current),
+        state=acct_state(current),
         start=start,
         end=end,
         elapsed_s=float(elapsed),

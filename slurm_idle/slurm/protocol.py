@@ -40,7 +40,10 @@ class AcctJob:
 class SlurmBackend(Protocol):
     """Read and change the cluster: nodes, jobs, accounting."""
 
-    calls: int  # commands (or API round trips) issued so far; the tick benchmark reads it
+    @property
+    def calls(self) -> int:
+        """Commands (or API round trips) issued so far; the tick benchmark reads it."""
+        ...
 
     def nodes(self) -> list[SlurmNode]:
         """Every node, in one query."""

@@ -75,7 +75,7 @@ class PyslurmBackend:
         self._own_calls += 1
         try:
             return fn(*args, **kwargs)
-        except Exception as exc:  # pyslurm raises RPCError and friends
+        except Exception as exc:  # noqa: BLE001 - pyslurm raises RPCError, ValueError, ...
             raise CommandError(["pyslurm", what], 1, str(exc)) from None
 
     def nodes(self) -> list[SlurmNode]:

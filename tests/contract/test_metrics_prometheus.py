@@ -85,8 +85,14 @@ def test_demand_follows_the_load_up_and_down(sandbox: Sandbox, config: Config) -
     time.sleep(config.metrics.rate_window_s)  # let the rate window fill with the low load only
     low = demand(model_load(src, config))
 
+    def load_if(ok: Callable[[ModelLoad], bool]) -> Callable[[], ModelLoad | None]:
+        def check() -> ModelLoad | None:
+            m = model_load(src, config)
+            return m if ok(m) else None
+        return check
+
     sandbox.load(8.0)
-    high_load = poll(lambda: (m := model_load(src, config)) if demand(m) > 2.5 * low else None, 60,
+    high_load = poll(load_if(lambda m: demand(m) > 2.5 * low), 60,
                      f"demand above {2.5 * low:.0f} tok/s at 8 req/s")
     high = demand(high_load)
     assert high_load.running > 0
@@ -94,22 +100,22 @@ def test_demand_follows_the_load_up_and_down(sandbox: Sandbox, config: Config) -
     assert high_load.demand_tokens_per_s_max_window >= high * 0.99
 
     sandbox.load(0.0)
-    dropped = poll(lambda: (m := model_load(src, config)) if demand(m) < 0.2 * high else None, 60,
-                   "demand falling after the load stopped")
+    dropped = poll(load_if(lambda m: demand(m) < 0.2 * high), 60, "demand falling after the load stopped")
     # The scale-down window (20 s) still remembers the peak: nothing may be lent yet.
     assert dropped.demand_tokens_per_s_max_window is not None
     assert dropped.demand_tokens_per_s_max_window > 0.5 * high
     # ...until the whole window has passed with low load.
-    poll(lambda: (m := model_load(src, config)).demand_tokens_per_s_max_window is not None
-         and m.demand_tokens_per_s_max_window < 0.2 * high, 90, "window max forgetting the peak")
+    poll(load_if(lambda m: m.demand_tokens_per_s_max_window is not None
+                 and m.demand_tokens_per_s_max_window < 0.2 * high), 90, "window max forgetting the peak")
 
 
 def test_forecast_query_is_valid_promql(sandbox: Sandbox, config: Config) -> None:
     """With forecast on, the 1d/7d offset query runs on real Prometheus; no history means None."""
     doc = config.model_dump()
     doc["policy"].update(forecast=True, forecast_lead_s=30)
-    src = PrometheusSource(Config.model_validate(doc))
-    load = poll(lambda: (m := model_load(src, Config.model_validate(doc))) if m.known else None, 60,
+    forecasting = Config.model_validate(doc)
+    src = PrometheusSource(forecasting)
+    load = poll(lambda: next((m for m in [model_load(src, forecasting)] if m.known), None), 60,
                 "model load known")
     assert load.forecast_demand_tokens_per_s is None
 

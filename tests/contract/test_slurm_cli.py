@@ -102,8 +102,9 @@ def test_resume_unknown_node_fails(slurm: CliBackend) -> None:
 
 
 def test_submit_run_requeue_and_account(slurm: CliBackend, jobs_to_cancel: list[int]) -> None:
-    """An idle job runs on a node with its GPU; requeue brings it back with restarts >= 1,
-    never FAILED/CANCELLED; sacct lists its runs."""
+    """An idle job runs on a node with its GPU; draining the node leaves it running (draining);
+    requeue empties the node (drained) and brings the job back with restarts >= 1, never
+    FAILED/CANCELLED; sacct lists its runs."""
     t0 = time.time()
     job_id = slurm.submit(
         "#!/bin/sh\nsleep 300\n",
@@ -117,8 +118,18 @@ def test_submit_run_requeue_and_account(slurm: CliBackend, jobs_to_cancel: list[
     assert running.requeue and running.restart_count == 0 and running.start_time
     assert {n.name: n for n in slurm.nodes()}["gpu3"].gpus_used == 1
 
-    slurm.requeue([job_id])
-    slurm.requeue([job_id])  # already requeued: a no-op
+    try:
+        slurm.drain("gpu3", "slurm-idle:reclaiming contract")
+        draining = {n.name: n for n in slurm.nodes()}["gpu3"]
+        assert draining.drained and draining.state in {"mixed", "allocated"}
+        assert job(slurm, job_id).state == "RUNNING"  # type: ignore[union-attr]
+        slurm.requeue([job_id])
+        slurm.requeue([job_id])  # already requeued: a no-op
+        drained = poll(lambda: (n := {n.name: n for n in slurm.nodes()}["gpu3"]).state == "idle"
+                       and n, 30, "node empty after requeue")
+        assert drained.drained and drained.gpus_used == 0
+    finally:
+        slurm.resume("gpu3")
     seen: list[str] = []
 
     def back_in_queue() -> SlurmJob | None:

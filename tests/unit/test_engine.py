@@ -77,7 +77,7 @@ def _handler(state: FakeVllm) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(state.health_status)
             elif self.path == "/is_sleeping" and state.dev_mode:
@@ -87,7 +87,7 @@ def _handler(state: FakeVllm) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, '{"detail": "Not Found"}')
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             state.posts.append(self.path)
             if not state.dev_mode:
                 self._send(404, '{"detail": "Not Found"}')

@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -21,9 +22,9 @@ KEYS = {"url", "model", "engine", "running", "waiting", "kv_cache_usage", "sleep
 class Pages(http.server.BaseHTTPRequestHandler):
     """/<name>/metrics serves tests/data/vllm/<name>.txt; /seq/metrics serves recent then later."""
 
-    hits: dict[str, int] = {}
+    hits: ClassVar[dict[str, int]] = {}
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         name = self.path.strip("/").split("/")[0]
         n = Pages.hits[name] = Pages.hits.get(name, 0) + 1
         if name == "seq":
@@ -58,7 +59,7 @@ def server() -> Iterator[str]:
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "slurm_idle.cli", "metrics", *args],
-                          capture_output=True, text=True, timeout=60)
+                          check=False, capture_output=True, text=True, timeout=60)
 
 
 def test_scrape_json_has_the_documented_keys(server: str) -> None:
@@ -133,6 +134,6 @@ def test_query_needs_prometheus(tmp_path: Path) -> None:
         'models: [{name: m, nodes: "n1", url: "http://{node}:8000"}]\n'
     )
     res = subprocess.run([sys.executable, "-m", "slurm_idle.cli", "--config", str(cfg), "metrics", "query"],
-                         capture_output=True, text=True, timeout=60)
+                         check=False, capture_output=True, text=True, timeout=60)
     assert res.returncode == 1
     assert "cannot connect to Prometheus" in res.stderr and "metrics.prometheus_url" in res.stderr

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import requests
-from prometheus_api_client import PrometheusApiClientException
+from prometheus_api_client.exceptions import PrometheusApiClientException
 
 from slurm_idle.config import Config, ReplicaConfig, parse_config
 from slurm_idle.errors import MetricsUnavailable

@@ -166,7 +166,7 @@ def test_no_state_means_no_window() -> None:
 )
 def test_bad_pages_raise_metrics_unavailable(answer: HttpResponse, needle: str) -> None:
     """Wrong status, HTML and non-vLLM metrics each say what is wrong with the URL."""
-    get: Callable[[str, float], HttpResponse] = lambda url, timeout: answer  # noqa: E731
+    get: Callable[[str, float], HttpResponse] = lambda url, timeout: answer
     with pytest.raises(MetricsUnavailable, match=needle):
         scrape("http://x:8000", get, 1.0)
 

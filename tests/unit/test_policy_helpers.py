@@ -6,7 +6,15 @@ from dataclasses import replace
 from typing import Any
 
 from slurm_idle.config import Config, EngineConfig, ModelConfig, PolicyConfig, ReplicaConfig
-from slurm_idle.model import ModelLoad, NodeView, Observation, Phase, ReplicaLoad, SlurmJob, SlurmNode
+from slurm_idle.model import (
+    ModelLoad,
+    NodeView,
+    Observation,
+    Phase,
+    ReplicaLoad,
+    SlurmJob,
+    SlurmNode,
+)
 from slurm_idle.policy import apply_actions
 
 NOW = 1_767_000_000.0  # a fixed clock; 2025-12-29 09:20 UTC, a Monday

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from test_policy_helpers import NOW, config, load, node, observation
 
 from slurm_idle.errors import ConfigError
 from slurm_idle.model import ActionKind, ModelLoad, Phase, SlurmJob
@@ -15,7 +16,6 @@ from slurm_idle.policy import (
     plan,
     replicas_for,
 )
-from test_policy_helpers import NOW, config, load, node, observation
 
 
 def kinds(actions, kind):  # type: ignore[no-untyped-def]
@@ -67,7 +67,9 @@ def test_headroom_and_floor_and_cap() -> None:
     """Headroom adds replicas, the floor is a minimum, the model's replica count a maximum."""
     quiet = observation(*four_serving(), loads=(load(0.0),))
     assert assess(quiet, config(floor=2), NOW)[0].needed_replicas == 2
-    assert assess(quiet, config(floor=1, headroom_replicas=2), NOW)[0].needed_replicas == 3
+    assert assess(quiet, config(floor=1, headroom_replicas=2), NOW)[0].needed_replicas == 2
+    some = observation(*four_serving(), loads=(load(100.0),))
+    assert assess(some, config(floor=1, headroom_replicas=2), NOW)[0].needed_replicas == 3
     busy = observation(*four_serving(), loads=(load(99999.0),))
     assert assess(busy, config(), NOW)[0].needed_replicas == 4
 

@@ -270,3 +270,19 @@ def test_accounting_22_05_preempted_run() -> None:
     pending = runs[(2, 1)]
     assert pending.state == "PENDING" and pending.nodes == () and pending.start is None
     assert runs[(3, 0)].partition == "inference" and runs[(3, 0)].state == "COMPLETED"
+
+
+def test_accounting_24_11_requeued_run() -> None:
+    """Captured 24.11 sacct: the requeued run (["PENDING","REQUEUED"]) reads REQUEUED, as in
+    22.05, and restart_cnt numbers the runs."""
+    runs = parse.parse_accounting(load("24.11/sacct-requeued.json"))
+    assert [(r.state, r.restarts, r.gpus, r.nodes) for r in runs] == [
+        ("REQUEUED", 0, 1, ("gpu2",)), ("CANCELLED", 1, 1, ("gpu2",))]
+
+
+def test_accounting_24_11_preempted_run() -> None:
+    """Captured 24.11 sacct: a preempted run, the inference job, then the resumed run."""
+    runs = parse.parse_accounting(load("24.11/sacct-preempted.json"))
+    assert [(r.job_id, r.state, r.restarts, r.gpus) for r in runs] == [
+        (2, "PREEMPTED", 0, 4), (3, "COMPLETED", 0, 4), (2, "RUNNING", 1, 4)]
+    assert runs[0].elapsed_s == 19 and runs[2].end is None

@@ -48,7 +48,7 @@ def test_nodes_24_11_switches_to_scontrol() -> None:
 
 def test_jobs_first_teaches_version() -> None:
     """When jobs() ran first on 24.11, nodes() goes straight to scontrol: one command each."""
-    b, runner = backend({
+    b, _ = backend({
         ("squeue", "--json"): sample("24.11/squeue.json"),
         ("scontrol", "show", "node", "--json"): sample("24.11/scontrol-show-node.json"),
     })

@@ -61,7 +61,7 @@ def test_nodes_and_jobs_mapped() -> None:
                           requeue=True, start_time=50, comment="", user_name="u", state_reason="None")
     b = backend(fake_pyslurm({"gpu1": node}, {7: job}))
     (n,) = b.nodes()
-    assert (n.state, n.flags, n.gpus_total, n.gpus_used) == ("mixed", {"DRAIN"}, 4, 2)
+    assert (n.state, n.flags, n.gpus_total, n.gpus_used) == ("mixed", frozenset({"DRAIN"}), 4, 2)
     assert n.reason_changed_at == 100.0
     (j,) = b.jobs()
     assert j.nodes == ("gpu1", "gpu2") and j.gpus == 2 and j.restart_count == 2

@@ -1,0 +1,360 @@
+"""The in-job runner: what it asks the engine for, and how it reacts to exits and signals."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import pytest
+
+from slurm_idle.jobs import parse_job_spec
+from slurm_idle.runner import (
+    EXIT_MAX_RESTARTS,
+    EXIT_PREEMPTED,
+    EXIT_REQUEUE_ME,
+    EXIT_START_FAILED,
+    LABEL_JOB,
+    PARAMS_TARGET,
+    Reporter,
+    RunSettings,
+    Signals,
+    SlurmContext,
+    container_kwargs,
+    mem_bytes,
+    preempted_in_this_run,
+    requeue_if_preempted,
+    run_container,
+    slurm_context,
+    wants_device_requests,
+)
+
+# ---------------------------------------------------------------- a fake engine
+
+
+class FakeContainer:
+    def __init__(self, client: FakeClient, kwargs: dict[str, Any]) -> None:
+        self.client = client
+        self.kwargs = kwargs
+        self.id = f"id-{kwargs['name']}"
+        self.name = kwargs["name"]
+        self.labels = kwargs.get("labels", {})
+        self.kills: list[str] = []
+        self.removed = False
+        self._exited = threading.Event()
+        self._code = 0
+
+    def exit(self, code: int) -> None:
+        self._code = code
+        self._exited.set()
+
+    def start(self) -> None:
+        if self.client.fail_start:
+            raise docker.errors.APIError("start failed")
+        self.client.on_start(self)
+
+    def wait(self) -> dict[str, int]:
+        self._exited.wait(10)
+        return {"StatusCode": self._code}
+
+    def logs(self, stream: bool, follow: bool) -> Any:
+        yield b"hello from the container\n"
+
+    def kill(self, signal: str) -> None:
+        self.kills.append(signal)
+        if signal == "SIGKILL" or (signal == "SIGTERM" and self.client.exits_on_term):
+            self.exit(137 if signal == "SIGKILL" else 143)
+
+    def remove(self, force: bool = False) -> None:
+        self.removed = True
+
+
+class FakeContainers:
+    def __init__(self, client: FakeClient) -> None:
+        self.client = client
+        self.created: list[FakeContainer] = []
+        self.leftovers: list[FakeContainer] = []
+
+    def create(self, **kwargs: Any) -> FakeContainer:
+        if self.client.fail_create:
+            raise docker.errors.ImageNotFound("no such image")
+        self.client.seen_params = _read_params(kwargs)
+        c = FakeContainer(self.client, kwargs)
+        self.created.append(c)
+        return c
+
+    def get(self, cid: str) -> FakeContainer:
+        return next(c for c in self.created if c.id == cid)
+
+    def list(self, all: bool, filters: dict[str, list[str]]) -> list[FakeContainer]:
+        wanted = filters["label"][0].split("=", 1)
+        return [c for c in self.leftovers if c.labels.get(wanted[0]) == wanted[1]]
+
+
+class FakeImages:
+    def get(self, tag: str) -> object:
+        return object()
+
+
+class FakeClient:
+    def __init__(self, on_start: Callable[[FakeContainer], None], runtimes: Sequence[str] = ("runc",),
+                 exits_on_term: bool = True) -> None:
+        self.on_start = on_start
+        self.exits_on_term = exits_on_term
+        self.runtimes = runtimes
+        self.fail_create = False
+        self.fail_start = False
+        self.seen_params: Any = None
+        self.containers = FakeContainers(self)
+        self.images = FakeImages()
+
+    def info(self) -> dict[str, Any]:
+        return {"Runtimes": {r: {} for r in self.runtimes}}
+
+
+def _read_params(kwargs: dict[str, Any]) -> Any:
+    for m in kwargs["mounts"]:
+        if m["Target"] == PARAMS_TARGET:
+            return json.loads(Path(m["Source"]).read_text())
+    return None
+
+
+def spec(tmp_path: Path, **over: Any) -> Any:
+    return parse_job_spec({
+        "name": "t", "image": "img:1",
+        "mounts": {"checkpoint": {"source": str(tmp_path / "ck"), "target": "/ck"}},
+        **over,
+    })
+
+
+CTX = SlurmContext(job_id="42", restart_count=1, gpus=("2", "3"), cuda_visible_devices="2,3")
+
+
+def run(client: FakeClient, sp: Any, signals: Signals | None = None, ctx: SlurmContext = CTX,
+        grace_s: float = 1.0, early: list[str] | None = None) -> tuple[int, str]:
+    out = io.BytesIO()
+    calls = early if early is not None else []
+    code = run_container(
+        client, sp, ctx, RunSettings(grace_s=grace_s, uid=1000, gid=1000, poll_s=0.01),
+        signals or Signals(), Reporter(out, clock=lambda: 0.0),
+        early_requeue=lambda: calls.append("early") or "requeued early",
+    )
+    return code, out.getvalue().decode()
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_slurm_context_prefers_step_gpus_and_defaults_restarts_to_zero() -> None:
+    """GPU indexes come from SLURM_STEP_GPUS, then SLURM_JOB_GPUS, then CUDA_VISIBLE_DEVICES."""
+    ctx = slurm_context({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "1,2", "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert ctx == SlurmContext("7", 0, ("1", "2"), "0,1", "")
+    assert slurm_context({"SLURM_STEP_GPUS": "3", "SLURM_RESTART_COUNT": "2"}).gpus == ("3",)
+    assert slurm_context({"SLURM_RESTART_COUNT": "2"}).restart_count == 2
+    assert slurm_context({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}).gpus == ()
+
+
+def test_container_is_unprivileged_as_the_job_user_with_init_and_labels(tmp_path: Path) -> None:
+    """uid:gid of the job, init, no privileges, the spec's network, our labels, resource limits."""
+    sp = spec(tmp_path, cpus=2, mem="1G", network="none", command=["python"], args=["-m", "x"],
+              workdir="/w")
+    kw = container_kwargs(sp, CTX, uid=1000, gid=100, use_device_requests=False, params_file=None)
+    assert kw["user"] == "1000:100" and kw["init"] is True and kw["privileged"] is False
+    assert kw["security_opt"] == ["no-new-privileges"] and kw["network_mode"] == "none"
+    assert kw["labels"][LABEL_JOB] == "42" and kw["name"] == "slurm-idle-42-r1"
+    assert kw["entrypoint"] == ["python"] and kw["command"] == ["-m", "x"]
+    assert kw["nano_cpus"] == 2_000_000_000 and kw["mem_limit"] == 1 << 30
+    assert kw["working_dir"] == "/w"
+    assert not any("sock" in m["Source"] for m in kw["mounts"])
+
+
+def test_mounts_inputs_read_only_outputs_and_checkpoint_writable(tmp_path: Path) -> None:
+    """Inputs are bind-mounted read-only; outputs, checkpoint and params as declared."""
+    sp = spec(tmp_path, mounts={
+        "inputs": [{"source": "/data", "target": "/in"}],
+        "outputs": [{"source": "/out", "target": "/out"}],
+        "checkpoint": {"source": "/ck", "target": "/ckpt"}})
+    kw = container_kwargs(sp, CTX, uid=0, gid=0, use_device_requests=False, params_file="/p.json")
+    mounts = {m["Target"]: m for m in kw["mounts"]}
+    assert mounts["/in"]["ReadOnly"] is True
+    assert mounts["/out"]["ReadOnly"] is False and mounts["/ckpt"]["ReadOnly"] is False
+    assert mounts[PARAMS_TARGET]["ReadOnly"] is True and mounts[PARAMS_TARGET]["Source"] == "/p.json"
+
+
+def test_environment_carries_restart_count_job_id_checkpoint_and_params(tmp_path: Path) -> None:
+    """The workload sees SLURM_RESTART_COUNT, SLURM_JOB_ID, CHECKPOINT_DIR, PARAM_* and its env."""
+    sp = spec(tmp_path, env={"A": "1"}, params={"lr": 0.5})
+    env = container_kwargs(sp, CTX, uid=0, gid=0, use_device_requests=False,
+                           params_file="/p.json")["environment"]
+    assert env["SLURM_RESTART_COUNT"] == "1" and env["SLURM_JOB_ID"] == "42"
+    assert env["CHECKPOINT_DIR"] == "/ck" and env["A"] == "1" and env["PARAM_LR"] == "0.5"
+    assert env["SLURM_IDLE_PARAMS_FILE"] == PARAMS_TARGET
+
+
+def test_gpus_as_device_requests_only_with_an_nvidia_runtime(tmp_path: Path) -> None:
+    """With device requests the GPUs are requested by index; without, they are only env vars."""
+    sp = spec(tmp_path)
+    kw = container_kwargs(sp, CTX, uid=0, gid=0, use_device_requests=True, params_file=None)
+    (req,) = kw["device_requests"]
+    assert req["DeviceIDs"] == ["2", "3"] and req["Driver"] == "nvidia"
+    assert "NVIDIA_VISIBLE_DEVICES" not in kw["environment"]
+    kw = container_kwargs(sp, CTX, uid=0, gid=0, use_device_requests=False, params_file=None)
+    assert "device_requests" not in kw
+    assert kw["environment"]["NVIDIA_VISIBLE_DEVICES"] == "2,3"
+    assert kw["environment"]["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert wants_device_requests("auto", ["runc", "nvidia"])
+    assert not wants_device_requests("auto", ["runc"])
+    assert wants_device_requests("nvidia", []) and not wants_device_requests("env", ["nvidia"])
+
+
+def test_mem_bytes_uses_slurm_units() -> None:
+    """A plain number is MiB, as in Slurm."""
+    assert mem_bytes("512") == 512 << 20 and mem_bytes("2G") == 2 << 30 and mem_bytes("1T") == 1 << 40
+
+
+SHOW_JOB = ("JobId=5 JobName=demo\n   JobState=RUNNING Reason=None Restarts=1\n"
+            "   StartTime=2026-12-02T16:33:10 EndTime=Unknown\n"
+            "   PreemptEligibleTime=2026-12-02T16:33:10 PreemptTime={preempt}\n")
+
+
+def test_preempted_in_this_run_compares_preempt_and_start_times() -> None:
+    """Only a PreemptTime at or after this run's StartTime counts."""
+    assert preempted_in_this_run(SHOW_JOB.format(preempt="2026-12-02T16:33:38"))
+    assert not preempted_in_this_run(SHOW_JOB.format(preempt="None"))
+    assert not preempted_in_this_run(SHOW_JOB.format(preempt="2026-12-02T16:30:00"))
+
+
+def test_early_requeue_only_for_a_slurm_preemption() -> None:
+    """After a clean stop a preempted job is requeued at once; otherwise nothing is run."""
+    calls: list[list[str]] = []
+
+    def fake(preempt: str) -> Callable[[Sequence[str]], tuple[int, str]]:
+        def run_(argv: Sequence[str]) -> tuple[int, str]:
+            calls.append(list(argv))
+            return 0, SHOW_JOB.format(preempt=preempt) if argv[1] == "show" else ""
+        return run_
+
+    assert "requeued job 5" in requeue_if_preempted("5", fake("2026-12-02T16:34:00"))
+    assert calls[-1] == ["scontrol", "requeue", "5"]
+    calls.clear()
+    assert "leaving the requeue" in requeue_if_preempted("5", fake("None"))
+    assert calls == [["scontrol", "show", "job", "5"]]
+    assert "nothing to requeue" in requeue_if_preempted("", fake("None"))
+
+
+# ---------------------------------------------------------------- the run loop
+
+
+def test_success_streams_logs_and_removes_the_container(tmp_path: Path) -> None:
+    """Exit 0 -> runner exit 0; the container's output reaches the job log; container removed."""
+    client = FakeClient(on_start=lambda c: c.exit(0))
+    code, log = run(client, spec(tmp_path))
+    (c,) = client.containers.created
+    assert code == 0 and c.removed and "hello from the container" in log
+    assert (tmp_path / "ck").is_dir()  # the checkpoint dir is created for the job
+
+
+def test_container_failure_is_the_job_exit_code(tmp_path: Path) -> None:
+    """A failing container makes the runner exit with its code (the job FAILS with it)."""
+    client = FakeClient(on_start=lambda c: c.exit(3))
+    assert run(client, spec(tmp_path))[0] == 3
+    assert client.containers.created[0].removed
+
+
+def test_container_exit_codes_reserved_for_requeue_become_failures(tmp_path: Path) -> None:
+    """A container exiting 143 or 75 on its own is a failure (1), not a request to requeue."""
+    for reserved in (EXIT_PREEMPTED, EXIT_REQUEUE_ME):
+        client = FakeClient(on_start=lambda c, r=reserved: c.exit(r))
+        assert run(client, spec(tmp_path))[0] == 1
+
+
+def test_sigterm_is_forwarded_and_the_runner_exits_for_requeue(tmp_path: Path) -> None:
+    """SIGTERM -> SIGTERM to the container, clean exit within grace, exit 143, early requeue."""
+    signals = Signals()
+    client = FakeClient(on_start=lambda c: signals.term.set())
+    early: list[str] = []
+    code, log = run(client, spec(tmp_path), signals, early=early)
+    (c,) = client.containers.created
+    assert code == EXIT_PREEMPTED and c.kills == ["SIGTERM"] and c.removed
+    assert early == ["early"] and "requeued early" in log
+
+
+def test_a_container_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
+    """If the workload does not exit within grace_s it is killed; the runner still exits 143."""
+    signals = Signals()
+    client = FakeClient(on_start=lambda c: signals.term.set(), exits_on_term=False)
+    code, log = run(client, spec(tmp_path), signals, grace_s=0.05)
+    (c,) = client.containers.created
+    assert code == EXIT_PREEMPTED and c.kills == ["SIGTERM", "SIGKILL"] and c.removed
+    assert "killing it" in log
+
+
+def test_time_limit_warning_checkpoints_and_asks_for_requeue(tmp_path: Path) -> None:
+    """SIGUSR1 -> SIGTERM to the container, exit 75 (the script requeues), no early requeue."""
+    signals = Signals()
+    client = FakeClient(on_start=lambda c: signals.usr1.set())
+    early: list[str] = []
+    assert run(client, spec(tmp_path), signals, early=early)[0] == EXIT_REQUEUE_ME
+    assert early == []
+
+
+def test_signal_before_start_starts_nothing(tmp_path: Path) -> None:
+    """A job stopped while the image was being prepared never starts its container."""
+    signals = Signals()
+    signals.term.set()
+    client = FakeClient(on_start=lambda c: c.exit(0))
+    assert run(client, spec(tmp_path), signals)[0] == EXIT_PREEMPTED
+    assert client.containers.created == []
+
+
+def test_too_many_restarts_fail_the_job(tmp_path: Path) -> None:
+    """A run beyond max_restarts exits 64 without starting a container."""
+    client = FakeClient(on_start=lambda c: c.exit(0))
+    ctx = SlurmContext(job_id="1", restart_count=3)
+    code, log = run(client, spec(tmp_path, max_restarts=2), ctx=ctx)
+    assert code == EXIT_MAX_RESTARTS and client.containers.created == [] and "max_restarts=2" in log
+
+
+def test_engine_errors_exit_70_and_still_remove_the_container(tmp_path: Path) -> None:
+    """A create or start failure is exit 70; a created container is removed anyway."""
+    client = FakeClient(on_start=lambda c: c.exit(0))
+    client.fail_create = True
+    assert run(client, spec(tmp_path))[0] == EXIT_START_FAILED
+    client = FakeClient(on_start=lambda c: c.exit(0))
+    client.fail_start = True
+    assert run(client, spec(tmp_path))[0] == EXIT_START_FAILED
+    assert client.containers.created[0].removed
+
+
+def test_leftovers_of_the_same_job_are_removed_first(tmp_path: Path) -> None:
+    """Containers labelled with this job id (a killed earlier run) are removed before starting."""
+    client = FakeClient(on_start=lambda c: c.exit(0))
+    old = FakeContainer(client, {"name": "slurm-idle-42-r0", "labels": {LABEL_JOB: "42"}})
+    other = FakeContainer(client, {"name": "slurm-idle-9-r0", "labels": {LABEL_JOB: "9"}})
+    client.containers.leftovers = [old, other]
+    _, log = run(client, spec(tmp_path))
+    assert old.removed and not other.removed and "removed leftover container slurm-idle-42-r0" in log
+
+
+def test_params_file_is_mounted_during_the_run_and_deleted_after(tmp_path: Path) -> None:
+    """params reach the container as a JSON file that is gone once the job ends."""
+    client = FakeClient(on_start=lambda c: c.exit(0))
+    sp = spec(tmp_path, params={"lr": 0.1, "name": "x"})
+    run(client, sp)
+    assert client.seen_params == {"lr": 0.1, "name": "x"}
+    src = next(m["Source"] for m in client.containers.created[0].kwargs["mounts"]
+               if m["Target"] == PARAMS_TARGET)
+    assert not os.path.exists(src)
+
+
+@pytest.mark.parametrize("params_as", [["env"], []])
+def test_no_params_file_unless_asked(tmp_path: Path, params_as: list[str]) -> None:
+    """params_as without 'file' mounts no params file."""
+    client = FakeClient(on_start=lambda c: c.exit(0))
+    run(client, spec(tmp_path, params={"a": 1}, params_as=params_as))
+    assert client.seen_params is None
