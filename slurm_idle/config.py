@@ -34,6 +34,9 @@ class SlurmConfig(_Strict):
     serve_partition: str = "inference"
     tag: str = "slurm-idle"
     command_timeout_s: float = Field(30.0, gt=0)
+    # At reclaim, the lent jobs' srun steps get SIGTERM this long before `scontrol requeue`
+    # (like the idle partition's GraceTime at preemption); 0 requeues at once (KillWait applies).
+    requeue_grace_s: float = Field(30.0, ge=0)
     bin_dir: str | None = None  # where sinfo/scontrol/... live, if not on PATH
 
 

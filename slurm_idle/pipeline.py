@@ -264,9 +264,10 @@ def _write_json(path: Path, data: Any) -> None:
 
 def record_job(root: Path, job_id: int, spec: JobSpec, now: float) -> None:
     """Remember where a submitted job checkpoints, for `slurm-idle jobs`."""
-    ckpt = spec.mounts.checkpoint.source if spec.mounts.checkpoint else None
+    ckpt = spec.mounts.checkpoint
+    ckpt_dir = ckpt.source.replace("{job_id}", str(job_id)) if ckpt else None
     _write_json(root / "jobs" / f"{job_id}.json",
-                {"job_id": job_id, "name": spec.name, "checkpoint": ckpt, "submitted_at": now})
+                {"job_id": job_id, "name": spec.name, "checkpoint": ckpt_dir, "submitted_at": now})
 
 
 def job_record(root: Path, job_id: int) -> dict[str, Any] | None:

@@ -282,7 +282,26 @@ def run_container(
     stream_client: Any = None,
     early_requeue: Callable[[], str] | None = None,
 ) -> int:
-    """Run the job's container to its end or to a stop signal; return the runner's exit code."""
+    """Run the job's container to its end or to a stop signal; return the runner's exit code.
+
+    `early_requeue` runs after a SIGTERM stop once the container is gone (see
+    requeue_if_preempted): requeueing earlier could kill the runner before its cleanup.
+    """
+    code = _run_once(client, spec, ctx, settings, signals, report, stream_client)
+    if code == EXIT_PREEMPTED and signals.term.is_set() and early_requeue is not None:
+        report.say(early_requeue())
+    return code
+
+
+def _run_once(
+    client: Any,
+    spec: JobSpec,
+    ctx: SlurmContext,
+    settings: RunSettings,
+    signals: Signals,
+    report: Reporter,
+    stream_client: Any,
+) -> int:
     import docker.errors
 
     if ctx.restart_count > spec.max_restarts:
@@ -291,6 +310,7 @@ def run_container(
             f"{spec.max_restarts}: failing instead of running again (raise max_restarts to allow more)"
         )
         return EXIT_MAX_RESTARTS
+    spec = spec.for_job(ctx.job_id or "none")
     container = None
     params_dir = None
     try:
@@ -317,8 +337,7 @@ def run_container(
             f"started container {kwargs['name']} image={spec.image} restart={ctx.restart_count}"
             f" gpus={','.join(ctx.gpus) or '-'} device_requests={'yes' if use_dr else 'no'}"
         )
-        return _supervise(container, settings, signals, report, stream_client or client,
-                          early_requeue)
+        return _supervise(container, settings, signals, report, stream_client or client)
     except (docker.errors.DockerException, SlurmIdleError, OSError) as exc:
         report.say(f"could not run the container: {exc}")
         return EXIT_START_FAILED
@@ -341,7 +360,6 @@ def _supervise(
     signals: Signals,
     report: Reporter,
     stream_client: Any,
-    early_requeue: Callable[[], str] | None,
 ) -> int:
     done = threading.Event()
     result: dict[str, int] = {}
@@ -359,7 +377,7 @@ def _supervise(
                 stream=True, follow=True
             ):
                 report.write(chunk)
-        except Exception:  # noqa: BLE001 - logs are best effort
+        except Exception:  # noqa: BLE001, S110 - logs are best effort; the exit code is not
             pass
 
     logs = threading.Thread(target=stream_logs, daemon=True)
@@ -389,8 +407,8 @@ def _supervise(
         report.say(f"container still running after {settings.grace_s:g} s: killing it")
         try:
             container.kill(signal="SIGKILL")
-        except Exception:  # noqa: BLE001
-            pass
+        except Exception as exc:  # noqa: BLE001 - it may have exited meanwhile
+            report.say(f"could not kill the container: {exc}")
         done.wait(10)
     logs.join(timeout=5)
     report.say(
@@ -399,8 +417,6 @@ def _supervise(
     )
     if signals.usr1.is_set() and not signals.term.is_set():
         return EXIT_REQUEUE_ME
-    if early_requeue is not None:
-        report.say(early_requeue())
     return EXIT_PREEMPTED
 
 
@@ -442,7 +458,9 @@ def _run_command(argv: Sequence[str]) -> tuple[int, str]:
     import subprocess
 
     try:
-        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+        p = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=30, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return 1, str(exc)
     return p.returncode, p.stdout + p.stderr

@@ -99,7 +99,9 @@ class NodeDriver:
             if result.outcome != "ok":
                 return results
             current = replace(current, phase=target, phase_since=result.started + result.duration_s)
-            reason = check_transition(result.from_phase, result.to_phase)
+            following = self._forward(current.phase)
+            if following is not None:
+                reason = check_transition(current.phase, following)
 
     # -- the steps, one per edge ----------------------------------------------------------------
 
@@ -230,7 +232,7 @@ class NodeDriver:
         if jobs:
             ids = [j.job_id for j in jobs]
             log.info("%s: requeueing %s job(s) %s", node, lend_partition, ids)
-            self.slurm.requeue(ids)
+            self.slurm.requeue(ids, grace_s=self.config.slurm.requeue_grace_s)
 
     def _wait_empty_then_start(self, view: NodeView, deadline: float) -> bool:
         requeued_again = False

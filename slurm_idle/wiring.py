@@ -27,7 +27,7 @@ def build_agent(config: Config, with_textfile: bool = True) -> Agent:
 
     @cache
     def engine_for(model: str) -> Any:
-        return make_engine(config.engine_for(model))
+        return make_engine(config.engine_for(model), model)
 
     on_tick = None
     if with_textfile and config.paths.textfile:

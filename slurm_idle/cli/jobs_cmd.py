@@ -59,19 +59,10 @@ def _options(cfg: Config | None) -> SubmitOptions:
 
 
 def _slurm(cfg: Config | None) -> Any:
-    """The Slurm adapter (make_backend when the config names one), else its CLI backend."""
-    if cfg is not None:
-        try:
-            from slurm_idle.slurm import make_backend
-        except ImportError:
-            pass
-        else:
-            return make_backend(cfg)
-    from slurm_idle.slurm.cli_backend import CliBackend
+    """The Slurm adapter the config selects; the CLI backend when there is no config."""
+    from slurm_idle.slurm import CliBackend, make_backend
 
-    if cfg is None:
-        return CliBackend()
-    return CliBackend(bin_dir=cfg.slurm.bin_dir, timeout_s=cfg.slurm.command_timeout_s)
+    return make_backend(cfg) if cfg is not None else CliBackend()
 
 
 @main.command()

@@ -151,6 +151,7 @@ def query(ctx: Context, as_json: bool) -> None:
             "waiting_max_window": m.waiting_max_window,
             "waiting_min_window": m.waiting_min_window,
             "forecast_demand_tokens_per_s": _num(m.forecast_demand_tokens_per_s),
+            "forecast_demand_tokens_per_s_max_window": _num(m.forecast_demand_tokens_per_s_max_window),
         }
         for m in models
     ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -24,8 +24,8 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable
 from slurm_idle.metrics import demand_tokens_per_s, names
+from slurm_idle.metrics.forecast import Peak, forecast_leads, forecasts
 from slurm_idle.model import ModelLoad, ReplicaLoad
-from slurm_idle.policy.capacity import default_forecast_lead_s, forecast_demand
 
 DAY_S = 86_400
 WEEK_S = 7 * DAY_S
@@ -109,7 +109,8 @@ class Queries:
         )
 
     # Fleet-wide per model.
-    def model(self, window_s: int, forecast_lead_s: int | None) -> dict[str, str]:
+    def model(self, window_s: int, leads: Collection[int] | None) -> dict[str, str]:
+        """The per-model queries; `leads`: the models' forecast lead times (None: no forecast)."""
         m = names.MODEL_LABEL
         q = {
             "generation": f"sum by ({m}) ({self._rate(names.GENERATION_TOKENS)})",
@@ -128,24 +129,35 @@ class Queries:
             q["demand_max"] = f"max_over_time({self.demand()}[{window_s}s:{step}s])"
             q["waiting_max"] = f"max_over_time({waiting}[{window_s}s:{step}s])"
             q["waiting_min"] = f"min_over_time({waiting}[{window_s}s:{step}s])"
-        if forecast_lead_s is not None:
-            q["forecast"] = self.forecast(forecast_lead_s)
+        if leads is not None:
+            q["forecast"] = self.forecast(leads, window_s)
         return q
 
-    def forecast(self, lead_s: int) -> str:
-        """Demand at now-1d and now-7d, and its peak over the lead time after each, in one query.
+    def forecast(self, leads: Collection[int], window_s: int) -> str:
+        """Every input of `policy.forecast_demand`, for every model, in one query.
 
-        The four series per model are told apart by a `kind` label (then_1d, ahead_1d, then_7d,
-        ahead_7d); `forecast_demand` of the policy turns them into one number.
+        Series are told apart by a `kind` label. Per offset (1d, 7d): `then_<o>`, the demand at
+        now-offset; for each distinct lead time L of the models, `ahead_<o>@L`, its peak over
+        the L seconds after that moment, and `later_<o>@L`, its peak over L + the scale-down
+        window (what `forecast_demand_tokens_per_s_max_window` needs). And `trend`: `deriv` of
+        the demand over the scale-down window, tokens/s per second. Models with different leads
+        (cold start vs sleep-mode wake) each read their own L; the query stays one per tick.
         """
-        lead = max(lead_s, 1)
-        step = subquery_step(lead, self.rate_window_s)
         parts = []
         for ago, tag in ((DAY_S, "1d"), (WEEK_S, "7d")):
-            then = self.demand(ago)
-            ahead = f"max_over_time({self.demand()}[{lead}s:{step}s] offset {max(ago - lead, 1)}s)"
-            parts.append(f'label_replace({then}, "kind", "then_{tag}", "", "")')
-            parts.append(f'label_replace({ahead}, "kind", "ahead_{tag}", "", "")')
+            parts.append(f'label_replace({self.demand(ago)}, "kind", "then_{tag}", "", "")')
+            for lead in sorted({max(int(v), 1) for v in leads}):
+                reaches = [("ahead", lead)] + ([("later", lead + window_s)] if window_s > 0 else [])
+                for name, span in reaches:
+                    step = subquery_step(span, self.rate_window_s)
+                    peak = (
+                        f"max_over_time({self.demand()}[{span}s:{step}s] offset {max(ago - span, 1)}s)"
+                    )
+                    parts.append(f'label_replace({peak}, "kind", "{name}_{tag}@{lead}", "", "")')
+        if window_s > 0:
+            step = subquery_step(window_s, self.rate_window_s)
+            trend = f"deriv({self.demand()}[{window_s}s:{step}s])"
+            parts.append(f'label_replace({trend}, "kind", "trend", "", "")')
         return " or ".join(parts)
 
 
@@ -165,19 +177,29 @@ def queries_for(config: Config) -> Queries:
     )
 
 
-def forecast_lead_s(config: Config, models: Sequence[ModelConfig]) -> int:
-    """How far ahead to look: the policy's lead for the slowest model (one query for all)."""
-    return int(max(default_forecast_lead_s(config, m.name) for m in models))
-
-
 # --- mapping series to replicas ----------------------------------------------------------------
+
+
+#: `scheme://host[:port]` followed by a path, query, fragment or nothing: the shape of nearly
+#: every replica URL, read without urlsplit (10,000 replicas per tick); anything else -> urlsplit.
+_SIMPLE_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([A-Za-z0-9._-]+)(?::([0-9]{1,5}))?(?:[/?#]|$)")
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    """(lower-case host, port or the scheme's default), exactly as urlsplit reads them."""
+    simple = _SIMPLE_URL.match(url)
+    if simple is not None:
+        scheme, host, port_text = simple.groups()
+        port = int(port_text) if port_text else 0
+        if port <= 65535:
+            return host.lower(), port or (443 if scheme.lower() == "https" else 80)
+    parts = urlsplit(url)
+    return (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def target_keys(replica: ReplicaConfig) -> list[str]:
     """The label values that identify a replica's series: host:port of its URL, then its node."""
-    parts = urlsplit(replica.url)
-    host = (parts.hostname or "").lower()
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host, port = _host_port(replica.url)
     keys = [f"{host}:{port}", replica.node.lower()]
     short = host.split(".")[0]
     if short != host and not host.replace(".", "").isdigit():
@@ -255,6 +277,7 @@ class PrometheusSource:
         self.q = queries_for(config)
         self.queries = 0
         self.last_engines: dict[str, tuple[str, ...]] = {}  # node -> engine labels seen (for the CLI)
+        self._index: tuple[list[tuple[str, ReplicaConfig]], dict[str, str]] | None = None
 
     # One round trip, with every failure turned into one MetricsUnavailable line.
     def query(self, promql: str, time: float | None = None) -> _Vector:
@@ -291,88 +314,164 @@ class PrometheusSource:
                 f"unexpected answer from Prometheus at {self.url} to `{promql[:120]}`: {exc}"
             ) from None
 
+    def _target_index(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> dict[str, str]:
+        """target_index, kept while the replica list stays the same (every tick of a daemon)."""
+        current = list(replicas)
+        if self._index is None or self._index[0] != current:
+            self._index = (current, target_index(current))
+        return self._index[1]
+
     def replica_loads(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> list[ReplicaLoad]:
-        index = target_index(replicas)
-        label = self.config.metrics.instance_label
-        matched: dict[str, str | None] = {}  # label value -> node, memoised across the queries
+        index = self._target_index(replicas)
+        # label value -> node, memoised across the queries; the index's own (lower-case) keys
+        # are what match_target returns for them, so they seed it.
+        matched: dict[str, str | None] = dict(index)
         signals: dict[str, dict[str, float]] = {}  # signal -> node -> value
-        engines: dict[str, set[str]] = {}
+        engines: dict[str, str | set[str]] = {}  # node -> engine label (a set once there are more)
         for signal, promql in self.q.replica().items():
             vec = self.query(promql)
-            acc = signals[signal] = {}
-            summed = signal in _SUMMED
             try:
-                for labels, value in vec.values():
-                    target = labels.get(label, "")
-                    node = matched.get(target, "")
-                    if node == "":
-                        node = matched[target] = match_target(index, target)
-                    if node is None:
-                        continue
-                    if signal == "running":
-                        engines.setdefault(node, set()).add(labels.get(names.ENGINE_LABEL) or "0")
-                    old = acc.get(node)
-                    acc[node] = value if old is None else (old + value if summed else max(old, value))
+                signals[signal] = self._by_node(vec.result, index, matched, signal, engines)
             except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
                 raise MetricsUnavailable(
                     f"unexpected answer from Prometheus at {self.url} to `{promql[:100]}`: {exc!r}"
                 ) from None
-        self.last_engines = {node: tuple(sorted(e)) for node, e in engines.items()}
-        return [self._replica_load(model, r, signals) for model, r in replicas]
+        single: dict[str, tuple[str, ...]] = {}  # one shared tuple per engine label
+        self.last_engines = {
+            node: tuple(sorted(e)) if isinstance(e, set) else single.setdefault(e, (e,))
+            for node, e in engines.items()
+        }
+        return self._replica_loads(replicas, signals)
+
+    def _by_node(
+        self,
+        result: list[dict[str, Any]],
+        index: Mapping[str, str],
+        matched: dict[str, str | None],
+        signal: str,
+        engines: dict[str, str | set[str]],
+    ) -> dict[str, float]:
+        """node -> value of one signal; several series on one node are summed or the worst kept.
+
+        The hot loop of a tick (one pass per signal over every replica's series), hence written
+        with subscripts and `in` rather than helper calls.
+        """
+        label = self.config.metrics.instance_label
+        summed = signal in _SUMMED
+        running = signal == "running"
+        engine_label = names.ENGINE_LABEL
+        acc: dict[str, float] = {}
+        for item in result:
+            labels = item["metric"]
+            try:
+                node = matched[labels[label]]
+            except KeyError:
+                target = labels.get(label, "")
+                node = matched[target] = match_target(index, target)
+            if node is None:
+                continue
+            value = float(item["value"][1])
+            if running:
+                engine = labels.get(engine_label) or "0"
+                seen = engines.get(node)
+                if seen is None:
+                    engines[node] = engine
+                elif isinstance(seen, set):
+                    seen.add(engine)
+                elif seen != engine:
+                    engines[node] = {seen, engine}
+            if node in acc:
+                old = acc[node]
+                acc[node] = old + value if summed else max(old, value)
+            else:
+                acc[node] = value
+        return acc
 
     @staticmethod
-    def _replica_load(
-        model: str,
-        replica: ReplicaConfig,
+    def _replica_loads(
+        replicas: Sequence[tuple[str, ReplicaConfig]],
         signals: Mapping[str, Mapping[str, float]],
-    ) -> ReplicaLoad:
-        node = replica.node
-        running = signals["running"].get(node)
-        if running is None:
-            return ReplicaLoad(model=model, node=node, url=replica.url, known=False)
-        stale = node in signals["stale"]
-        waiting = _finite(signals["waiting"].get(node))
-        prompt = _finite(signals["prompt"].get(node))
-        generation = _finite(signals["generation"].get(node))
-        return ReplicaLoad(
-            model=model,
-            node=node,
-            url=replica.url,
-            known=not stale and waiting is not None and prompt is not None and generation is not None,
-            running=running,
-            waiting=waiting or 0.0,
-            kv_cache_usage=_finite(signals["kv"].get(node)) or 0.0,
-            sleeping=node in signals["asleep"],
-            prompt_tokens_per_s=prompt or 0.0,
-            generation_tokens_per_s=generation or 0.0,
-            ttft_p95_s=_finite(signals["ttft"].get(node)),
-            queue_time_p95_s=_finite(signals["queue"].get(node)),
-        )
+    ) -> list[ReplicaLoad]:
+        """One ReplicaLoad per replica from the per-signal node -> value maps.
+
+        Unknown (`known=False`) without a `running` series, when stale, or while a token rate
+        or the queue is missing or not finite. `x - x == 0` is `_finite` inlined: False for NaN
+        and +-inf only (10,000 replicas, 7 signals each).
+        """
+        running_of = signals["running"].get
+        waiting_of = signals["waiting"].get
+        prompt_of = signals["prompt"].get
+        generation_of = signals["generation"].get
+        kv_of = signals["kv"].get
+        ttft_of = signals["ttft"].get
+        queue_of = signals["queue"].get
+        stale = signals["stale"]
+        asleep = signals["asleep"]
+        out = []
+        for model, replica in replicas:
+            node = replica.node
+            running = running_of(node)
+            if running is None:
+                out.append(ReplicaLoad(model=model, node=node, url=replica.url, known=False))
+                continue
+            waiting = waiting_of(node)
+            prompt = prompt_of(node)
+            generation = generation_of(node)
+            kv = kv_of(node)
+            ttft = ttft_of(node)
+            queue = queue_of(node)
+            waiting = waiting if waiting is not None and waiting - waiting == 0 else None
+            prompt = prompt if prompt is not None and prompt - prompt == 0 else None
+            generation = generation if generation is not None and generation - generation == 0 else None
+            out.append(
+                ReplicaLoad(
+                    model=model,
+                    node=node,
+                    url=replica.url,
+                    known=(
+                        node not in stale
+                        and waiting is not None
+                        and prompt is not None
+                        and generation is not None
+                    ),
+                    running=running,
+                    waiting=waiting or 0.0,
+                    kv_cache_usage=(kv if kv is not None and kv - kv == 0 else None) or 0.0,
+                    sleeping=node in asleep,
+                    prompt_tokens_per_s=prompt or 0.0,
+                    generation_tokens_per_s=generation or 0.0,
+                    ttft_p95_s=ttft if ttft is not None and ttft - ttft == 0 else None,
+                    queue_time_p95_s=queue if queue is not None and queue - queue == 0 else None,
+                )
+            )
+        return out
 
     def model_loads(self, models: Sequence[ModelConfig], now: float) -> list[ModelLoad]:
         policy = self.config.policy
-        lead = forecast_lead_s(self.config, models) if policy.forecast and models else None
+        leads = forecast_leads(self.config, models) if policy.forecast and models else None
+        queries = self.q.model(policy.scale_down_window_s, None if leads is None else leads.values())
         by_model: dict[str, dict[str, float]] = {}
-        for signal, promql in self.q.model(policy.scale_down_window_s, lead).items():
+        for signal, promql in queries.items():
             for labels, value in self.query(promql, time=now).values():
                 key = f"{signal}:{labels['kind']}" if signal == "forecast" and "kind" in labels else signal
                 by_model.setdefault(labels.get(names.MODEL_LABEL, ""), {})[key] = value
-        return [self._model_load(m.name, by_model.get(m.name, {})) for m in models]
+        return [
+            self._model_load(m.name, by_model.get(m.name, {}), None if leads is None else leads[m.name])
+            for m in models
+        ]
 
-    def _model_load(self, model: str, v: dict[str, float]) -> ModelLoad:
+    def _model_load(self, model: str, v: dict[str, float], lead_s: int | None) -> ModelLoad:
         gen, prompt = _finite(v.get("generation")), _finite(v.get("prompt"))
         running = _finite(v.get("running"))
         if gen is None or prompt is None or running is None:
             return ModelLoad(model=model, known=False)
         waiting = _finite(v.get("waiting")) or 0.0
         demand_now = demand_tokens_per_s(gen, prompt, self.config.policy.prompt_token_weight)
-        history = [
-            (then, ahead)
-            for tag in ("1d", "7d")
-            if (then := _finite(v.get(f"forecast:then_{tag}"))) is not None
-            and (ahead := _finite(v.get(f"forecast:ahead_{tag}"))) is not None
-        ]
-        windowed = self.config.policy.scale_down_window_s > 0
+        window_s = self.config.policy.scale_down_window_s
+        windowed = window_s > 0
+        forecast, forecast_window = (
+            forecast_inputs(v, demand_now, lead_s, window_s) if lead_s is not None else (None, None)
+        )
         return ModelLoad(
             model=model,
             known=True,
@@ -389,8 +488,27 @@ class PrometheusSource:
                 _max_opt(_finite(v.get("waiting_max")), waiting) if windowed else waiting
             ),
             waiting_min_window=_finite(v.get("waiting_min")) if windowed else waiting,
-            forecast_demand_tokens_per_s=forecast_demand(demand_now, history),
+            forecast_demand_tokens_per_s=forecast,
+            forecast_demand_tokens_per_s_max_window=forecast_window,
         )
+
+
+def forecast_inputs(
+    v: Mapping[str, float], demand_now: float, lead_s: int, window_s: int
+) -> tuple[float | None, float | None]:
+    """(forecast over the lead, forecast over lead + scale-down window) from the `forecast:*`
+    series of one model (`then_<o>`, `ahead_<o>@<lead>`, `later_<o>@<lead>`, `trend`), through
+    `metrics.forecast.forecasts`, the simulator's arithmetic."""
+    peaks = [
+        Peak(
+            then,
+            ahead=_finite(v.get(f"forecast:ahead_{tag}@{lead_s}")),
+            later=_finite(v.get(f"forecast:later_{tag}@{lead_s}")),
+        )
+        for tag in ("1d", "7d")
+        if (then := _finite(v.get(f"forecast:then_{tag}"))) is not None
+    ]
+    return forecasts(demand_now, peaks, _finite(v.get("forecast:trend")), lead_s, window_s)
 
 
 def _max_opt(window: float | None, now: float) -> float | None:

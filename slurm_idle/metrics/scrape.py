@@ -6,7 +6,11 @@ replica per tick) and the same file keeps a short per-model demand history for t
 window. Without it, or when the kept scrape is older than `metrics.staleness_s`, each replica
 is scraped twice `metrics.scrape_interval_s` apart within the tick: rates are then noisy and
 the window fields stay None (no history), which the planner reads as "do not lend on this".
-The HTTP client, clock and sleep are injected.
+The forecast uses the same history: the demand's trend over the scale-down window,
+extrapolated over the lead (`metrics.forecast`, as the simulator does). The day-old and
+week-old peaks that Prometheus provides are not kept here: that would make the state file a
+week of samples per model, rewritten every tick; sites that want the daily shape in the
+forecast use the Prometheus source. The HTTP client, clock and sleep are injected.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable
 from slurm_idle.metrics import demand_tokens_per_s
+from slurm_idle.metrics.forecast import forecast_leads, forecasts, slope_per_s
 from slurm_idle.metrics.parse import (
     EngineReading,
     EngineSnapshot,
@@ -264,6 +269,7 @@ class ScrapeSource:
             self.replica_loads(wanted)
         policy = self.config.policy
         state = ScrapeState.load(self.state_path) if self.state_path else None
+        leads = forecast_leads(self.config, models)
         out = []
         for m in models:
             servers = [s for r in m.replicas if (s := self._last[r.node][1]) is not None and s.complete]
@@ -276,10 +282,15 @@ class ScrapeSource:
             demand = demand_tokens_per_s(gen, prompt, policy.prompt_token_weight)
             ttft = sum_histograms(s.ttft for s in servers)
             window: tuple[float | None, float | None, float | None] = (None, None, None)
+            forecast: tuple[float | None, float | None] = (None, None)
             if state is not None:
                 state.history.append((now, m.name, demand, waiting))
                 window = _window(state.history, m.name, now, policy.scale_down_window_s,
                                  self.config.metrics.staleness_s)
+                if policy.forecast:
+                    # Only the trend: the state keeps no day-old history (see the module doc).
+                    trend = _trend(state.history, m.name, now, policy.scale_down_window_s)
+                    forecast = forecasts(demand, (), trend, leads[m.name], policy.scale_down_window_s)
             out.append(
                 ModelLoad(
                     model=m.name,
@@ -293,6 +304,8 @@ class ScrapeSource:
                     demand_tokens_per_s_max_window=window[0],
                     waiting_max_window=window[1],
                     waiting_min_window=window[2],
+                    forecast_demand_tokens_per_s=forecast[0],
+                    forecast_demand_tokens_per_s_max_window=forecast[1],
                 )
             )
         if state is not None:
@@ -312,6 +325,16 @@ def _window(
         return (None, None, None)
     inside = [(d, w) for t, d, w in points if t >= now - window_s] or [(points[-1][1], points[-1][2])]
     return (max(d for d, _ in inside), max(w for _, w in inside), min(w for _, w in inside))
+
+
+def _trend(
+    history: Sequence[tuple[float, str, float, float]], model: str, now: float, window_s: float
+) -> float | None:
+    """Least-squares slope of the demand over the scale-down window, per second (as PromQL
+    `deriv(...[window])`: points in (now - window, now]); None without two points or window."""
+    if window_s <= 0:
+        return None
+    return slope_per_s([(t, d) for t, m, d, _ in history if m == model and now - window_s < t <= now])
 
 
 def _replica_load(model: str, replica: ReplicaConfig, s: ServerReading | None) -> ReplicaLoad:

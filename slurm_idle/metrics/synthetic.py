@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ class SyntheticPrometheus:
 
     queries: Queries
     window_s: int
-    forecast_lead_s: int | None
+    forecast_leads: Collection[int] | None  # the models' lead times (forecast_leads(...).values())
     targets: dict[str, dict[str, Value]] = field(default_factory=dict)  # instance -> signal -> v
     models: dict[str, dict[str, Value]] = field(default_factory=dict)  # model -> signal -> v
     eval_ts: float = 1_700_000_000.0
@@ -34,7 +35,7 @@ class SyntheticPrometheus:
 
     def __post_init__(self) -> None:
         self._replica = {v: k for k, v in self.queries.replica().items()}
-        self._model = {v: k for k, v in self.queries.model(self.window_s, self.forecast_lead_s).items()}
+        self._model = {v: k for k, v in self.queries.model(self.window_s, self.forecast_leads).items()}
         self._json: dict[str, str] = {}
 
     def prepare(self) -> None:
@@ -78,11 +79,19 @@ class SyntheticPrometheus:
                 value = signals[signal]
                 if isinstance(value, dict):  # the forecast's `kind`-labelled series
                     for kind, v in value.items():
-                        out.append(_item({names.MODEL_LABEL: model, "kind": kind}, ts, v))
+                        for k in self._kinds(kind):
+                            out.append(_item({names.MODEL_LABEL: model, "kind": k}, ts, v))
                 else:
                     out.append(_item({names.MODEL_LABEL: model}, ts, value))
             return out
         raise ValueError(f"SyntheticPrometheus does not know the query {query!r}")
+
+    def _kinds(self, kind: str) -> list[str]:
+        """`ahead_1d` / `later_1d` without `@lead` stand for that peak at every lead queried
+        (as Prometheus answers every lead's part for every model); other kinds as given."""
+        if kind.startswith(("ahead_", "later_")) and "@" not in kind:
+            return [f"{kind}@{max(int(lead), 1)}" for lead in sorted(set(self.forecast_leads or ()))]
+        return [kind]
 
 
 def _exception(signal: str, signals: dict[str, Value], ts: float, staleness_s: float) -> Value | None:

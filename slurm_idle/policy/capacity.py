@@ -85,6 +85,17 @@ def pressure_now(load: ModelLoad, policy: PolicyConfig) -> list[str]:
     return signals
 
 
+def queue_replicas(load: ModelLoad, policy: PolicyConfig, serving: int) -> int:
+    """Extra replicas a queue asks for: enough to run every waiting request as concurrently as
+    the serving replicas run theirs now. Saturated replicas report their capacity, not the
+    demand, as throughput; the queue is where the rest of the demand shows, so a surge
+    reclaims every replica it needs in one tick instead of one per tick."""
+    if serving <= 0 or load.running <= 0 or load.waiting <= policy.queue_waiting_threshold:
+        return 0
+    per_replica = load.running / serving
+    return math.ceil(load.waiting / max(per_replica, 1.0))
+
+
 def assess_need(
     model: ModelConfig,
     policy: PolicyConfig,
@@ -109,7 +120,7 @@ def assess_need(
             need = ahead
     signals = pressure_now(load, policy)
     if signals:
-        need = max(need + 1, serving + 1)
+        need = max(need + 1, serving + 1, serving + queue_replicas(load, policy, serving))
         parts.append(f"{', '.join(signals)}: needs {need}")
 
     down: int | None

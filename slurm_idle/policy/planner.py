@@ -69,8 +69,11 @@ def _load_known(load: ModelLoad | None, serving: list[NodeView]) -> tuple[bool, 
     return True, ""
 
 
-def _examine(obs: Observation, config: Config, model: ModelConfig, now: float) -> _Model:
-    views = sorted((n for n in obs.nodes if n.model == model.name), key=lambda n: n.name)
+def _examine(
+    obs: Observation, config: Config, model: ModelConfig, now: float, nodes: list[NodeView]
+) -> _Model:
+    """`nodes`: the model's nodes in observation order (grouped once for all models)."""
+    views = sorted(nodes, key=lambda n: n.name)
     by_phase: dict[Phase, list[NodeView]] = {}
     for view in views:
         by_phase.setdefault(view.phase, []).append(view)
@@ -198,7 +201,10 @@ def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list
 
 
 def _models(obs: Observation, config: Config, now: float) -> list[_Model]:
-    return [_examine(obs, config, model, now) for model in config.models]
+    by_model: dict[str, list[NodeView]] = {}
+    for view in obs.nodes:  # one pass, not one per model
+        by_model.setdefault(view.model, []).append(view)
+    return [_examine(obs, config, model, now, by_model.get(model.name, [])) for model in config.models]
 
 
 def plan(observation: Observation, config: Config, now: float) -> list[Action]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from slurm_idle.errors import SlurmIdleError
@@ -58,6 +59,8 @@ class SlurmJsonError(SlurmIdleError, ValueError):
 
 def number(value: Any) -> float | None:
     """A Slurm number: plain, or `{set, infinite, number}` (None when unset or infinite)."""
+    if type(value) is int:  # the common case first (bool is a subclass, not this type)
+        return float(value)
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int | float):
@@ -82,6 +85,8 @@ def timestamp(value: Any) -> float | None:
 
 def text(value: Any) -> str:
     """A Slurm string: plain, or an object with a `description` (24.11 sinfo reasons)."""
+    if type(value) is str:  # the common case first
+        return value
     if value is None:
         return ""
     if isinstance(value, Mapping):
@@ -144,8 +149,13 @@ def gres_count(gres: Any, name: str = "gpu") -> int:
     Handles `gpu:4`, `gpu:tesla:4(S:0)`, `gpu:2(IDX:0-1)`, `gpu:(null):0(IDX:N/A)`,
     `gpu` (one), lists of several types (summed) and other GRES (ignored).
     """
+    return _gres_count_text(text(gres), name)
+
+
+@lru_cache(maxsize=1024)  # a fleet repeats a handful of GRES strings over thousands of records
+def _gres_count_text(gres: str, name: str) -> int:
     total = 0
-    for item in _split_outside_parens(text(gres)):
+    for item in _split_outside_parens(gres):
         if item in _EMPTY:
             continue
         fields = re.sub(r"\([^()]*\)$", "", item).split(":")
@@ -169,9 +179,14 @@ def tres_count(tres: Any, name: str = "gpu") -> int:
     """Count of `gres/<name>` in a TRES string: `gres/gpu:2`, `gres:gpu:2`, `gres/gpu=4`,
     `gres/gpu:a100=4`, `gres:gpu:a100:2` (typed entries count only when no untyped total is
     given, since Slurm lists both the total and its typed parts)."""
+    return _tres_count_text(text(tres), name)
+
+
+@lru_cache(maxsize=1024)
+def _tres_count_text(tres: str, name: str) -> int:
     untyped: int | None = None
     typed = 0
-    for item in _split_outside_parens(text(tres)):
+    for item in _split_outside_parens(tres):
         if not item.startswith(("gres/", "gres:")):
             continue
         body = item[5:]
@@ -198,6 +213,19 @@ def tres_count(tres: Any, name: str = "gpu") -> int:
 
 def _split_state(state: Any, flags: Any = ()) -> tuple[str, frozenset[str]]:
     """Base state (lower case) and flags (upper case) from either version's fields."""
+    try:  # a fleet has a handful of distinct states: parse each once
+        key = (state if isinstance(state, str) else tuple(state or ()), tuple(flags or ()))
+        return _split_state_cached(key)
+    except TypeError:  # unhashable or not iterable: the uncached path (and its error)
+        return _split_state_uncached(state, flags)
+
+
+@lru_cache(maxsize=256)
+def _split_state_cached(key: tuple[Any, tuple[Any, ...]]) -> tuple[str, frozenset[str]]:
+    return _split_state_uncached(*key)
+
+
+def _split_state_uncached(state: Any, flags: Any = ()) -> tuple[str, frozenset[str]]:
     if isinstance(state, str):
         words = [w for w in re.split(r"[+ ]", state) if w]
     else:
@@ -218,7 +246,7 @@ def _node_from_record(rec: Mapping[str, Any]) -> SlurmNode:
         reason=text(rec.get("reason")),
         gpus_total=gres_count(rec.get("gres")),
         gpus_used=gres_count(rec.get("gres_used")),
-        partitions=tuple(str(p) for p in rec.get("partitions") or ()),
+        partitions=tuple(map(str, rec.get("partitions") or ())),
         comment=text(rec.get("comment")),
         reason_changed_at=timestamp(rec.get("reason_changed_at")),
     )
@@ -304,9 +332,19 @@ def _job_gpus(rec: Mapping[str, Any], node_count: int) -> int:
     return per_node * max(node_count, 1)
 
 
+def _job_nodes(hostlist: str) -> tuple[str, ...]:
+    """A job's node names; one plain name (most jobs of a GPU pool) without the hostlist parser."""
+    if not hostlist:
+        return ()
+    if "[" not in hostlist and "," not in hostlist:
+        name = hostlist.strip()  # what expand_hostlist makes of a single name
+        return (name,) if name else ()
+    return tuple(expand_hostlist(hostlist))
+
+
 def _job_from_record(rec: Mapping[str, Any]) -> SlurmJob:
     state = job_state(rec.get("job_state"))
-    nodes = tuple(expand_hostlist(text(rec.get("nodes")))) if text(rec.get("nodes")) else ()
+    nodes = _job_nodes(text(rec.get("nodes")))
     node_count = int(number(rec.get("node_count")) or len(nodes) or 1)
     started = timestamp(rec.get("start_time"))
     if state == "PENDING":

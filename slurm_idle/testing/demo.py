@@ -123,6 +123,8 @@ class Story:
             self.sb.run(["scontrol", "update", f"nodename={node}", "comment="], capture_output=True)
             self.sb.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], capture_output=True)
             self.sb.engine_start(node)
+        subprocess.run([sys.executable, "-m", "slurm_idle.testing.images"], env=os.environ.copy(),
+                       check=True, capture_output=True, text=True)
         if Path(self.config.paths.journal).exists():
             Path(self.config.paths.journal).unlink()
 
@@ -213,31 +215,28 @@ class Story:
         self.report.job_output_tail = lines[-15:]
         resumed = [int(m.group(1)) for line in lines if (m := re.search(r"resumed_from=(\d+)", line))]
         self.report.resumed_from = resumed[-1] if resumed else None
-        self.report.lost_gpu_s = lost_gpu_seconds(lines)
+        from slurm_idle.jobs import load_job_spec
+
+        spec = load_job_spec(DEMO_SPEC)
+        step_s = float(spec.params.get("step_s", 1)) if spec.params else 1.0
+        self.report.lost_gpu_s = lost_gpu_seconds(lines, gpus=spec.gpus, step_s=step_s)
 
     def _stdout_from_sacct(self) -> str | None:
         return None
 
 
-def lost_gpu_seconds(lines: list[str]) -> float | None:
-    """Work lost at the preemption: steps done after the last checkpoint before the restart,
-    times the step's GPU-seconds, from the demo job's `step=N gpus=G step_s=S` and
-    `checkpoint=N` lines."""
-    last_step = last_ckpt = None
-    gpus, step_s = 1, 1.0
+def lost_gpu_seconds(lines: list[str], gpus: int = 1, step_s: float = 1.0) -> float | None:
+    """Work redone after each restart: the steps counted before a restart beyond the step the
+    job resumed from, times the step's GPU-seconds (None if the job never restarted)."""
+    last_step: int | None = None
+    lost: float | None = None
     for line in lines:
         if (m := re.search(r"resumed_from=(\d+)", line)) and last_step is not None:
-            lost_steps = last_step - int(m.group(1))
-            return float(max(lost_steps, 0) * step_s * gpus)
-        if m := re.search(r"\bstep=(\d+)", line):
+            lost = (lost or 0.0) + max(last_step - int(m.group(1)), 0) * step_s * gpus
+            last_step = None
+        elif m := re.match(r"step=(\d+)$", line.strip()):
             last_step = int(m.group(1))
-        if m := re.search(r"\bgpus=(\d+)", line):
-            gpus = int(m.group(1))
-        if m := re.search(r"\bstep_s=([\d.]+)", line):
-            step_s = float(m.group(1))
-        if m := re.search(r"\bcheckpoint=(\d+)", line):
-            last_ckpt = int(m.group(1))
-    return None if last_ckpt is None else None
+    return lost
 
 
 def main(argv: list[str] | None = None) -> int:

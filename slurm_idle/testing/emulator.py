@@ -165,7 +165,7 @@ def make_handler(emu: Emulator) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
         def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
@@ -178,7 +178,7 @@ def make_handler(emu: Emulator) -> type[BaseHTTPRequestHandler]:
         def _json(self, code: int, obj: Any) -> None:
             self._send(code, json.dumps(obj).encode())
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             path = urlparse(self.path).path
             if path == "/metrics":
                 with emu.lock:
@@ -198,7 +198,7 @@ def make_handler(emu: Emulator) -> type[BaseHTTPRequestHandler]:
             else:
                 self._json(404, {"detail": "Not Found"})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             url = urlparse(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             length = int(self.headers.get("Content-Length") or 0)

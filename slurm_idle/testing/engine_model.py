@@ -9,6 +9,7 @@ timer thread. Capacity: at most `max_num_seqs` sequences run at once, each decod
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -72,8 +73,11 @@ class EngineModel:
     capacity: Capacity = field(default_factory=Capacity)
     now: float = 0.0
     sleep: SleepState = SleepState.AWAKE
-    waiting: list[Request] = field(default_factory=list)
+    waiting: deque[Request] = field(default_factory=deque)
     running: list[Request] = field(default_factory=list)
+    # Clients give up on a request queued longer than this (HTTP timeouts), so a queue built
+    # under overload drains within this time once the load falls, as it does in production.
+    client_timeout_s: float = 30.0
     _carry: float = 0.0
 
     def __post_init__(self) -> None:
@@ -131,6 +135,10 @@ class EngineModel:
                 self.submit()
         self.now += dt
         finished: list[Request] = []
+        while self.waiting and self.now - self.waiting[0].arrived > self.client_timeout_s:
+            req = self.waiting.popleft()
+            self._finish(req, "abort")
+            finished.append(req)
         if self.awake and self.running:
             cap = self.capacity
             total = min(len(self.running) * cap.seq_tokens_per_s, cap.tokens_per_s) * dt
@@ -148,10 +156,10 @@ class EngineModel:
 
     def abort_all(self) -> list[Request]:
         """Abort everything queued or running (vLLM's /sleep default mode=abort)."""
-        aborted = self.running + self.waiting
+        aborted = self.running + list(self.waiting)
         for req in aborted:
             self._finish(req, "abort")
-        self.running, self.waiting = [], []
+        self.running, self.waiting = [], deque()
         self._update_gauges()
         return aborted
 
@@ -173,7 +181,7 @@ class EngineModel:
             return
         cap = self.capacity
         while self.waiting and len(self.running) < cap.max_num_seqs:
-            req = self.waiting.pop(0)
+            req = self.waiting.popleft()
             req.started = self.now
             prefill = req.prompt_tokens / cap.prefill_tokens_per_s
             req.first_token = self.now + prefill

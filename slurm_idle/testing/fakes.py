@@ -61,7 +61,7 @@ class FakeSlurm:
         self._call("set_comment", node, comment)
         self.node_map[node] = replace(self.node_map[node], comment=comment)
 
-    def requeue(self, job_ids: Sequence[int]) -> None:
+    def requeue(self, job_ids: Sequence[int], grace_s: float = 0) -> None:
         self._call("requeue", *map(str, job_ids))
         self.job_list = [
             replace(j, state="PENDING", nodes=(), restart_count=j.restart_count + 1)

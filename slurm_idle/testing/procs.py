@@ -7,6 +7,7 @@ pid and its start time, so a recycled pid is never mistaken for ours.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -146,10 +147,11 @@ def wait_for(check: Callable[[], bool], timeout_s: float, what: str, interval_s:
     t0 = time.monotonic()
     while True:
         try:
-            if check():
-                return time.monotonic() - t0
-        except Exception:  # noqa: BLE001 - a probe that raises just means "not yet"
-            pass
+            ready = bool(check())
+        except (OSError, ValueError, subprocess.SubprocessError, http.client.HTTPException):
+            ready = False  # a probe that cannot connect yet just means "not yet"
+        if ready:
+            return time.monotonic() - t0
         if time.monotonic() - t0 > timeout_s:
             raise TimeoutError(f"sandbox: {what} not ready after {timeout_s:.0f}s")
         time.sleep(interval_s)
@@ -162,7 +164,9 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nobody listens on the port (TIME_WAIT leftovers of our own last run do not count)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -185,10 +189,8 @@ def mounts_under(root: Path) -> list[str]:
 
 
 def unmount_all(root: Path) -> list[str]:
-    left = []
+    """Unmount everything below root (lazily if busy); return what is still mounted."""
     for mp in mounts_under(root):
-        if subprocess.run(["umount", mp], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", mp], capture_output=True)
-    for mp in mounts_under(root):
-        left.append(mp)
-    return left
+        if subprocess.run(["umount", mp], capture_output=True, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", mp], capture_output=True, check=False)
+    return mounts_under(root)

@@ -7,19 +7,17 @@ then sweeps processes carrying this sandbox's marker (slurmstepd, containerd) or
 cluster name (job processes), and unmounts dockerd's netns. Config texts live in
 sandboxconf.py, pid handling in procs.py, the emulator in emulator.py.
 
-CLI: python -m slurm_idle.testing.sandbox [--root DIR] [--base-port N]
+CLI (sandbox_cli.py): python -m slurm_idle.testing.sandbox [--root DIR] [--base-port N]
      up | down | status [--json] | env | load RPS | engine-start NODE | engine-stop NODE
 """
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
 import random
 import secrets
-import shlex
 import shutil
 import socket
 import subprocess
@@ -42,7 +40,7 @@ DB_USER = "slurm"
 
 
 def detect_slurm_version() -> str:
-    out = subprocess.run(["slurmd", "-V"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(["slurmd", "-V"], capture_output=True, text=True, timeout=30, check=False)
     return sandboxconf.parse_slurm_version(out.stdout + out.stderr)
 
 
@@ -92,12 +90,11 @@ def _tail(path: Path, n: int = 5) -> str:
 class Sandbox:
     """One sandbox under `root`; `up()` is idempotent, `down()` leaves nothing running."""
 
-    nodes = list(NODES)
-
     def __init__(self, root: Path | str, base_port: int | None = None, *,
                  python: str | None = None, job_submit_lua: Any = _AUTO,
                  engine_start_delay_s: float | None = None) -> None:
         self.root = Path(root).resolve()
+        self.nodes = list(NODES)
         self._state_file = self.root / "sandbox.json"
         saved = self._read_state()
         if base_port is None:
@@ -113,7 +110,8 @@ class Sandbox:
         self.layout = Layout(root=self.root, base_port=int(base_port),
                              slurm_version=self.slurm_version,
                              hostname=socket.gethostname().split(".")[0], python=self.python,
-                             job_submit_lua=Path(lua) if lua else None)
+                             job_submit_lua=Path(lua) if lua else None,
+                             pythonpath=str(Path(slurm_idle.__file__).resolve().parents[1]))
         self.base_port = self.layout.base_port
         self.slurm_conf = self.layout.slurm_conf
         self.config_path = self.layout.config_path
@@ -149,7 +147,8 @@ class Sandbox:
         kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
         kw.setdefault("timeout", 60)
-        return subprocess.run(argv, env=env, **kw)
+        check = kw.pop("check", False)
+        return subprocess.run(argv, env=env, check=check, **kw)
 
     def load(self, rps: float) -> None:
         """Set the total simulated request rate, spread over the awake replicas."""
@@ -174,6 +173,9 @@ class Sandbox:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env.update(self.env())
         env[procs.MARKER] = str(self.root)
+        assert self.layout.pythonpath
+        env["PYTHONPATH"] = ":".join([self.layout.pythonpath]
+                                     + [p for p in env.get("PYTHONPATH", "").split(":") if p])
         return env
 
     def _spawn(self, name: str, argv: list[str]) -> bool:
@@ -248,6 +250,7 @@ class Sandbox:
         t0 = time.monotonic()
         timings: dict[str, float] = {}
         lay = self.layout
+        self._check_ports()
         self._write_files()
         root = self.root
         self._spawn("munged", ["munged", "-F", "--force", f"--key-file={root}/munge/munge.key",
@@ -294,13 +297,33 @@ class Sandbox:
         timings["total"] = time.monotonic() - t0
         return {k: round(v, 2) for k, v in timings.items()}
 
+    def _ports(self) -> dict[str, list[int]]:
+        lay = self.layout
+        ports = {"slurmctld": [lay.ctld_port], "slurmdbd": [lay.dbd_port],
+                 "mariadb": [lay.mysql_port], "prometheus": [lay.prometheus_port]}
+        for n in NODES:
+            ports[f"slurmd-{n}"] = [lay.slurmd_port(n)]
+            ports[f"emulator-{n}"] = [lay.emulator_port(n)]
+        return ports
+
+    def _check_ports(self) -> None:
+        """Fail fast when a port of a part we are about to start is taken by someone else."""
+        running = self._recorded()
+        for name, ports in self._ports().items():
+            for port in ports:
+                if name not in running and not procs.port_free(port):
+                    raise RuntimeError(
+                        f"port {port} (for {name}) is already in use by another process; "
+                        f"choose another base port (now {self.base_port}) or root")
+
     def _start_mariadb(self, timings: dict[str, float], t0: float) -> None:
         lay = self.layout
         datadir = self.root / "mysql"
         if self._pidfile("mariadb").read() is None and not (datadir / "mysql").is_dir():
             r = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={datadir}",
                                 "--auth-root-authentication-method=socket", "--skip-test-db",
-                                "--user=root"], capture_output=True, text=True, timeout=120)
+                                "--user=root"], capture_output=True, text=True, timeout=120,
+                               check=False)
             if r.returncode != 0:
                 raise RuntimeError(f"sandbox: mariadb-install-db failed: {r.stderr.strip()[-300:]}")
         self._spawn("mariadb", ["mariadbd", "--no-defaults", f"--datadir={datadir}",
@@ -321,7 +344,8 @@ class Sandbox:
 
     def _sql(self, sql: str) -> bool:
         r = subprocess.run(["mariadb", "--no-defaults", f"--socket={self.layout.mysql_socket}",
-                            "-u", "root", "-e", sql], capture_output=True, text=True, timeout=20)
+                            "-u", "root", "-e", sql], capture_output=True, text=True, timeout=20,
+                           check=False)
         return r.returncode == 0
 
     def _nodes_ready(self) -> bool:
@@ -402,7 +426,7 @@ class Sandbox:
             self._cancel_jobs()
         if "dockerd" in running:
             self._remove_containers()
-        phases = [
+        phases: list[list[str]] = [
             [n for n in running if n.startswith(("emulator-", "slurmd-"))]
             + [n for n in ("prometheus", "slurmctld", "dockerd") if n in running],
             [n for n in ("slurmdbd",) if n in running],
@@ -444,8 +468,9 @@ class Sandbox:
             for c in client.containers.list(all=True):
                 c.remove(force=True)
             client.close()
-        except Exception:  # noqa: BLE001 - best effort; the pid sweep follows
-            pass
+        except Exception as e:  # noqa: BLE001 - best effort; the pid sweep follows
+            with open(self.layout.log / "down.log", "a") as f:
+                f.write(f"removing containers failed: {e!r}\n")
 
     # --- status --------------------------------------------------------------------------
 
@@ -483,10 +508,15 @@ class Sandbox:
             st["load_rps"] = json.loads(self.layout.load_file.read_text())["rps"]
         except (OSError, ValueError, KeyError):
             st["load_rps"] = None
+        # ok: the infrastructure works. Node states and stopped emulators are the product's
+        # business (a lent node is drained/allocated, its engine stopped), so they do not count.
+        engines = [n for n in NODES if running.get(f"emulator-{n}")]
         st["ok"] = (len(st["nodes"]) == len(NODES)
-                    and all(n["state"] == "idle" and n["gpus"] == sandboxconf.GPUS_PER_NODE for n in st["nodes"])
-                    and all(e["healthy"] for e in emus.values()) and st["sacct"] and st["docker"]
-                    and targets["up"] == len(NODES))
+                    and all(n["gpus"] == sandboxconf.GPUS_PER_NODE
+                            and not n["state"].startswith(("down", "unk", "inval", "fail"))
+                            for n in st["nodes"])
+                    and all(emus[n]["healthy"] for n in engines) and st["sacct"] and st["docker"]
+                    and targets["up"] >= len(engines))
         return st
 
     def _targets(self) -> dict[str, int]:
@@ -507,98 +537,7 @@ class Sandbox:
                 + ["dockerd", "prometheus"] + [f"emulator-{n}" for n in NODES])
 
 
-# --- CLI -----------------------------------------------------------------------------------
-
-
-def _print_status(st: dict[str, Any]) -> None:
-    print(f"sandbox {st['root']}  (Slurm {st['slurm_version']}, base port {st['base_port']})")
-    procs_line = " ".join(f"{n}={'up' if pid else 'DOWN'}" for n, pid in st["processes"].items())
-    print(f"processes: {procs_line}")
-    if st["nodes"]:
-        for n in st["nodes"]:
-            print(f"node {n['name']}: {n['state']}, {n['gpus']} GPUs")
-    else:
-        print("nodes: slurmctld not answering")
-    for node, e in st["emulators"].items():
-        health = "healthy" if e["healthy"] else "NOT ANSWERING"
-        sleep = "" if e["sleeping"] is None else (", asleep" if e["sleeping"] else ", awake")
-        print(f"emulator {node} {e['url']}: {health}{sleep}")
-    print(f"sacct: {'works' if st['sacct'] else 'FAILS'}")
-    print(f"dockerd: {'answers' if st['docker'] else 'NOT ANSWERING'}")
-    t = st["prometheus_targets"]
-    print(f"prometheus: {t['up']}/{t['total']} emulator targets up")
-    print(f"load: {st['load_rps']} req/s")
-    print("OK" if st["ok"] else "NOT OK")
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="sandbox", description="A local Slurm + Prometheus + vLLM-emulator sandbox.")
-    p.add_argument("--root", type=Path, default=None, help=f"sandbox dir (default {DEFAULT_ROOT})")
-    p.add_argument("--base-port", type=int, default=None,
-                   help=f"first of {sandboxconf.PORT_SPAN} ports (default {DEFAULT_BASE_PORT} for the default root)")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    u = sub.add_parser("up", help="start everything (idempotent)")
-    u.add_argument("--engine-start-delay-s", type=float, default=None,
-                   help="simulated cold start of engine-start (kept for later engine-start calls)")
-    sub.add_parser("down", help="stop everything started here, by pid")
-    s = sub.add_parser("status", help="what runs and answers")
-    s.add_argument("--json", action="store_true")
-    sub.add_parser("env", help="print export lines for this sandbox")
-    ld = sub.add_parser("load", help="set the total simulated request rate")
-    ld.add_argument("rps", type=float)
-    for name in ("engine-start", "engine-stop"):
-        e = sub.add_parser(name, help=f"{name.split('-')[1]} one node's vLLM emulator")
-        e.add_argument("node")
-    args = p.parse_args(argv)
-    root = args.root or DEFAULT_ROOT
-    base = args.base_port
-    if base is None and args.root is None and not (root / "sandbox.json").exists():
-        base = DEFAULT_BASE_PORT
-    try:
-        sb = Sandbox(root, base, engine_start_delay_s=getattr(args, "engine_start_delay_s", None))
-        if args.cmd == "up":
-            timings = sb.up()
-            steps = ", ".join(f"{k} {v:.1f}s" for k, v in timings.items() if k != "total")
-            print(f"sandbox up in {timings['total']:.1f}s ({steps})")
-            where = "" if args.root is None else f" --root {shlex.quote(str(root))}"
-            print(f'use it:  eval "$(scripts/sandbox{where} env)"')
-            return 0
-        if args.cmd == "down":
-            res = sb.down()
-            print(f"stopped {len(res['stopped'])} processes in {res['seconds']:.1f}s"
-                  + (f" (killed: {', '.join(res['killed'])})" if res["killed"] else "")
-                  + (f", swept {len(res['stray'])} job/helper processes" if res["stray"] else ""))
-            if res["left"] or res["mounts_left"]:
-                print(f"LEFT RUNNING: pids {res['left']} mounts {res['mounts_left']}", file=sys.stderr)
-                return 1
-            print("nothing left running")
-            return 0
-        if args.cmd == "status":
-            st = sb.status()
-            if args.json:
-                print(json.dumps(st, indent=2))
-            else:
-                _print_status(st)
-            return 0 if st["ok"] else 1
-        if args.cmd == "env":
-            for k, v in sb.env().items():
-                print(f"export {k}={shlex.quote(v)}")
-            return 0
-        if args.cmd == "load":
-            sb.load(args.rps)
-            print(f"load set to {args.rps:g} req/s")
-            return 0
-        if args.cmd == "engine-start":
-            sb.engine_start(args.node)
-            return 0
-        if args.cmd == "engine-stop":
-            sb.engine_stop(args.node)
-            return 0
-    except (RuntimeError, TimeoutError, ValueError, OSError) as e:
-        print(f"sandbox: {e}", file=sys.stderr)
-        return 1
-    return 2
-
-
 if __name__ == "__main__":
+    from slurm_idle.testing.sandbox_cli import main
+
     sys.exit(main())

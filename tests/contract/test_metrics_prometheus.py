@@ -109,15 +109,63 @@ def test_demand_follows_the_load_up_and_down(sandbox: Sandbox, config: Config) -
                  and m.demand_tokens_per_s_max_window < 0.2 * high), 90, "window max forgetting the peak")
 
 
-def test_forecast_query_is_valid_promql(sandbox: Sandbox, config: Config) -> None:
-    """With forecast on, the 1d/7d offset query runs on real Prometheus; no history means None."""
+def forecasting(config: Config, lead_s: float) -> Config:
     doc = config.model_dump()
-    doc["policy"].update(forecast=True, forecast_lead_s=30)
-    forecasting = Config.model_validate(doc)
-    src = PrometheusSource(forecasting)
-    load = poll(lambda: next((m for m in [model_load(src, forecasting)] if m.known), None), 60,
-                "model load known")
-    assert load.forecast_demand_tokens_per_s is None
+    doc["policy"].update(forecast=True, forecast_lead_s=lead_s)
+    return Config.model_validate(doc)
+
+
+def test_forecast_follows_a_rising_trend(sandbox: Sandbox, config: Config) -> None:
+    """With forecast on, the one forecast query runs on real Prometheus; without day-old history
+    a ramp of the load forecasts above today's demand (deriv x lead), the window's even more."""
+    cfg = forecasting(config, 30)
+    src = PrometheusSource(cfg)
+    sandbox.load(1.0)
+    poll(lambda: (m := model_load(src, cfg)).known and demand(m) > 0, 60, "demand at 1 req/s")
+    for rps in (3.0, 6.0, 9.0):  # a ramp: the 10 s rates keep rising for ~20 s
+        sandbox.load(rps)
+        time.sleep(2)
+
+    def rising() -> ModelLoad | None:
+        m = model_load(src, cfg)
+        f, w = m.forecast_demand_tokens_per_s, m.forecast_demand_tokens_per_s_max_window
+        return m if f is not None and w is not None and f > 1.02 * demand(m) and w > f else None
+
+    poll(rising, 40, "a forecast above the demand while the load ramps up")
+    assert src.queries % 10 == 0  # 10 per-model queries per tick with the forecast, whatever the fleet
+
+
+def test_forecast_offsets_land_on_the_right_windows(sandbox: Sandbox, config: Config) -> None:
+    """Evaluated one day after a moment T, the forecast query's 1d parts equal the demand at T
+    and its peaks over the lead and lead + window after T, as queried directly at T."""
+    lead, window = 10, config.policy.scale_down_window_s
+    cfg = forecasting(config, lead)
+    src = PrometheusSource(cfg)
+    q, model = src.q, cfg.models[0].name
+    sandbox.load(5.0)
+    poll(lambda: (m := model_load(src, cfg)).known and demand(m) > 0, 60, "demand at 5 req/s")
+    time.sleep(lead + window + 2)  # T .. T + lead + window must all be in the past
+    t = float(int(time.time()) - lead - window - 1)
+
+    def one(promql: str, at: float, kind: str | None = None) -> float:
+        values = [v for labels, v in src.query(promql, time=at).values()
+                  if labels.get("model_name") == model and (kind is None or labels.get("kind") == kind)]
+        assert len(values) == 1, (promql, kind, values)
+        return values[0]
+
+    from slurm_idle.metrics.prometheus import subquery_step
+
+    text = q.forecast([lead], window)
+    day_later = t + 86_400
+    d = q.demand()
+    assert one(text, day_later, "then_1d") == pytest.approx(one(d, t))
+    step = subquery_step(lead, q.rate_window_s)
+    ahead = one(f"max_over_time({d}[{lead}s:{step}s])", t + lead)
+    assert one(text, day_later, f"ahead_1d@{lead}") == pytest.approx(ahead)
+    step = subquery_step(lead + window, q.rate_window_s)
+    later = one(f"max_over_time({d}[{lead + window}s:{step}s])", t + lead + window)
+    assert one(text, day_later, f"later_1d@{lead}") == pytest.approx(later)
+    assert ahead > 0 and later > 0
 
 
 def test_scrape_source_reads_the_emulators(sandbox: Sandbox, config: Config) -> None:

@@ -8,6 +8,7 @@ commands, and a clean `down`.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -63,7 +64,7 @@ def get(url: str) -> tuple[int, bytes]:
 def post(url: str) -> int:
     req = urllib.request.Request(url, data=b"", method="POST")
     with urllib.request.urlopen(req, timeout=10) as r:
-        return r.status
+        return int(r.status)
 
 
 def test_four_idle_nodes_with_four_gpus(sandbox: Sandbox) -> None:
@@ -83,13 +84,14 @@ def test_batch_job_on_idle_partition_runs_and_is_accounted(sandbox: Sandbox, tmp
     job = r.stdout.strip().split(";")[0]
     assert out.read_text().strip() == "gpus=0,1"
 
-    def accounted() -> str | None:
-        line = sandbox.run(["sacct", "-n", "-X", "-P", "-j", job, "-o",
-                            "JobID,Partition,State,AllocTRES"]).stdout.strip()
-        return line if "COMPLETED" in line else None
+    def accounted() -> list[str] | None:
+        # A short job's completion can reach slurmdbd before its start record (partition, TRES).
+        fields = sandbox.run(["sacct", "-n", "-X", "-P", "-j", job, "-o",
+                              "JobID,Partition,State,AllocTRES"]).stdout.strip().split("|")
+        return fields if len(fields) == 4 and fields[1] and fields[3] else None
 
-    line = poll(accounted, 20, f"job {job} COMPLETED in sacct")
-    assert line.split("|")[1] == "idle" and "gres/gpu=2" in line
+    fields = poll(accounted, 20, f"job {job} fully accounted in sacct")
+    assert fields[1:3] == ["idle", "COMPLETED"] and "gres/gpu=2" in fields[3]
 
 
 def test_drain_and_resume_a_node(sandbox: Sandbox) -> None:
@@ -185,7 +187,7 @@ def test_generated_config_engine_commands_stop_and_start_a_replica(sandbox: Sand
     engine = cfg.engine_for("sandbox-model")
     assert engine.start_command and engine.stop_command
     url = sandbox.emulator_url("gpu2")
-    env = {**sandbox.env()}
+    env = {**os.environ, **sandbox.env()}
     subprocess.run(engine.stop_command.format(node="gpu2"), shell=True, check=True, env=env, timeout=30)
     assert get(f"{url}/health")[0] == 0
     subprocess.run(engine.start_command.format(node="gpu2"), shell=True, check=True, env=env, timeout=30)

@@ -187,3 +187,21 @@ def test_job_requeued_by_scontrol_resumes(sandbox: Any, docker_client: Any, tmp_
     log = check_resumed(sandbox, docker_client, tmp_path, job_id, expected)
     lost = measure(log, "scontrol requeue")
     assert lost["steps_redone"] == 0
+
+
+def test_time_limit_warning_checkpoints_and_requeues_instead_of_timing_out(
+    sandbox: Any, docker_client: Any, tmp_path: Path
+) -> None:
+    """A 1-minute job warned by SIGUSR1 (warn_s) checkpoints and requeues itself instead of
+    ending as TIMEOUT, then finishes in its next run."""
+    # slurmctld checks warning signals about every 30 s: 40 steps outlast the first check.
+    spec = demo_spec(tmp_path, steps=40)
+    spec.update({"time": "1", "warn_s": 55})
+    job_id = submit(sandbox, tmp_path, spec)
+    fields = wait_done(sandbox, job_id)
+    log = log_of(tmp_path, job_id)
+    assert fields["JobState"] == "COMPLETED", log
+    assert int(fields["Restarts"]) >= 1
+    assert "SIGUSR1 (time limit near)" in log and "requeueing job" in log
+    assert int(re.findall(r"resumed_from=(\d+)", log)[0]) > 0
+    assert [x for x in log.splitlines() if x.startswith("done ")] == ["done steps=40 sum=820"]

@@ -232,3 +232,44 @@ def test_crash_mid_reclaim_converges(tmp_path: Path, crash_after: int) -> None:
         agent.tick()
     assert phases(agent)["gpu1"] is Phase.SERVING
     assert engine.up["gpu1"] is True
+
+
+def low_load(metrics: FakeMetrics) -> None:
+    from slurm_idle.model import ReplicaLoad
+
+    metrics.models["m"] = ModelLoad(model="m", generation_tokens_per_s=10.0,
+                                    demand_tokens_per_s_max_window=10.0,
+                                    waiting_max_window=0.0, waiting_min_window=0.0)
+    metrics.replicas = {n: ReplicaLoad(model="m", node=n) for n in ("gpu1", "gpu2", "gpu3")}
+
+
+def test_real_planner_adopts_then_lends_to_the_floor(tmp_path: Path) -> None:
+    """With the real plan(): unmanaged nodes are adopted, then low load lends all but the floor."""
+    from slurm_idle import policy
+
+    agent, slurm, engine, metrics, _ = make_agent(tmp_path, planner=policy.plan)
+    agent.assessor = policy.assess
+    low_load(metrics)
+    for _ in range(4):
+        agent.tick()
+    final = phases(agent)
+    assert sorted(p.value for p in final.values()) == ["lent", "lent", "serving"]
+    serving = [n for n, p in final.items() if p is Phase.SERVING]
+    assert engine.up[serving[0]] is True
+    assert [n for n, up in engine.up.items() if not up] == sorted(n for n, p in final.items() if p is Phase.LENT)
+
+
+def test_real_planner_reclaims_when_queue_builds(tmp_path: Path) -> None:
+    """With the real plan(): a sustained queue brings lent nodes back to serving in one tick."""
+    from slurm_idle import policy
+
+    agent, slurm, engine, metrics, _ = make_agent(tmp_path, planner=policy.plan)
+    agent.assessor = policy.assess
+    low_load(metrics)
+    for _ in range(4):
+        agent.tick()
+    metrics.models["m"] = ModelLoad(model="m", generation_tokens_per_s=50_000.0, waiting=40,
+                                    demand_tokens_per_s_max_window=50_000.0,
+                                    waiting_max_window=40, waiting_min_window=30)
+    agent.tick()
+    assert set(phases(agent).values()) == {Phase.SERVING}

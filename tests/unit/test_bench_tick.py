@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench-tick"
 
 
@@ -54,3 +56,48 @@ def test_cli_prints_the_documented_json() -> None:
     doc = json.loads(res.stdout)
     assert {"tick_s", "slurm_calls", "prometheus_queries"} <= set(doc)
     assert doc["tick_s"] >= 0 and doc["nodes"] == 20
+
+
+def test_observe_pauses_gc_and_restores_it() -> None:
+    """observe runs with the cyclic GC paused and leaves it as it found it, also on errors."""
+    import gc
+
+    from slurm_idle.agent import observe
+
+    mod = load_script()
+    config = mod.make_config(8)
+    sinfo, squeue = mod.synthetic_slurm(config)
+    seen: list[bool] = []
+
+    class Spy:
+        """A Slurm backend that records whether the GC was on while it was read."""
+
+        def __init__(self, fail: bool = False) -> None:
+            self.inner = mod.CliBackend(runner=mod.ReplayRunner(sinfo, squeue))
+            self.fail = fail
+
+        def nodes(self):  # type: ignore[no-untyped-def]
+            seen.append(gc.isenabled())
+            if self.fail:
+                raise RuntimeError("slurmctld down")
+            return self.inner.nodes()
+
+        def jobs(self):  # type: ignore[no-untyped-def]
+            return self.inner.jobs()
+
+    metrics = mod.PrometheusSource(config, prom=mod.synthetic_prometheus(config))
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        obs = observe(config, Spy(), metrics, mod.NOW)
+        assert len(obs.nodes) == 8 and gc.isenabled()
+        with pytest.raises(RuntimeError):
+            observe(config, Spy(fail=True), metrics, mod.NOW)
+        assert gc.isenabled()
+        gc.disable()
+        observe(config, Spy(), metrics, mod.NOW)
+        assert not gc.isenabled()
+    finally:
+        if was:
+            gc.enable()
+    assert seen == [False, False, False]

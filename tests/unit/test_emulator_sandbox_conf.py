@@ -22,7 +22,7 @@ def layout(version: str = "22.05.8", lua: Path | None = None) -> Layout:
 
 
 def conf_keys(text: str) -> dict[str, str]:
-    out = {}
+    out: dict[str, str] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             key, _, value = line.partition("=")
@@ -73,6 +73,16 @@ def test_prometheus_scrapes_each_emulator_every_second() -> None:
     vllm = doc["scrape_configs"][0]
     assert [(sc["targets"], sc["labels"]["node"]) for sc in vllm["static_configs"]] == [
         ([f"127.0.0.1:{30020 + i}"], f"gpu{i + 1}") for i in range(4)]
+
+
+def test_engine_commands_carry_the_package_path() -> None:
+    """The engine commands find slurm_idle even when the product runs them without PYTHONPATH."""
+    lay = Layout(root=Path("/tmp/sb"), base_port=30000, slurm_version="22.05.8", hostname="vm",
+                 python="/usr/bin/python3", pythonpath="/src/slurm idle")
+    cfg = parse_config(sandboxconf.slurm_idle_config(lay, 600.0), source="sandbox")
+    assert cfg.engine_for("sandbox-model").stop_command == (
+        "env PYTHONPATH='/src/slurm idle' /usr/bin/python3 -m slurm_idle.testing.sandbox "
+        "--root /tmp/sb engine-stop {node}")
 
 
 def test_generated_slurm_idle_config_validates() -> None:

@@ -165,7 +165,7 @@ def _run_with_stubs(script: str, tmp_path: Path) -> list[list[str]]:
         stub.chmod(0o755)
     env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp_path)}
     done = subprocess.run(["bash", str(path)], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=30)
+                          text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
     if not argv_file.exists():
         return []
@@ -197,3 +197,15 @@ def test_no_user_string_appears_raw_in_the_script(tmp_path: Path) -> None:
     assert "touch" not in script
     payload = script.split("SPEC=", 1)[1].split("\n", 1)[0]
     assert json.loads(base64.b64decode(payload))["args"][0].startswith("$(touch")
+
+
+def test_job_id_placeholder_in_mount_sources() -> None:
+    """{job_id} in mount sources becomes the job id (one dir per submission, kept on requeue)."""
+    spec = parse_job_spec(minimal(mounts={
+        "checkpoint": {"source": "/ck/{job_id}", "target": "/ck"},
+        "outputs": [{"source": "/out/{job_id}/x", "target": "/o"}]}))
+    resolved = spec.for_job("77")
+    assert resolved.mounts.checkpoint is not None
+    assert resolved.mounts.checkpoint.source == "/ck/77"
+    assert resolved.mounts.outputs[0].source == "/out/77/x"
+    assert resolved.mounts.checkpoint.target == "/ck"

@@ -13,7 +13,8 @@ from slurm_idle.config import Config, ReplicaConfig, parse_config
 from slurm_idle.errors import MetricsUnavailable
 from slurm_idle.metrics.prometheus import (
     PrometheusSource,
-    forecast_lead_s,
+    forecast_inputs,
+    forecast_leads,
     match_target,
     queries_for,
     target_index,
@@ -38,7 +39,7 @@ def make(cfg: Config | None = None, **tables: Any) -> tuple[PrometheusSource, Sy
     fake = SyntheticPrometheus(
         queries_for(config),
         window_s=config.policy.scale_down_window_s,
-        forecast_lead_s=forecast_lead_s(config, config.models) if config.policy.forecast else None,
+        forecast_leads=forecast_leads(config, config.models).values() if config.policy.forecast else None,
         **tables,
     )
     return PrometheusSource(config, prom=fake), fake
@@ -124,10 +125,10 @@ def test_queries_are_restricted_to_the_job_and_use_the_window() -> None:
     q = queries_for(cfg)
     assert 'vllm:num_requests_running{job="vllm"}' in q.replica()["running"]
     assert "[30s]" in q.replica()["generation"]
-    model_q = q.model(600, 300)
+    model_q = q.model(600, [300])
     assert "[600s:" in model_q["demand_max"] and "0.1 *" in model_q["demand_max"]
     assert "offset 86100s" in model_q["forecast"] and "offset 604500s" in model_q["forecast"]
-    assert "offset 86400s" in model_q["forecast"] and '"kind", "ahead_7d"' in model_q["forecast"]
+    assert "offset 86400s" in model_q["forecast"] and '"kind", "ahead_7d@300"' in model_q["forecast"]
     assert 'sleep_state="awake"' in q.replica()["asleep"] and q.replica()["asleep"].endswith("< 0.5")
     assert q.replica()["stale"].endswith("> 60")  # only stale targets come back
 
@@ -151,6 +152,118 @@ def test_model_loads_carry_window_and_forecast_fields() -> None:
     assert llama.kv_cache_usage_max == 0.7
     assert not qwen.known
     assert len(fake.seen) == 10
+
+
+def test_forecast_queries_cover_lead_window_and_trend() -> None:
+    """One forecast query per tick: per offset the demand then, its peak over the lead and over
+    lead + scale-down window (one part per distinct lead), and deriv over the window."""
+    q = queries_for(parse_config(CONFIG))
+    text = q.model(600, [300, 150, 300])["forecast"]
+    # 1 day: ahead over 300 s ends at now-1d+300 s; later over 300+600 s ends at now-1d+900 s
+    assert "[300s:" in text and "offset 86100s" in text and '"ahead_1d@300"' in text
+    assert "[900s:" in text and "offset 85500s" in text and '"later_1d@300"' in text
+    assert "[150s:" in text and "offset 86250s" in text and '"ahead_7d@150"' in text
+    assert text.count('"ahead_1d@300"') == 1  # equal leads share their parts
+    assert 'label_replace(deriv((sum by (model_name)' in text and '[600s:' in text
+    assert '"kind", "trend"' in text
+    no_window = q.model(0, [300])["forecast"]
+    assert "later_" not in no_window and "deriv(" not in no_window
+
+
+def test_forecast_adds_trend_and_reaches_over_the_window() -> None:
+    """The forecast takes the larger of yesterday's rise and trend x lead; the window's forecast
+    uses the peak over lead + window and trend x (lead + window)."""
+    src, _ = make(models={"llama": {
+        "generation": 50.0, "prompt": 500.0, "running": 8.0, "demand_max": 100.0,
+        "forecast": {"then_1d": 100.0, "ahead_1d": 300.0, "later_1d": 700.0, "trend": 1.0},
+    }})
+    [llama, _] = src.model_loads(src.config.models, 1_700_000_100.0)
+    # demand now 100; lead 300 s, window 600 s
+    assert llama.forecast_demand_tokens_per_s == pytest.approx(100 + max(200, 1.0 * 300))
+    assert llama.forecast_demand_tokens_per_s_max_window == pytest.approx(100 + max(600, 1.0 * 900))
+
+
+def test_falling_trend_and_missing_history_do_not_lower_the_forecast() -> None:
+    """A negative deriv counts as no rise; with no trend and no history both forecasts are None."""
+    src, _ = make(models={
+        "llama": {"generation": 50.0, "prompt": 500.0, "running": 8.0, "forecast": {"trend": -5.0}},
+        "qwen": {"generation": 50.0, "prompt": 500.0, "running": 8.0},
+    })
+    llama, qwen = src.model_loads(src.config.models, 1_700_000_100.0)
+    assert llama.forecast_demand_tokens_per_s == llama.forecast_demand_tokens_per_s_max_window == 100.0
+    assert qwen.forecast_demand_tokens_per_s is None
+    assert qwen.forecast_demand_tokens_per_s_max_window is None
+
+
+def test_each_model_reads_the_peaks_of_its_own_lead() -> None:
+    """Models with different reclaim times (cold start 420 s vs sleep-mode wake 150 s) each get
+    their own lead's peaks and trend extrapolation, from one query."""
+    cfg = parse_config(CONFIG.replace("forecast_lead_s: 300", "forecast_lead_s: null").replace(
+        'replicas: [{node: inf9, url: "http://10.0.0.9:8001"}]',
+        'replicas: [{node: inf9, url: "http://10.0.0.9:8001"}]\n'
+        '    engine: {kind: http-sleep, start_command: "s", stop_command: "t"}'))
+    assert forecast_leads(cfg, cfg.models) == {"llama": 420, "qwen": 150}
+    base = {"generation": 100.0, "prompt": 0.0, "running": 1.0}
+    fc = {"then_1d": 100.0, "ahead_1d@420": 400.0, "ahead_1d@150": 250.0,
+          "later_1d@420": 500.0, "later_1d@150": 260.0, "trend": 0.1}
+    src, fake = make(cfg, models={"llama": {**base, "forecast": fc}, "qwen": {**base, "forecast": fc}})
+    llama, qwen = src.model_loads(cfg.models, 1_700_000_100.0)
+    assert llama.forecast_demand_tokens_per_s == pytest.approx(400.0)
+    assert qwen.forecast_demand_tokens_per_s == pytest.approx(250.0)
+    assert llama.forecast_demand_tokens_per_s_max_window == pytest.approx(100 + max(400, 0.1 * 1020))
+    assert qwen.forecast_demand_tokens_per_s_max_window == pytest.approx(100 + max(160, 0.1 * 750))
+    assert src.queries == len(fake.seen) == 10
+
+
+def test_window_forecast_never_below_the_lead_forecast() -> None:
+    """A peak over lead + window sampled lower than the one over the lead (or missing) does not
+    undercut it: the longer reach is at least the shorter one."""
+    v = {"forecast:then_1d": 100.0, "forecast:ahead_1d@300": 500.0, "forecast:later_1d@300": 450.0,
+         "forecast:then_7d": 100.0, "forecast:ahead_7d@300": 300.0}
+    forecast, window = forecast_inputs(v, 100.0, 300, 600)
+    assert forecast == window == 500.0
+
+
+def test_forecast_matches_the_simulator_minute_by_minute() -> None:
+    """Fed what Prometheus answers at each minute of a trace (the demand 1 day earlier, its peaks
+    after that, deriv over the window), the adapter's forecast fields equal the simulator's."""
+    import random
+    import statistics
+
+    from slurm_idle.sim import FleetModel, SimParams, Simulation
+    from slurm_idle.sim.planner_driver import SIM_POLICY, PlannerPolicy, fleet_config
+    from slurm_idle.traces import Series, Trace
+
+    rnd = random.Random(7)
+    minutes = 1440 + 120
+    # noise and 90-minute waves every day; today a steady ramp from minute 1480 (trend dominates)
+    rps = tuple(50 + 30 * rnd.random() + (m % 90) * rnd.random() + 3.0 * max(0, m - 1480)
+                for m in range(minutes))
+    trace = Trace(start=0.0, minutes=minutes, series={"m": Series(rps, (0.0,) * minutes, (1.0,) * minutes)})
+    fleet = [FleetModel("m", 8, 1, 40.0)]
+    sim = Simulation(trace, fleet, SimParams())
+    sim.serving["m"] = [8] * minutes  # the queue signals need a served past; not under test
+    config = fleet_config(fleet, sim.params, SIM_POLICY)
+    driver = PlannerPolicy(sim, config)
+    demand = sim.demand["m"]
+    lead = forecast_leads(config, config.models)["m"]
+    window = config.policy.scale_down_window_s
+    lead_min, window_min = lead // 60, window // 60
+    for minute in range(1441, minutes - 30, 7):
+        seen = minute - 1
+        then = seen - 1440
+        past = range(max(0, seen - window_min + 1), seen + 1)
+        slope = statistics.linear_regression([60.0 * i for i in past], [demand[i] for i in past]).slope
+        answers = {
+            "forecast:then_1d": demand[then],
+            f"forecast:ahead_1d@{lead}": max(demand[then + 1 : then + lead_min + 1]),
+            f"forecast:later_1d@{lead}": max(demand[then + 1 : then + lead_min + window_min + 1]),
+            "forecast:trend": slope,
+        }
+        expected = driver.load(sim, "m", minute)
+        forecast, reach = forecast_inputs(answers, demand[seen], lead, window)
+        assert forecast == pytest.approx(expected.forecast_demand_tokens_per_s)
+        assert reach == pytest.approx(expected.forecast_demand_tokens_per_s_max_window)
 
 
 def test_window_max_never_below_current_demand() -> None:

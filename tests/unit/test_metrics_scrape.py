@@ -9,7 +9,8 @@ import pytest
 
 from slurm_idle.config import Config, ReplicaConfig, parse_config
 from slurm_idle.errors import MetricsUnavailable
-from slurm_idle.metrics.scrape import HttpResponse, ScrapeSource, metrics_url, scrape
+from slurm_idle.metrics.forecast import slope_per_s
+from slurm_idle.metrics.scrape import HttpResponse, ScrapeSource, ScrapeState, metrics_url, scrape
 
 PAGES = Path(__file__).resolve().parents[1] / "data" / "vllm"
 
@@ -154,6 +155,54 @@ def test_no_state_means_no_window() -> None:
     src, cfg = source(web, Clock())
     [m] = src.model_loads(cfg.models, 1000.0)
     assert m.known and m.demand_tokens_per_s_max_window is None
+
+
+def test_forecast_extrapolates_the_trend_of_the_kept_history(tmp_path: Path) -> None:
+    """With a state file, the forecast is today's demand plus the window's rising trend over the
+    lead (420 s for a cold start) and over lead + window for the window field."""
+    state = tmp_path / "scrape.json"
+    name = "meta-llama/Llama-3.1-8B-Instruct"
+    now = 10_000.0
+    # demand rose 0 -> 1200 over the last 4 minutes; 400 s ago is outside the 300 s window
+    ScrapeState({}, [(now - 400, name, 9999.0, 0.0)]
+                + [(now - 60 * k, name, 300.0 * (4 - k), 0.0) for k in (4, 3, 2, 1)]).save(state)
+    web = Web({"http://a:8000/metrics": [page("v1_recent"), page("v1_recent_10s_later")],
+               "http://b:8000/metrics": [page("v1_sleeping")]})
+    src, cfg = source(web, Clock(now), state)
+    [m] = src.model_loads(cfg.models, now)
+    demand = m.generation_tokens_per_s + 0.1 * m.prompt_tokens_per_s
+    assert demand == pytest.approx(1150.0 + 0.1 * 2400.0)
+    points = [(now - 60 * k, 300.0 * (4 - k)) for k in (4, 3, 2, 1)] + [(now, demand)]
+    trend = slope_per_s(points)
+    assert trend is not None and trend > 0
+    assert m.forecast_demand_tokens_per_s == pytest.approx(demand + trend * 420)
+    assert m.forecast_demand_tokens_per_s_max_window == pytest.approx(demand + trend * (420 + 300))
+
+
+def test_no_trend_without_history_or_when_falling(tmp_path: Path) -> None:
+    """One point of history gives no forecast; a falling demand forecasts today's demand."""
+    state = tmp_path / "scrape.json"
+    name = "meta-llama/Llama-3.1-8B-Instruct"
+    web = Web({"http://a:8000/metrics": [page("v1_recent")], "http://b:8000/metrics": [page("v1_recent")]})
+    src, cfg = source(web, Clock(10_000.0), state)
+    [m] = src.model_loads(cfg.models, 10_000.0)
+    assert m.forecast_demand_tokens_per_s is None and m.forecast_demand_tokens_per_s_max_window is None
+    ScrapeState({}, [(9_940.0, name, 1e6, 0.0)]).save(state)
+    src, cfg = source(web, Clock(10_000.0), state)
+    [m] = src.model_loads(cfg.models, 10_000.0)
+    demand = m.generation_tokens_per_s + 0.1 * m.prompt_tokens_per_s
+    assert m.forecast_demand_tokens_per_s == pytest.approx(demand)
+    assert m.forecast_demand_tokens_per_s_max_window == pytest.approx(demand)
+
+
+def test_slope_is_least_squares_per_second() -> None:
+    """slope_per_s agrees with a least-squares fit and needs two distinct times."""
+    import statistics
+
+    pts = [(0.0, 1.0), (30.0, 4.0), (60.0, 2.0), (150.0, 9.0)]
+    fit = statistics.linear_regression([t for t, _ in pts], [v for _, v in pts]).slope
+    assert slope_per_s(pts) == pytest.approx(fit)
+    assert slope_per_s([(5.0, 1.0)]) is None and slope_per_s([(5.0, 1.0), (5.0, 2.0)]) is None
 
 
 @pytest.mark.parametrize(

@@ -282,6 +282,7 @@ def test_sigterm_is_forwarded_and_the_runner_exits_for_requeue(tmp_path: Path) -
     (c,) = client.containers.created
     assert code == EXIT_PREEMPTED and c.kills == ["SIGTERM"] and c.removed
     assert early == ["early"] and "requeued early" in log
+    assert log.index("removed container") < log.index("requeued early")
 
 
 def test_a_container_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
@@ -358,3 +359,13 @@ def test_no_params_file_unless_asked(tmp_path: Path, params_as: list[str]) -> No
     client = FakeClient(on_start=lambda c: c.exit(0))
     run(client, spec(tmp_path, params={"a": 1}, params_as=params_as))
     assert client.seen_params is None
+
+
+def test_runner_resolves_the_job_id_placeholder(tmp_path: Path) -> None:
+    """The checkpoint dir `{job_id}` is created and mounted with the real job id."""
+    client = FakeClient(on_start=lambda c: c.exit(0))
+    sp = parse_job_spec({"name": "t", "image": "img:1", "mounts": {
+        "checkpoint": {"source": str(tmp_path / "ck-{job_id}"), "target": "/ck"}}})
+    run(client, sp)
+    (mount,) = [m for m in client.containers.created[0].kwargs["mounts"] if m["Target"] == "/ck"]
+    assert mount["Source"] == str(tmp_path / "ck-42") and (tmp_path / "ck-42").is_dir()

@@ -1,0 +1,107 @@
+"""The `sandbox` command line (scripts/sandbox, `python -m slurm_idle.testing.sandbox`).
+
+Only parses arguments, calls `Sandbox` and prints; the logic is in sandbox.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from slurm_idle.testing import sandboxconf
+from slurm_idle.testing.sandbox import DEFAULT_BASE_PORT, DEFAULT_ROOT, Sandbox
+
+
+def _print_status(st: dict[str, Any]) -> None:
+    print(f"sandbox {st['root']}  (Slurm {st['slurm_version']}, base port {st['base_port']})")
+    procs_line = " ".join(f"{n}={'up' if pid else 'DOWN'}" for n, pid in st["processes"].items())
+    print(f"processes: {procs_line}")
+    if st["nodes"]:
+        for n in st["nodes"]:
+            print(f"node {n['name']}: {n['state']}, {n['gpus']} GPUs")
+    else:
+        print("nodes: slurmctld not answering")
+    for node, e in st["emulators"].items():
+        health = "healthy" if e["healthy"] else "NOT ANSWERING"
+        sleep = "" if e["sleeping"] is None else (", asleep" if e["sleeping"] else ", awake")
+        print(f"emulator {node} {e['url']}: {health}{sleep}")
+    print(f"sacct: {'works' if st['sacct'] else 'FAILS'}")
+    print(f"dockerd: {'answers' if st['docker'] else 'NOT ANSWERING'}")
+    t = st["prometheus_targets"]
+    print(f"prometheus: {t['up']}/{t['total']} emulator targets up")
+    print(f"load: {st['load_rps']} req/s")
+    print("OK" if st["ok"] else "NOT OK")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="sandbox", description="A local Slurm + Prometheus + vLLM-emulator sandbox.")
+    p.add_argument("--root", type=Path, default=None, help=f"sandbox dir (default {DEFAULT_ROOT})")
+    p.add_argument("--base-port", type=int, default=None,
+                   help=f"first of {sandboxconf.PORT_SPAN} ports (default {DEFAULT_BASE_PORT} for the default root)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    u = sub.add_parser("up", help="start everything (idempotent)")
+    u.add_argument("--engine-start-delay-s", type=float, default=None,
+                   help="simulated cold start of engine-start (kept for later engine-start calls)")
+    sub.add_parser("down", help="stop everything started here, by pid")
+    s = sub.add_parser("status", help="what runs and answers")
+    s.add_argument("--json", action="store_true")
+    sub.add_parser("env", help="print export lines for this sandbox")
+    ld = sub.add_parser("load", help="set the total simulated request rate")
+    ld.add_argument("rps", type=float)
+    for name in ("engine-start", "engine-stop"):
+        e = sub.add_parser(name, help=f"{name.split('-')[1]} one node's vLLM emulator")
+        e.add_argument("node")
+    args = p.parse_args(argv)
+    root = args.root or DEFAULT_ROOT
+    base = args.base_port
+    if base is None and args.root is None and not (root / "sandbox.json").exists():
+        base = DEFAULT_BASE_PORT
+    try:
+        sb = Sandbox(root, base, engine_start_delay_s=getattr(args, "engine_start_delay_s", None))
+        if args.cmd == "up":
+            timings = sb.up()
+            steps = ", ".join(f"{k} {v:.1f}s" for k, v in timings.items() if k != "total")
+            print(f"sandbox up in {timings['total']:.1f}s ({steps})")
+            where = "" if args.root is None else f" --root {shlex.quote(str(root))}"
+            print(f'use it:  eval "$(scripts/sandbox{where} env)"')
+            return 0
+        if args.cmd == "down":
+            res = sb.down()
+            print(f"stopped {len(res['stopped'])} processes in {res['seconds']:.1f}s"
+                  + (f" (killed: {', '.join(res['killed'])})" if res["killed"] else "")
+                  + (f", swept {len(res['stray'])} job/helper processes" if res["stray"] else ""))
+            if res["left"] or res["mounts_left"]:
+                print(f"LEFT RUNNING: pids {res['left']} mounts {res['mounts_left']}", file=sys.stderr)
+                return 1
+            print("nothing left running")
+            return 0
+        if args.cmd == "status":
+            st = sb.status()
+            if args.json:
+                print(json.dumps(st, indent=2))
+            else:
+                _print_status(st)
+            return 0 if st["ok"] else 1
+        if args.cmd == "env":
+            for k, v in sb.env().items():
+                print(f"export {k}={shlex.quote(v)}")
+            return 0
+        if args.cmd == "load":
+            sb.load(args.rps)
+            print(f"load set to {args.rps:g} req/s")
+            return 0
+        if args.cmd == "engine-start":
+            sb.engine_start(args.node)
+            return 0
+        if args.cmd == "engine-stop":
+            sb.engine_stop(args.node)
+            return 0
+    except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+        msg = str(e)
+        print(msg if msg.startswith("sandbox:") else f"sandbox: {msg}", file=sys.stderr)
+        return 1
+    return 2

@@ -1,0 +1,63 @@
+"""The researcher commands' dry runs: what they print, with and without a config."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "etc" / "examples"
+
+CONFIG = """
+slurm: {lend_partition: lent, tag: acme}
+engine: {kind: command, start_command: "start {node}", stop_command: "stop {node}"}
+models: [{name: m, nodes: "gpu[1-2]", url: "http://{node}:8000"}]
+"""
+
+
+def cli(*args: str, config: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_IDLE_CONFIG"}
+    argv = [sys.executable, "-m", "slurm_idle.cli"]
+    if config:
+        argv += ["--config", str(config)]
+    return subprocess.run([*argv, *args], capture_output=True, text=True, env=env, timeout=60,
+                          check=False)
+
+
+def test_submit_dry_run_prints_the_script_and_submits_nothing() -> None:
+    """`submit --dry-run` prints the batch script (idle partition by default), exit 0."""
+    r = cli("submit", "--dry-run", str(EXAMPLES / "demo-job.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("#!/bin/bash\n") and "#SBATCH --partition=idle" in r.stdout
+    assert f"srun --ntasks=1 --kill-on-bad-exit=1 {sys.executable} -m slurm_idle.runner" in r.stdout
+
+
+def test_submit_takes_partition_and_tag_from_the_config(tmp_path: Path) -> None:
+    """With a config, the lend partition and tag are the config's."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(CONFIG)
+    r = cli("submit", "--dry-run", "--json", str(EXAMPLES / "demo-job.yaml"), config=cfg)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "--partition=lent" in doc["sbatch_args"] and "--comment=acme:job" in doc["sbatch_args"]
+
+
+def test_pipeline_dry_run_json_has_exactly_the_documented_keys() -> None:
+    """`pipeline run --dry-run --json` -> {"steps":[{"name","depends_on","sbatch_args"}]}."""
+    r = cli("pipeline", "run", "--dry-run", "--json", str(EXAMPLES / "pipeline.yaml"))
+    assert r.returncode == 0, r.stderr
+    steps = json.loads(r.stdout)["steps"]
+    assert [s["name"] for s in steps] == ["pre-process", "pre-train", "sft", "rl", "eval"]
+    assert all(set(s) == {"name", "depends_on", "sbatch_args"} for s in steps)
+
+
+def test_bad_spec_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """An invalid spec is reported on one line with exit 2, no traceback."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nimage: a\nbogus: 1\n")
+    r = cli("submit", "--dry-run", str(bad))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert "unknown key 'bogus'" in r.stderr and "Traceback" not in r.stderr
