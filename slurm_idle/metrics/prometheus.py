@@ -5,8 +5,10 @@ node, so a tick costs the same number of round trips for 4 or 10,000 replicas (`
 them; the tick benchmark reads it). Series are mapped back to replicas by their scrape target
 (`instance` = host:port of the replica URL, or a configured label holding the node name).
 Rates, counter resets and histogram percentiles are Prometheus' own (`rate`,
-`histogram_quantile`); hysteresis and forecast use range subqueries so the agent keeps no state
-(the forecast's arithmetic is the policy's `forecast_demand`, shared with the simulator).
+`histogram_quantile`); hysteresis and forecast use range subqueries so the agent keeps no state.
+The forecast's inputs (each model's lead, the peaks 1 day / 7 days ago over the lead and over
+lead + scale-down window, `deriv` over the window) go through `metrics.forecast`, which calls
+the policy's `forecast_demand` exactly as the simulator does.
 """
 
 from __future__ import annotations

@@ -1,0 +1,93 @@
+"""The whole lend/reclaim story on the real sandbox (issue 3's done-when), then its report.
+
+Low load lends >= 2 nodes; an admin's drain survives every later tick untouched; the demo
+container job runs on a lent node; load 500 brings every lent node back to serving with the
+job requeued (Restarts >= 1, never FAILED/CANCELLED); load down again and the job finishes,
+having resumed from its checkpoint. Afterwards `slurm-idle report --json` shows the demo job's
+GPU-hours and its preemption, matching sacct for that job (issue 7).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from slurm_idle.journal import Journal
+from slurm_idle.testing.demo import ADMIN_REASON, DemoReport, Story
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture(scope="module")
+def story(sandbox: Any) -> tuple[Any, DemoReport]:
+    report = Story(sandbox, out=lambda line: print(line, flush=True)).run()
+    print(f"MEASURE reclaim_to_serving_s={report.reclaim_to_serving_s} "
+          f"timings_s={report.timings_s} lost_gpu_s={report.lost_gpu_s}")
+    return sandbox, report
+
+
+def test_low_load_lends_at_least_two_nodes(story: tuple[Any, DemoReport]) -> None:
+    """A few ticks at 0.2 req/s lend >= 2 nodes and the job runs on one of them."""
+    _, r = story
+    assert len(r.lent_nodes_at_low_load) >= 2
+    assert r.job_first_node in r.lent_nodes_at_low_load
+
+
+def test_admin_drain_is_never_touched(story: tuple[Any, DemoReport]) -> None:
+    """The admin-drained node keeps its Reason and no transition ever names it afterwards."""
+    sb, r = story
+    assert r.admin_reason_after == ADMIN_REASON
+    from slurm_idle.config import load_config
+
+    journal = Journal(__import__("pathlib").Path(load_config(sb.config_path).paths.journal))
+    drained_at = None
+    for rec in journal.records():
+        if rec.get("event") == "transition" and rec.get("node") == r.admin_node:
+            drained_at = rec["ts"]  # the adoption, before the admin drained it
+    later = [rec for rec in journal.records() if rec.get("event") == "transition"
+             and rec.get("node") == r.admin_node and drained_at is not None and rec["ts"] > drained_at]
+    assert later == []
+    assert r.admin_node not in r.reclaim_to_serving_s
+
+
+def test_high_load_reclaims_every_lent_node_and_requeues_the_job(story: tuple[Any, DemoReport]) -> None:
+    """Load 500 brings every lent node back with a healthy engine; the job is requeued, not failed."""
+    _, r = story
+    assert r.reclaimed_all_serving
+    assert set(r.reclaim_to_serving_s) == set(r.lent_nodes_at_low_load)
+    assert r.job_restarts >= 1
+    assert r.job_state_after_reclaim not in {"FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT"}
+
+
+def test_job_resumes_from_checkpoint_and_completes(story: tuple[Any, DemoReport]) -> None:
+    """Load down again: the job finishes with resumed_from=K>0 and the uninterrupted result."""
+    _, r = story
+    assert r.job_final_state == "COMPLETED"
+    assert r.resumed_from is not None and r.resumed_from > 0
+    assert r.job_output_tail[-1] == "done steps=120 sum=7260"
+
+
+def test_report_matches_sacct_for_the_demo_job(story: tuple[Any, DemoReport]) -> None:
+    """`slurm-idle report --json` counts the demo job's GPU-hours and its preemption as sacct does."""
+    sb, r = story
+    proc = sb.run([sys.executable, "-m", "slurm_idle.cli", "report", "--json"],
+                  capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    acct = sb.run(["sacct", "-D", "-X", "-n", "-P", "-j", str(r.job_id),
+                   "--format=JobID,State,ElapsedRaw,AllocTRES"], capture_output=True, text=True)
+    runs = [line.split("|") for line in acct.stdout.splitlines() if line.strip()]
+    gpu_seconds = 0
+    for _, _, elapsed, tres in runs:
+        gpus = next((int(t.split("=")[1]) for t in tres.split(",") if t.startswith("gres/gpu=")), 0)
+        gpu_seconds += int(elapsed or 0) * gpus
+    assert report["preemptions"] >= 1
+    assert report["gpu_hours"] == pytest.approx(gpu_seconds / 3600, abs=2e-3)
+    per_job = {int(j["job_id"]): j for j in report.get("per_job", [])}
+    if per_job:
+        assert r.job_id in per_job
+    subprocess.run(["true"])  # keep the story's sandbox state for later tests untouched
