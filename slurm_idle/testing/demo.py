@@ -247,7 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON at the end")
     args = parser.parse_args(argv)
-    sb = Sandbox(Path(args.root))
+    from slurm_idle.testing.sandbox import DEFAULT_BASE_PORT, DEFAULT_ROOT
+
+    root = Path(args.root)
+    # Same ports as `scripts/sandbox` for the default root, so `--keep` leaves a sandbox that
+    # `scripts/sandbox status|env|down` find.
+    base = DEFAULT_BASE_PORT if root == DEFAULT_ROOT and not (root / "sandbox.json").exists() else None
+    sb = Sandbox(root, base)
     started = time.monotonic()
     print(f"bringing the sandbox up under {args.root} ...", flush=True)
     sb.up()
@@ -257,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep:
             sb.down()
+        else:
+            print(f"sandbox left running: eval \"$(scripts/sandbox --root {root} env)\"; "
+                  f"scripts/sandbox --root {root} down", flush=True)
     if args.json:
         print(json.dumps(asdict(report), indent=2))
     ok = report.job_restarts >= 1 and (report.resumed_from or 0) > 0

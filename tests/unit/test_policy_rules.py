@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_policy_helpers import NOW, config, load, node, observation
+from .test_policy_helpers import NOW, config, load, node, observation
 
 from slurm_idle.errors import ConfigError
 from slurm_idle.model import ActionKind, ModelLoad, Phase, SlurmJob
