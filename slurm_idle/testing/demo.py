@@ -118,15 +118,9 @@ class Story:
 
     def reset(self) -> None:
         """Start from a plain cluster: no jobs, nodes undrained without comments, engines up."""
-        self.sb.run(["scancel", "--full", "--user", pwd.getpwuid(os.getuid()).pw_name], capture_output=True)
-        for node in self.sb.nodes:
-            self.sb.run(["scontrol", "update", f"nodename={node}", "comment="], capture_output=True)
-            self.sb.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], capture_output=True)
-            self.sb.engine_start(node)
+        reset_cluster(self.sb, self.config.paths.journal)
         subprocess.run([sys.executable, "-m", "slurm_idle.testing.images"], env=os.environ.copy(),
                        check=True, capture_output=True, text=True)
-        if Path(self.config.paths.journal).exists():
-            Path(self.config.paths.journal).unlink()
 
     # -- the story ----------------------------------------------------------------------------
     def run(self) -> DemoReport:
@@ -223,6 +217,24 @@ class Story:
 
     def _stdout_from_sacct(self) -> str | None:
         return None
+
+
+def reset_cluster(sb: Any, journal: str | None = None) -> None:
+    """No jobs, every node undrained without a comment, every emulator up, load 0, no journal."""
+    sb.run(["scancel", "--full", "--user", pwd.getpwuid(os.getuid()).pw_name], capture_output=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        out = sb.run(["squeue", "-h", "-t", "RUNNING,COMPLETING,CONFIGURING"], capture_output=True, text=True)
+        if not out.stdout.strip():
+            break
+        time.sleep(0.5)
+    for node in sb.nodes:
+        sb.run(["scontrol", "update", f"nodename={node}", "comment="], capture_output=True)
+        sb.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], capture_output=True)
+        sb.engine_start(node)
+    sb.load(0.0)
+    if journal and Path(journal).exists():
+        Path(journal).unlink()
 
 
 def lost_gpu_seconds(lines: list[str], gpus: int = 1, step_s: float = 1.0) -> float | None:
