@@ -48,8 +48,10 @@ class SlurmNode:
 
     @property
     def down(self) -> bool:
+        # NOT_RESPONDING alone is not down: Slurm shows it for a second after every RESUME until
+        # slurmd answers the next ping, and marks a node that stays silent DOWN itself.
         return self.state in {"down", "fail", "future", "unknown"} or bool(
-            self.flags & {"DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN"}
+            self.flags & {"DOWN", "FAIL", "POWERED_DOWN"}
         )
 
 

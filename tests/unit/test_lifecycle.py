@@ -84,3 +84,10 @@ def test_any_foreign_reason_is_never_ours(reason: str) -> None:
     if reason.strip().startswith(f"{TAG}:"):
         return
     assert derive_phase(drained(reason), TAG).phase is Phase.ADMIN
+
+
+def test_not_responding_right_after_resume_is_still_lent() -> None:
+    """Slurm flags a just-RESUMEd node NOT_RESPONDING for a moment: it is lent, not the admin's."""
+    node = SlurmNode(name="gpu1", state="idle", flags=frozenset({"NOT_RESPONDING"}),
+                     comment=format_lent_comment(TAG, T0))
+    assert derive_phase(node, TAG).phase is Phase.LENT

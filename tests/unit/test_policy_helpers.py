@@ -60,7 +60,7 @@ def node(
     flags = frozenset({"DRAIN"} if drained else set()) | frozenset({"NOT_RESPONDING"} if down else set())
     taking = phase in (Phase.SERVING, Phase.RETIRING)
     return NodeView(
-        node=SlurmNode(name=name, state="idle", flags=flags, gpus_total=4),
+        node=SlurmNode(name=name, state="down" if down else "idle", flags=flags, gpus_total=4),
         model=model,
         phase=phase,
         phase_since=NOW - 600,
