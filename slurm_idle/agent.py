@@ -20,7 +20,7 @@ from typing import Any
 from slurm_idle.config import Config
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
 from slurm_idle.journal import Journal
-from slurm_idle.lifecycle import derive_phase
+from slurm_idle.lifecycle import PhaseInfo, derive_phase
 from slurm_idle.lock import lock_holder, try_lock
 from slurm_idle.logs import get_logger
 from slurm_idle.model import (
@@ -73,9 +73,11 @@ def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation
             name = replica.node
             node = nodes.get(name)
             if node is None:
-                errors.append(f"pool node {name} is not known to Slurm")
+                errors.append(f"pool node {name} is not known to Slurm (check the config)")
                 node = SlurmNode(name=name, state="unknown")
-            info = derive_phase(node, tag)
+                info = PhaseInfo(Phase.UNKNOWN)  # nothing to act on, and not an admin's either
+            else:
+                info = derive_phase(node, tag)
             node_jobs = jobs_by_node.get(name)
             views.append(
                 NodeView(
@@ -181,7 +183,9 @@ class Agent:
         todo = [(views[a.node], a) for a in actions if a.node in views]
         if not todo:
             return []
-        with ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
+        # One thread per node: a surge must start every reclaim now, not after the waits of the
+        # first few (threads mostly sleep in polls; the shared polls keep Slurm calls few).
+        with ThreadPoolExecutor(max_workers=len(todo)) as pool:
             futures = [pool.submit(driver.drive, view, action, deadline) for view, action in todo]
             return [step for future in futures for step in future.result()]
 
@@ -203,6 +207,9 @@ class Agent:
         except SlurmIdleError as exc:
             result.error = str(exc)
             log.error("tick failed: %s", exc)
+        except Exception as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+            log.exception("tick failed unexpectedly")
         result.duration_s = self.clock() - started
         if not dry_run:
             self._journal_tick(result, started)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slurm_idle.errors import ConfigError
 from slurm_idle.hostlist import expand_hostlist
@@ -133,6 +133,29 @@ class PolicyConfig(_Strict):
     timezone: str = "UTC"
     reclaim_on_unknown_metrics: bool = False
 
+    @field_validator("lending_windows")
+    @classmethod
+    def _windows_parse(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from slurm_idle.policy.windows import parse_window  # the planner's own parser
+
+        for window in value:
+            try:
+                parse_window(window)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{value!r} is not a known time zone (e.g. Europe/Paris)") from None
+        return value
+
 
 class TimeoutsConfig(_Strict):
     """How long a transition may take before it is reported as stuck and retried."""
@@ -232,6 +255,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(
             f"{p}: config file not found (use --config PATH or set ${CONFIG_ENV})"
         ) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not a UTF-8 text file (byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config: {exc.strerror}") from None
     return parse_config(text, source=str(p))

@@ -364,8 +364,16 @@ class HttpSleepEngine(_HttpHealth):
 
     def stop(self, replica: ReplicaConfig) -> None:
         health = self.health(replica)
-        if not health.up or health.awake is False:
-            return  # down or already asleep: nothing holds the GPUs for serving
+        if health.up and health.awake is False:
+            return  # already asleep: the weights have left the GPUs
+        if not health.up:
+            # A server that does not answer may be hung with the GPUs still full: lending on
+            # that guess could hand jobs occupied GPUs. Stay LENDING; the next tick retries,
+            # and a lend stuck past its timeout is reported for an admin to look at.
+            raise EngineError(
+                f"{replica.node}: vLLM at {replica.url} does not answer ({health.error or 'no /health'}); "
+                "cannot confirm it released the GPUs, not lending"
+            )
         # mode=wait lets in-flight requests finish (vLLM's default, abort, would drop them).
         timeout = self.config.drain_timeout_s + self.config.stop_timeout_s
         self._post(replica, f"/sleep?level={self.config.sleep_level}&mode=wait", timeout)

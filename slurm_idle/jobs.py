@@ -220,6 +220,8 @@ def read_yaml(path: str | os.PathLike[str]) -> Any:
         text = p.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{p}: file not found") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not a UTF-8 text file (byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
     try:

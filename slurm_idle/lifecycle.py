@@ -26,7 +26,7 @@ DRAINED_PHASES = frozenset(
 
 #: Every allowed phase change, with why it exists. `apply` refuses anything else.
 TRANSITIONS: dict[tuple[Phase, Phase], str] = {
-    (Phase.SERVING, Phase.RETIRING): "load stayed low: stop sending work, let in-flight requests finish",
+    (Phase.SERVING, Phase.RETIRING): "load stayed low: let in-flight requests finish before the engine stops",
     (Phase.RETIRING, Phase.LENDING): "no request in flight (or drain timeout): stop or sleep the engine",
     (Phase.RETIRING, Phase.SERVING): "load rose again before the engine stopped: keep serving",
     (Phase.LENDING, Phase.LENT): "engine stopped: RESUME the node into the idle partition",

@@ -105,11 +105,14 @@ def make_report(
 
 def write_csv(report: Report, path: str) -> None:
     """The per-day table (and a total row) as CSV."""
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(CSV_COLUMNS))
-        writer.writeheader()
-        for row in csv_rows(report):
-            writer.writerow(row)
+    try:
+        with open(path, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(CSV_COLUMNS))
+            writer.writeheader()
+            for row in csv_rows(report):
+                writer.writerow(row)
+    except OSError as exc:
+        raise SlurmIdleError(f"cannot write {path}: {exc.strerror}") from None
 
 
 def write_plot(report: Report, path: str) -> None:

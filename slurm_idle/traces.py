@@ -149,6 +149,8 @@ def read_trace(path: str | Path, azure_model: str = "azure") -> Trace:
             return parse_csv_trace(handle.read(), source=str(p))
     except FileNotFoundError:
         raise ConfigError(f"{p}: trace file not found") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not a UTF-8 text file (byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read trace: {exc.strerror}") from None
 

@@ -11,13 +11,14 @@ stuck and its step retried.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.lifecycle import check_transition, format_lent_comment, format_reason
+from slurm_idle.lifecycle import check_transition, derive_phase, format_lent_comment, format_reason
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Action, ActionKind, NodeView, Phase
 
@@ -29,6 +30,29 @@ ACTIVE_JOB_STATES = frozenset(
 )
 
 POLL_S = 1.0
+
+
+class Superseded(SlurmIdleError):
+    """Someone else (an admin) took the node while we were waiting: leave it alone."""
+
+
+class SharedPoll:
+    """One Slurm query shared by every node thread per poll interval, so that acting on many
+    nodes at once stays a handful of `squeue`/`sinfo` calls, not one per node per second."""
+
+    def __init__(self, fetch: Callable[[], Any], max_age_s: float, clock: Callable[[], float]) -> None:
+        self._fetch, self._max_age_s, self._clock = fetch, max_age_s, clock
+        self._lock = threading.Lock()
+        self._value: Any = None
+        self._at = float("-inf")
+
+    def get(self) -> Any:
+        with self._lock:
+            now = self._clock()
+            if self._value is None or now - self._at >= self._max_age_s:
+                self._value = self._fetch()
+                self._at = now
+            return self._value
 
 
 @dataclass(frozen=True)
@@ -74,6 +98,10 @@ class NodeDriver:
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
+
+    def __post_init__(self) -> None:
+        self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
+        self._nodes_poll = SharedPoll(self.slurm.nodes, POLL_S, self.clock)
 
     @property
     def tag(self) -> str:
@@ -125,8 +153,12 @@ class NodeDriver:
                 if self._overdue(view, started):
                     outcome = "stuck"
                     error = f"{view.phase.value} for longer than its timeout; will retry"
+        except Superseded as exc:
+            outcome, error = "skipped", str(exc)
         except SlurmIdleError as exc:
             outcome, error = "error", str(exc)
+        except Exception as exc:  # noqa: BLE001 - an effector bug must not crash the tick
+            outcome, error = "error", f"{type(exc).__name__}: {exc}"
         result = StepResult(
             node=view.name,
             model=view.model,
@@ -160,7 +192,16 @@ class NodeDriver:
             (Phase.STARTING, Phase.SERVING): self._wait_serving,
         }
 
+    def _still_ours(self, view: NodeView) -> None:
+        """Raise Superseded if an admin drained (or downed) the node since we observed it."""
+        for node in self._nodes_poll.get():
+            if node.name == view.name:
+                if derive_phase(node, self.tag).phase is Phase.ADMIN:
+                    raise Superseded(f"{view.name} was taken by an admin ({node.reason!r}); leaving it alone")
+                return
+
     def _mark(self, view: NodeView, phase: Phase) -> None:
+        self._still_ours(view)
         self.slurm.drain(view.name, format_reason(self.tag, phase, self.clock(), view.pinned))
 
     def _replica(self, view: NodeView) -> ReplicaConfig:
@@ -201,6 +242,7 @@ class NodeDriver:
         return True
 
     def _stop_engine_and_resume(self, view: NodeView, deadline: float) -> bool:
+        self._still_ours(view)
         self._engine(view).stop(self._replica(view))
         # Comment first: a tick killed between the two leaves a drained "lending" node, which
         # the next tick carries on; never an undrained node without our comment.
@@ -210,14 +252,14 @@ class NodeDriver:
 
     def _start_engine(self, view: NodeView, deadline: float) -> bool:
         self._mark(view, Phase.STARTING)
+        if view.node.comment:  # a lend that failed after writing its comment
+            self.slurm.set_comment(view.name, "")
         self._engine(view).start(self._replica(view))
         return True
 
-    def _jobs_on(self, node: str) -> list[Any]:
-        return [
-            job for job in self.slurm.jobs()
-            if node in job.nodes and job.state in ACTIVE_JOB_STATES
-        ]
+    def _jobs_on(self, node: str, shared: bool = True) -> list[Any]:
+        jobs = self._jobs_poll.get() if shared else self.slurm.jobs()
+        return [job for job in jobs if node in job.nodes and job.state in ACTIVE_JOB_STATES]
 
     def _drain_and_requeue(self, view: NodeView, deadline: float) -> bool:
         self._mark(view, Phase.RECLAIMING)
@@ -226,15 +268,19 @@ class NodeDriver:
         self._requeue_lent_jobs(view.name)
         return True
 
-    def _requeue_lent_jobs(self, node: str) -> None:
+    def _requeue_lent_jobs(self, node: str, only_running: bool = False) -> None:
         lend_partition = self.config.slurm.lend_partition
-        jobs = [j for j in self._jobs_on(node) if j.partition == lend_partition]
+        jobs = [j for j in self._jobs_on(node, shared=False) if j.partition == lend_partition
+                and (not only_running or j.state == "RUNNING")]
         if jobs:
             ids = [j.job_id for j in jobs]
             log.info("%s: requeueing %s job(s) %s", node, lend_partition, ids)
             self.slurm.requeue(ids, grace_s=self.config.slurm.requeue_grace_s)
 
     def _wait_empty_then_start(self, view: NodeView, deadline: float) -> bool:
+        # A tick killed between the drain and the requeue left jobs RUNNING on a node the
+        # service needs: requeue them now rather than when the phase is overdue.
+        self._requeue_lent_jobs(view.name, only_running=True)
         requeued_again = False
         while True:
             jobs = self._jobs_on(view.name)
@@ -242,7 +288,7 @@ class NodeDriver:
                 break
             now = self.clock()
             if not requeued_again and self._overdue(view, now):
-                # Requeue lost (e.g. the tick died right after draining): ask again.
+                # Still not empty long after the requeue: ask again, whatever the state.
                 self._requeue_lent_jobs(view.name)
                 requeued_again = True
             if now >= deadline:

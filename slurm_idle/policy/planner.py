@@ -125,6 +125,14 @@ def _running(view: NodeView) -> tuple[float, str]:
     return (view.replica.running if view.replica is not None else 0.0), view.name
 
 
+def _stuck(view: NodeView, config: Config, now: float) -> bool:
+    """A RECLAIMING/STARTING node older than its timeout (timeouts.reclaim_s / start_s)."""
+    if view.phase_since is None:
+        return False
+    limit = config.timeouts.reclaim_s if view.phase is Phase.RECLAIMING else config.timeouts.start_s
+    return now - view.phase_since > limit
+
+
 def _act(kind: ActionKind, view: NodeView, to: Phase, reason: str, **details: float | str) -> Action:
     return Action(kind, view.name, view.model, view.phase, to, reason, dict(details))
 
@@ -138,6 +146,9 @@ def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list
     lending = m.nodes(Phase.LENDING)
     lent = m.nodes(Phase.LENT)
     coming = m.nodes(Phase.STARTING, Phase.RECLAIMING)
+    # A node stuck past its timeout is still carried on, but no longer counted on: otherwise
+    # one engine that never starts would hold the model below its need (and floor) forever.
+    arriving = [v for v in coming if not _stuck(v, config, now)]
 
     for view in m.adoptable:
         actions.append(_act(ActionKind.ADOPT, view, Phase.RECLAIMING,
@@ -158,7 +169,7 @@ def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list
             actions.append(_act(ActionKind.RECLAIM, view, Phase.RECLAIMING, "pinned: back to serving"))
             touched.add(view.name)
 
-    supply = len(serving) + len(coming) + len(m.adoptable) + sum(1 for v in retiring + lending + lent if v.pinned)
+    supply = len(serving) + len(arriving) + len(m.adoptable) + sum(1 for v in retiring + lending + lent if v.pinned)
     deficit = m.needed - supply
     if deficit > 0:
         up_reason = f"{m.reason}; {supply} serving or coming back"
@@ -178,7 +189,7 @@ def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list
             deficit -= 1
     elif (
         lend_budget > 0 and m.known and m.in_window and m.need.down is not None
-        and not coming and not m.adoptable
+        and not arriving and not m.adoptable
     ):
         max_lent = int(policy.max_lent_fraction * m.total + 1e-9)
         out = len(retiring) + len(lending) + len(lent)
@@ -191,6 +202,19 @@ def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list
                 needed=m.need.down, serving=len(serving),
             ))
             touched.add(view.name)
+
+    if not m.known:
+        # Never lend on unknown evidence: a lend under way stops where it is and comes back.
+        for view in retiring:
+            if view.name not in touched:
+                actions.append(_act(ActionKind.ABORT_LEND, view, Phase.SERVING,
+                                    f"{m.reason}: not lending on unknown metrics"))
+                touched.add(view.name)
+        for view in lending:
+            if view.name not in touched:
+                actions.append(_act(ActionKind.RECLAIM, view, Phase.STARTING,
+                                    f"{m.reason}: not lending on unknown metrics"))
+                touched.add(view.name)
 
     for view in retiring + lending + coming:
         if view.name not in touched:

@@ -10,7 +10,6 @@ GPU-hours and its preemption, matching sacct for that job (issue 7).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from typing import Any
 
@@ -68,7 +67,8 @@ def test_job_resumes_from_checkpoint_and_completes(story: tuple[Any, DemoReport]
     _, r = story
     assert r.job_final_state == "COMPLETED"
     assert r.resumed_from is not None and r.resumed_from > 0
-    assert r.job_output_tail[-1] == "done steps=120 sum=7260"
+    workload = [line for line in r.job_output_tail if not line.startswith("slurm-idle-run:")]
+    assert workload[-1] == "done steps=120 sum=7260"
 
 
 def test_report_matches_sacct_for_the_demo_job(story: tuple[Any, DemoReport]) -> None:
@@ -85,9 +85,10 @@ def test_report_matches_sacct_for_the_demo_job(story: tuple[Any, DemoReport]) ->
     for _, _, elapsed, tres in runs:
         gpus = next((int(t.split("=")[1]) for t in tres.split(",") if t.startswith("gres/gpu=")), 0)
         gpu_seconds += int(elapsed or 0) * gpus
-    assert report["preemptions"] >= 1
-    assert report["gpu_hours"] == pytest.approx(gpu_seconds / 3600, abs=2e-3)
-    per_job = {int(j["job_id"]): j for j in report.get("per_job", [])}
-    if per_job:
-        assert r.job_id in per_job
-    subprocess.run(["true"])  # keep the story's sandbox state for later tests untouched
+    assert len(runs) >= 2  # the preempted run and the completed one
+    per_job = {int(j["job_id"]): j for j in report["per_job"]}
+    demo = per_job[r.job_id]
+    assert demo["preemptions"] >= 1 and demo["runs"] == len(runs)
+    assert demo["gpu_hours"] == pytest.approx(gpu_seconds / 3600, abs=2e-3)
+    assert report["preemptions"] >= demo["preemptions"]
+    assert report["gpu_hours"] >= demo["gpu_hours"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_idle.agent import Agent, observe
+from slurm_idle.agent import Agent
 from slurm_idle.config import Config, parse_config
 from slurm_idle.journal import Journal
 from slurm_idle.lifecycle import format_lent_comment, format_reason
@@ -134,7 +134,7 @@ def test_reclaim_requeues_lent_jobs_and_restarts_engine(tmp_path: Path) -> None:
 
 def test_slow_start_is_left_for_next_tick(tmp_path: Path) -> None:
     """An engine not healthy by the budget leaves the node STARTING; the next tick finishes."""
-    agent, slurm, engine, _, clock = make_agent(tmp_path, planner=continue_all)
+    agent, slurm, engine, _, _clock = make_agent(tmp_path, planner=continue_all)
     slurm.node_map["gpu3"] = slurm.node_map["gpu3"].__class__(
         name="gpu3", state="idle", flags=frozenset({"DRAIN"}),
         reason=format_reason("slurm-idle", Phase.RECLAIMING, T0))
@@ -247,7 +247,7 @@ def test_real_planner_adopts_then_lends_to_the_floor(tmp_path: Path) -> None:
     """With the real plan(): unmanaged nodes are adopted, then low load lends all but the floor."""
     from slurm_idle import policy
 
-    agent, slurm, engine, metrics, _ = make_agent(tmp_path, planner=policy.plan)
+    agent, _slurm, engine, metrics, _ = make_agent(tmp_path, planner=policy.plan)
     agent.assessor = policy.assess
     low_load(metrics)
     for _ in range(4):
@@ -263,7 +263,7 @@ def test_real_planner_reclaims_when_queue_builds(tmp_path: Path) -> None:
     """With the real plan(): a sustained queue brings lent nodes back to serving in one tick."""
     from slurm_idle import policy
 
-    agent, slurm, engine, metrics, _ = make_agent(tmp_path, planner=policy.plan)
+    agent, _slurm, _engine, metrics, _ = make_agent(tmp_path, planner=policy.plan)
     agent.assessor = policy.assess
     low_load(metrics)
     for _ in range(4):
@@ -273,3 +273,66 @@ def test_real_planner_reclaims_when_queue_builds(tmp_path: Path) -> None:
                                     waiting_max_window=40, waiting_min_window=30)
     agent.tick()
     assert set(phases(agent).values()) == {Phase.SERVING}
+
+
+def test_admin_drain_during_a_wait_is_respected(tmp_path: Path) -> None:
+    """An admin who drains a retiring node while it drains requests keeps it: no resume, no rewrite."""
+    agent, slurm, engine, _, clock = make_agent(tmp_path, planner=continue_all)
+    agent.tick()
+    engine.running["gpu1"] = 3.0  # requests in flight: the retire step waits
+    real_sleep = clock.sleep
+
+    def admin_acts_while_we_wait(s: float) -> None:
+        node = slurm.node_map["gpu1"]
+        slurm.node_map["gpu1"] = node.__class__(name="gpu1", state="idle", flags=frozenset({"DRAIN"}),
+                                                reason="admin: disk check")
+        real_sleep(s)
+
+    agent.sleep = admin_acts_while_we_wait
+    obs = agent.observe()
+    steps = agent.run_actions(
+        [Action(ActionKind.LEND, "gpu1", "m", Phase.SERVING, Phase.RETIRING, "low")], obs)
+    assert steps[-1].outcome == "skipped"
+    assert slurm.node_map["gpu1"].reason == "admin: disk check"
+    assert "DRAIN" in slurm.node_map["gpu1"].flags
+    assert engine.up["gpu1"] is True
+
+
+def test_unexpected_exception_becomes_an_error_outcome(tmp_path: Path) -> None:
+    """A bug-class exception in an effector is journaled as an error; the tick still completes."""
+    agent, _slurm, engine, _, _ = make_agent(tmp_path, planner=continue_all)
+
+    def broken_start(replica: object) -> None:
+        raise ConnectionError("engine socket vanished")
+
+    engine.start = broken_start  # type: ignore[method-assign]
+    for n in ("gpu1", "gpu2", "gpu3"):
+        engine.up[n] = False
+    result = agent.tick()
+    assert result.error is None
+    assert {s.outcome for s in result.steps if s.to_phase is Phase.STARTING} == {"error"}
+    assert any("ConnectionError" in (s.error or "") for s in result.steps)
+
+
+def test_jobs_left_running_by_a_killed_tick_are_requeued_next_tick(tmp_path: Path) -> None:
+    """A node RECLAIMING with idle jobs still RUNNING (tick died before requeue) is requeued at once."""
+    agent, slurm, _engine, _, _ = make_agent(tmp_path, planner=continue_all)
+    slurm.node_map["gpu1"] = slurm.node_map["gpu1"].__class__(
+        name="gpu1", state="mixed", flags=frozenset({"DRAIN"}),
+        reason=format_reason("slurm-idle", Phase.RECLAIMING, T0))
+    slurm.job_list = [SlurmJob(job_id=9, name="t", partition="idle", state="RUNNING", nodes=("gpu1",))]
+    agent.tick()
+    assert ("requeue", "9") in slurm.log
+    assert phases(agent)["gpu1"] is Phase.SERVING
+
+
+def test_pool_node_missing_from_slurm_is_unknown_not_admin(tmp_path: Path) -> None:
+    """A configured node Slurm does not know is reported (unknown phase, error), never acted on."""
+    agent, slurm, *_ = make_agent(tmp_path, planner=continue_all)
+    del slurm.node_map["gpu3"]
+    obs = agent.observe()
+    assert next(v for v in obs.nodes if v.name == "gpu3").phase is Phase.UNKNOWN
+    assert any("gpu3 is not known to Slurm" in e for e in obs.errors)
+    from slurm_idle import policy
+
+    assert all(a.node != "gpu3" for a in policy.plan(obs, agent.config, obs.now))

@@ -25,7 +25,7 @@ models:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "slurm_idle.cli", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "slurm_idle.cli", *args], capture_output=True, text=True, timeout=60, check=False
     )
 
 
@@ -118,3 +118,19 @@ def test_cli_help_lists_every_command() -> None:
     for name in ["tick", "status", "explain", "pin", "unpin", "lend", "reclaim", "submit",
                  "pipeline", "jobs", "simulate", "report", "metrics", "config"]:
         assert f"  {name} " in proc.stdout, name
+
+
+def test_bad_lending_window_and_zone_fail_at_check_time() -> None:
+    """A malformed lending window or time zone is a config error, not a crash of every tick."""
+    with pytest.raises(ConfigError, match=r"policy\.lending_windows"):
+        parse_config(MINIMAL + "policy: {lending_windows: ['25:99-xx']}\n")
+    with pytest.raises(ConfigError, match=r"policy\.timezone.*Mars/Olympus"):
+        parse_config(MINIMAL + "policy: {timezone: Mars/Olympus}\n")
+
+
+def test_non_utf8_config_is_one_line(tmp_path: Path) -> None:
+    """A binary file given as config is reported in one line with exit 2."""
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"\xff\xfe\x00bad")
+    proc = run_cli("config", "check", str(path))
+    assert proc.returncode == 2 and "UTF-8" in proc.stderr and "Traceback" not in proc.stderr

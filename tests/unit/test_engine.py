@@ -241,6 +241,12 @@ def test_sleep_start_on_dead_server_says_so() -> None:
         sleep_engine().start(closed_port_replica())
 
 
+def test_sleep_stop_on_silent_server_refuses_to_lend() -> None:
+    """Sleeping a server that does not answer raises: a hung vLLM may still hold the GPUs."""
+    with pytest.raises(EngineError, match="cannot confirm it released the GPUs"):
+        sleep_engine().stop(closed_port_replica())
+
+
 def test_sleep_without_dev_mode_hints(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
     """A 404 on /sleep names the vLLM flags that enable sleep mode."""
     state, replica = vllm

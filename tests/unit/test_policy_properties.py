@@ -7,11 +7,12 @@ from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from .test_policy_helpers import CAP, NOW, config, node
 
 from slurm_idle.config import Config
 from slurm_idle.model import ActionKind, ModelLoad, NodeView, Observation, Phase
 from slurm_idle.policy import apply_actions, plan
+
+from .test_policy_helpers import CAP, NOW, config, node
 
 PHASES = list(Phase)
 COMMITTED = {Phase.SERVING, Phase.STARTING, Phase.RECLAIMING}

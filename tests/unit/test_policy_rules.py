@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from .test_policy_helpers import NOW, config, load, node, observation
 
 from slurm_idle.errors import ConfigError
 from slurm_idle.model import ActionKind, ModelLoad, Phase, SlurmJob
@@ -16,6 +15,8 @@ from slurm_idle.policy import (
     plan,
     replicas_for,
 )
+
+from .test_policy_helpers import NOW, config, load, node, observation
 
 
 def kinds(actions, kind):  # type: ignore[no-untyped-def]
@@ -346,3 +347,23 @@ def test_default_forecast_lead_follows_the_engine() -> None:
     """The lead time is the knob if set, else grace + start (+ a tick)."""
     assert default_forecast_lead_s(config(), "m0") == 420.0
     assert default_forecast_lead_s(config(forecast_lead_s=100.0), "m0") == 100.0
+
+
+def test_stuck_starting_node_no_longer_counts_toward_the_floor() -> None:
+    """A node STARTING past timeouts.start_s is carried on, and a lent node is reclaimed in its place."""
+    from dataclasses import replace as _replace
+
+    stuck = _replace(node("m0-n1", Phase.STARTING), phase_since=NOW - 10_000)
+    obs = observation(node("m0-n0"), stuck, node("m0-n2", Phase.LENT), loads=(load(0.0),))
+    actions = plan(obs, config(replicas=3, floor=2), NOW)
+    assert (ActionKind.RECLAIM, "m0-n2") in [(a.kind, a.node) for a in actions]
+    assert (ActionKind.CONTINUE, "m0-n1") in [(a.kind, a.node) for a in actions]
+
+
+def test_unknown_metrics_bring_a_lend_under_way_back() -> None:
+    """With unknown load, RETIRING returns to SERVING and LENDING to STARTING: nothing is lent."""
+    obs = observation(node("m0-n0"), node("m0-n1", Phase.RETIRING), node("m0-n2", Phase.LENDING),
+                      loads=(load(0.0, known=False),))
+    got = {(a.kind, a.node, a.to_phase) for a in plan(obs, config(replicas=3), NOW)}
+    assert got == {(ActionKind.ABORT_LEND, "m0-n1", Phase.SERVING),
+                   (ActionKind.RECLAIM, "m0-n2", Phase.STARTING)}
