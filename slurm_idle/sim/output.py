@@ -53,8 +53,15 @@ def plot_run(
 
     need = Simulation(trace, fleet, params).need
     hours = [m / 60.0 for m in range(trace.minutes)]
-    fig, axes = plt.subplots(len(fleet), 1, figsize=(14, 4 * len(fleet)), squeeze=False)
-    for ax, f in zip(axes[:, 0], fleet, strict=True):
+    fig, axes = plt.subplots(2 * len(fleet), 1, figsize=(14, 6 * len(fleet)), squeeze=False,
+                             sharex=True, gridspec_kw={"height_ratios": [1, 2] * len(fleet)})
+    for i, f in enumerate(fleet):
+        load_ax, ax = axes[2 * i, 0], axes[2 * i + 1, 0]
+        series = trace.series[f.name]
+        load_ax.plot(hours, series.rps, color="tab:gray", linewidth=0.7, label="load (requests/s)")
+        load_ax.set_ylabel("requests/s")
+        load_ax.set_title(f"{f.name} under {policy}")
+        load_ax.legend(loc="upper left")
         rows = result.timeline[f.name]
         ax.plot(hours, need[f.name], label="needed replicas", color="tab:red", linewidth=0.8)
         ax.plot(hours, [r[0] for r in rows], label="serving replicas", color="tab:blue", linewidth=0.8)
@@ -64,9 +71,8 @@ def plot_run(
         lent.fill_between(hours, [r[2] * f.gpus_per_replica for r in rows], color="tab:green",
                           alpha=0.25, label="lent GPUs")
         lent.set_ylabel("lent GPUs")
-        ax.set_title(f"{f.name} under {policy}")
-        ax.legend(loc="upper left")
-        lent.legend(loc="upper right")
+        ax.legend(loc="upper left", framealpha=0.9)
+        lent.legend(loc="upper right", framealpha=0.9)
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=100)

@@ -116,6 +116,21 @@ class Story:
                 fields[key] = value
         return fields
 
+    def demo_spec(self) -> Path:
+        """etc/examples/demo-job.yaml with its checkpoint dir and log under this run's own
+        directory: Slurm job ids restart at 1 in every new sandbox, so a checkpoint dir keyed
+        by job id alone would hand a new job an old run's checkpoint."""
+        import yaml
+
+        run_dir = Path(self.sb.root) / "demo" / time.strftime("%Y%m%dT%H%M%S")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        spec = yaml.safe_load(DEMO_SPEC.read_text())
+        spec["mounts"]["checkpoint"]["source"] = str(run_dir / "checkpoint-{job_id}")
+        spec["log"] = str(run_dir / "demo-%j.out")
+        path = run_dir / "demo-job.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        return path
+
     def reset(self) -> None:
         """Start from a plain cluster: no jobs, nodes undrained without comments, engines up."""
         reset_cluster(self.sb, self.config.paths.journal)
@@ -144,14 +159,21 @@ class Story:
         r.lent_nodes_at_low_load = sorted(n for n, p in self.phases().items() if p is Phase.LENT)
         self.say(f"lent: {', '.join(r.lent_nodes_at_low_load)} (in {r.timings_s['lend']:.0f}s)")
 
-        proc = sb.run([sys.executable, "-m", "slurm_idle.cli", "submit", str(DEMO_SPEC), "--json"],
+        spec_file = self.demo_spec()
+        proc = sb.run([sys.executable, "-m", "slurm_idle.cli", "submit", str(spec_file), "--json"],
                       capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"demo: submit failed: {proc.stderr.strip()}")
         r.job_id = int(json.loads(proc.stdout)["job_id"])
         self.say(f"researcher submits the demo container job: job {r.job_id} on partition idle")
-        self.until("the demo job running", lambda: (j := self.job()) is not None and j.state == "RUNNING",
-                   180, tick=False)
+        try:
+            self.until("the demo job running",
+                       lambda: (j := self.job()) is not None and j.state == "RUNNING", 180, tick=False)
+        except TimeoutError as exc:
+            info = self.scontrol_job()
+            nodes = sb.run(["sinfo", "-N", "-h", "-o", "%N %T %E"], capture_output=True, text=True).stdout
+            raise TimeoutError(f"{exc}: JobState={info.get('JobState')} Reason={info.get('Reason')}; "
+                               f"nodes: {' | '.join(nodes.splitlines())}") from None
         job = self.job()
         assert job is not None
         r.job_first_node = job.nodes[0] if job.nodes else ""

@@ -60,3 +60,16 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    """--plot draws a PNG (matplotlib comes with the `plot` extra)."""
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "sim.png"
+    done = run_cli("--synthetic", "--days", "1", "--fleet", "m=4:4:2500", "--policy", "slurm-idle",
+                   "--plot", str(out))
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 10_000
