@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slurm_idle.errors import ConfigError
 from slurm_idle.hostlist import expand_hostlist
+from slurm_idle.yamlfile import parse_yaml, read_text
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-idle/slurm-idle.yaml"
 CONFIG_ENV = "SLURM_IDLE_CONFIG"
@@ -248,31 +248,13 @@ def resolve_config_path(path: str | None) -> str:
 
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a config file, raising ConfigError with a one-line message."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{p}: config file not found (use --config PATH or set ${CONFIG_ENV})"
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not a UTF-8 text file (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read config: {exc.strerror}") from None
-    return parse_config(text, source=str(p))
+    text = read_text(path, "config file", f" (use --config PATH or set ${CONFIG_ENV})")
+    return parse_config(text, source=str(Path(path)))
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
     """Validate config text; errors name the source and the line or dotted field path."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{source}: YAML syntax error at {where}: {problem}") from None
-    if data is None:
-        raise ConfigError(f"{source}: config file is empty")
+    data = parse_yaml(text, source, "config file")
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
     try:

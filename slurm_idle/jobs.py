@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slurm_idle import __version__
 from slurm_idle.config import describe_validation_error
 from slurm_idle.errors import ConfigError
+from slurm_idle.yamlfile import parse_yaml, read_text
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -215,24 +215,7 @@ def parse_job_spec(data: Any, source: str = "<job spec>") -> JobSpec:
 
 def read_yaml(path: str | os.PathLike[str]) -> Any:
     """Load a YAML file, turning I/O and syntax problems into one-line ConfigErrors."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: file not found") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not a UTF-8 text file (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
-        raise ConfigError(f"{p}: YAML syntax error at {where}") from None
-    if data is None:
-        raise ConfigError(f"{p}: file is empty")
-    return data
+    return parse_yaml(read_text(path), str(Path(path)))
 
 
 def load_job_spec(path: str | os.PathLike[str]) -> JobSpec:

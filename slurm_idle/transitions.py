@@ -222,22 +222,18 @@ class NodeDriver:
         return True
 
     def _wait_idle_then_lending(self, view: NodeView, deadline: float) -> bool:
+        from slurm_idle.engine import wait_until_idle
+
         engine, replica = self._engine(view), self._replica(view)
         drain_s = self.config.engine_for(view.model).drain_timeout_s
         since = view.phase_since if view.phase_since is not None else self.clock()
         give_up_at = since + drain_s
-        while True:
-            running = engine.in_flight(replica)
-            if running is None or running <= 0:
-                break  # idle, or the engine no longer answers: nothing left to drop
-            now = self.clock()
-            if now >= give_up_at:
-                log.warning("%s: %s requests still running after %.0fs drain window; stopping anyway",
-                            view.name, running, drain_s)
-                break
-            if now >= deadline:
-                return False
-            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+        wait_s = max(0.0, min(deadline, give_up_at) - self.clock())
+        if not wait_until_idle(engine, replica, wait_s, self.clock, self.sleep, POLL_S):
+            if self.clock() < give_up_at:
+                return False  # still draining at the tick's deadline: the next tick carries on
+            log.warning("%s: requests still running after the %.0fs drain window; stopping anyway",
+                        view.name, drain_s)
         self._mark(view, Phase.LENDING)
         return True
 
@@ -299,21 +295,16 @@ class NodeDriver:
         return True
 
     def _wait_serving(self, view: NodeView, deadline: float) -> bool:
+        from slurm_idle.engine import wait_until_serving
+
         engine, replica = self._engine(view), self._replica(view)
-        first = True
-        while True:
-            health = engine.health(replica)
-            if health.serving:
-                break
-            if first:
-                # start() is idempotent; issuing it again covers a tick killed between writing
-                # STARTING and starting the engine.
-                engine.start(replica)
-                first = False
-            now = self.clock()
-            if now >= deadline:
-                return False
-            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+        if not engine.health(replica).serving:
+            # start() is idempotent; issuing it again covers a tick killed between writing
+            # STARTING and starting the engine.
+            engine.start(replica)
+        wait_s = max(0.0, deadline - self.clock())
+        if not wait_until_serving(engine, replica, wait_s, self.clock, self.sleep, POLL_S):
+            return False
         self._mark(view, Phase.SERVING)
         return True
 

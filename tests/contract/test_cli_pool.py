@@ -10,7 +10,6 @@ import fcntl
 import json
 import os
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 from slurm_idle.config import load_config
 from slurm_idle.testing.demo import reset_cluster
+from slurm_idle.testing.waiting import poll
 
 pytestmark = pytest.mark.sandbox
 
@@ -44,11 +44,7 @@ def phases(sb: Any) -> dict[str, str]:
 
 
 def wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(1)
+    poll(cond, timeout_s, what, interval_s=1.0)
 
 
 def test_status_json_shape_on_a_fresh_cluster(sb: Any) -> None:

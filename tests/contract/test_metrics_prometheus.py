@@ -7,6 +7,7 @@ blind sleep. Each test leaves the simulated load at 0.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from slurm_idle.metrics.prometheus import PrometheusSource
 from slurm_idle.metrics.scrape import ScrapeSource
 from slurm_idle.model import ModelLoad, ReplicaLoad
 from slurm_idle.testing.sandbox import Sandbox
+from slurm_idle.testing.waiting import poll as _poll
 
 pytestmark = pytest.mark.sandbox
 
@@ -26,16 +28,7 @@ KEYS = {"url", "model", "engine", "running", "waiting", "kv_cache_usage", "sleep
         "generation_tokens_per_s", "prompt_tokens_per_s", "ttft_p95_s", "queue_time_p95_s"}
 
 
-def poll(check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 1.0) -> Any:
-    """The first truthy value of check(); fails the test after timeout_s with the last value."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval_s)
-    pytest.fail(f"{what} not seen within {timeout_s}s (last: {last!r})")
+poll = functools.partial(_poll, interval_s=1.0)
 
 
 @pytest.fixture()

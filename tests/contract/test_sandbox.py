@@ -11,9 +11,7 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +20,9 @@ import pytest
 from slurm_idle.config import load_config
 from slurm_idle.testing import procs
 from slurm_idle.testing.sandbox import Sandbox
+from slurm_idle.testing.waiting import poll
 
 pytestmark = pytest.mark.sandbox
-
-
-def poll(check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5) -> Any:
-    """Return the first truthy value of check(), failing the test after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval_s)
-    pytest.fail(f"{what} not seen within {timeout_s}s (last: {last!r})")
 
 
 def ok(sb: Sandbox, argv: list[str]) -> str:

@@ -9,7 +9,7 @@ runs; commands time out.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +20,11 @@ from slurm_idle.errors import CommandError
 from slurm_idle.model import SlurmJob
 from slurm_idle.slurm import CliBackend, make_backend
 from slurm_idle.slurm.runner import TIMEOUT_RC, SubprocessRunner
+from slurm_idle.testing.waiting import poll
 
 pytestmark = pytest.mark.sandbox
 
 NEVER = {"FAILED", "CANCELLED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
-
-
-def poll(check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5) -> Any:
-    """The first truthy value of check(); fails the test after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval_s)
-    pytest.fail(f"{what} not seen within {timeout_s}s (last: {last!r})")
 
 
 @pytest.fixture(scope="module")

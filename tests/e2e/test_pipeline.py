@@ -8,10 +8,9 @@ failed upstream named, while an independent branch completes.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
-import time
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,21 +19,14 @@ import pytest
 import yaml
 
 from slurm_idle.testing.images import BUSYBOX_IMAGE, build_demo_image
+from slurm_idle.testing.waiting import poll as _poll
 
 pytestmark = pytest.mark.sandbox
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "etc" / "examples"
 
 
-def poll(check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval_s)
-    pytest.fail(f"{what} not seen within {timeout_s}s (last: {last!r})")
+poll = functools.partial(_poll, interval_s=1.0)
 
 
 @pytest.fixture(scope="module")

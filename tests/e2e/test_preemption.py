@@ -15,7 +15,6 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +31,13 @@ from slurm_idle.runner import (
     run_container,
 )
 from slurm_idle.testing.images import build_demo_image
+from slurm_idle.testing.waiting import poll
 
 pytestmark = pytest.mark.sandbox
 
 STEPS = 20
 PREEMPT_AT_STEP = 7
 EXAMPLE = Path(__file__).resolve().parents[2] / "etc" / "examples" / "demo-job.yaml"
-
-
-def poll(check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval_s)
-    pytest.fail(f"{what} not seen within {timeout_s}s (last: {last!r})")
 
 
 def job_fields(sandbox: Any, job_id: int) -> dict[str, str]:

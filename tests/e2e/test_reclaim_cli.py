@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import yaml
 from slurm_idle.config import load_config
 from slurm_idle.runner import LABEL_MANAGED
 from slurm_idle.testing.demo import DEMO_SPEC, reset_cluster
+from slurm_idle.testing.waiting import poll
 
 pytestmark = pytest.mark.sandbox
 
@@ -38,11 +38,7 @@ def job_fields(sb: Any, job_id: int) -> dict[str, str]:
 
 
 def wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(1)
+    poll(cond, timeout_s, what, interval_s=1.0)
 
 
 def test_reclaim_requeues_and_the_job_resumes(sandbox: Any, tmp_path: Path) -> None:
