@@ -18,7 +18,13 @@ from typing import Any
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.lifecycle import check_transition, derive_phase, format_lent_comment, format_reason
+from slurm_idle.lifecycle import (
+    check_transition,
+    derive_phase,
+    format_lent_comment,
+    format_reason,
+    next_phase,
+)
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Action, ActionKind, NodeView, Phase
 
@@ -113,31 +119,22 @@ class NodeDriver:
         """Carry `view`'s node from its phase toward where `action` leads, until settled,
         blocked on a condition at `deadline`, or failed. Returns every step attempted."""
         results: list[StepResult] = []
-        target = action.to_phase
+        target: Phase | None = action.to_phase
         reason = action.reason
         current = view
-        while True:
-            if results:
-                target = self._forward(current.phase)
-                if target is None:
-                    return results
+        while target is not None:
             result = self._step(current, target, action.kind.value, reason, deadline)
             results.append(result)
             self.on_step(result)
             if result.outcome != "ok":
-                return results
+                break
             current = replace(current, phase=target, phase_since=result.started + result.duration_s)
-            following = self._forward(current.phase)
-            if following is not None:
-                reason = check_transition(current.phase, following)
+            target = next_phase(current.phase)
+            if target is not None:
+                reason = check_transition(current.phase, target)
+        return results
 
     # -- the steps, one per edge ----------------------------------------------------------------
-
-    @staticmethod
-    def _forward(phase: Phase) -> Phase | None:
-        from slurm_idle.lifecycle import next_phase
-
-        return next_phase(phase)
 
     def _step(
         self, view: NodeView, to_phase: Phase, action: str, reason: str, deadline: float

@@ -7,6 +7,7 @@ effects live in policy.py, agent.py and transitions.py.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -87,10 +88,10 @@ def status(ctx: Context, as_json: bool) -> None:
 def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
     """Why the latest decisions were taken (for NODE, or all nodes), from the journal."""
     config = ctx.config()
-    journal = Journal(_path(config.paths.journal))
-    transitions = [r for r in journal.records() if r.get("event") == "transition"
+    records = list(Journal(Path(config.paths.journal)).records())
+    transitions = [r for r in records if r.get("event") == "transition"
                    and (node is None or r.get("node") == node)]
-    ticks = [r for r in journal.records() if r.get("event") == "tick"]
+    ticks = [r for r in records if r.get("event") == "tick"]
     if node is not None and config.replica(node) is None:
         raise SlurmIdleError(f"{node} is not a pool node in {ctx.resolved_config_path}")
     shown = transitions[-last:]
@@ -107,12 +108,6 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
         t = ticks[-1]
         click.echo(f"last tick {t.get('time')}: needed {t.get('needed')}, serving {t.get('serving')}, "
                    f"{t.get('actions')} action(s), {t.get('errors')} error(s)")
-
-
-def _path(p: str) -> Any:
-    from pathlib import Path
-
-    return Path(p)
 
 
 def _view(obs: Observation, node: str) -> NodeView:

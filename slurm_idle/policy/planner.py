@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from slurm_idle.config import Config, ModelConfig
+from slurm_idle.lifecycle import next_phase
 from slurm_idle.model import (
     Action,
     ActionKind,
@@ -27,13 +28,6 @@ from slurm_idle.model import (
 )
 from slurm_idle.policy.capacity import Need, assess_need
 from slurm_idle.policy.windows import in_windows
-
-_NEXT = {
-    Phase.RETIRING: Phase.LENDING,
-    Phase.LENDING: Phase.LENT,
-    Phase.RECLAIMING: Phase.STARTING,
-    Phase.STARTING: Phase.SERVING,
-}
 
 
 @dataclass(frozen=True)
@@ -218,7 +212,8 @@ def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list
 
     for view in retiring + lending + coming:
         if view.name not in touched:
-            nxt = _NEXT[view.phase]
+            nxt = next_phase(view.phase)
+            assert nxt is not None  # retiring/lending/reclaiming/starting all move on
             actions.append(_act(ActionKind.CONTINUE, view, nxt,
                                 f"carry on {view.phase.value} -> {nxt.value}"))
     return actions

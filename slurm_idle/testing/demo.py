@@ -64,7 +64,7 @@ class Story:
         self.agent = build_agent(self.config)
         self.t0 = time.monotonic()
         self.report = DemoReport()
-        self._last_phases: dict[str, str] = {}
+        self._last_summary = ""
 
     # -- helpers ----------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -83,9 +83,9 @@ class Story:
                          f"{step.outcome}: {step.error}")
         phases = self.phases()
         summary = " ".join(f"{n}={p.value}" for n, p in sorted(phases.items()))
-        if summary != self._last_phases.get("summary"):
+        if summary != self._last_summary:
             self.say(f"phases: {summary}")
-            self._last_phases["summary"] = summary
+            self._last_summary = summary
         return phases
 
     def until(self, what: str, cond: Callable[[], bool], timeout_s: float, tick: bool = True) -> float:
@@ -225,8 +225,6 @@ class Story:
     def _read_output(self) -> None:
         info = self.scontrol_job()
         path = info.get("StdOut")
-        if not path or not Path(path).exists():
-            path = str(self._stdout_from_sacct() or "")
         lines = Path(path).read_text().splitlines() if path and Path(path).exists() else []
         self.report.job_output_tail = lines[-15:]
         resumed = [int(m.group(1)) for line in lines if (m := re.search(r"resumed_from=(\d+)", line))]
@@ -236,9 +234,6 @@ class Story:
         spec = load_job_spec(DEMO_SPEC)
         step_s = float(spec.params.get("step_s", 1)) if spec.params else 1.0
         self.report.lost_gpu_s = lost_gpu_seconds(lines, gpus=spec.gpus, step_s=step_s)
-
-    def _stdout_from_sacct(self) -> str | None:
-        return None
 
 
 def reset_cluster(sb: Any, journal: str | None = None) -> None:
