@@ -201,6 +201,17 @@ class Signals:
         signal.signal(signal.SIGINT, lambda *_: self.term.set())
         signal.signal(signal.SIGUSR1, lambda *_: self.usr1.set())
 
+    def settle(self) -> None:
+        """The exit code is decided: ignore stop signals from now until the process is gone.
+
+        At exit Python resets its signal handlers to the default action, which for SIGTERM
+        and SIGUSR1 is death. A time-limit warning (slurmctld sends it on its own ~30 s beat)
+        landing in that window turned a finished job into FAILED ("task 0: User defined
+        signal 1"). Ignored signals are left ignored, so the decided code stands.
+        """
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(signum, signal.SIG_IGN)
+
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -498,9 +509,16 @@ def _client(docker_host: str | None, timeout: int | None = 60) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `slurm-idle-run`; returns (and exits with) the codes documented above."""
-    args = _parse_args(argv)
     signals = Signals()
     signals.install()
+    try:
+        return _main(argv, signals)
+    finally:
+        signals.settle()
+
+
+def _main(argv: Sequence[str] | None, signals: Signals) -> int:
+    args = _parse_args(argv)
     report = Reporter(sys.stdout.buffer)
     try:
         client = _client(args.docker_host)

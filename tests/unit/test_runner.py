@@ -369,3 +369,61 @@ def test_runner_resolves_the_job_id_placeholder(tmp_path: Path) -> None:
     run(client, sp)
     (mount,) = [m for m in client.containers.created[0].kwargs["mounts"] if m["Target"] == "/ck"]
     assert mount["Source"] == str(tmp_path / "ck-42") and (tmp_path / "ck-42").is_dir()
+
+
+LATE_SIGNAL_CHILD = """
+import os, signal, sys
+from slurm_idle.runner import Signals
+
+signals = Signals()
+signals.install()
+if sys.argv[1] == "settle":
+    signals.settle()
+
+
+class LateSignal:
+    # Module globals are cleared after Python has reset its signal handlers: this lands
+    # in the same window as a time-limit warning arriving while the runner exits.
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+
+late = LateSignal()
+"""
+
+
+@pytest.mark.parametrize("settle, expected_rc", [("settle", 0), ("no-settle", -10)])
+def test_a_signal_while_the_runner_exits_does_not_kill_it(settle: str, expected_rc: int) -> None:
+    """Regression (CI): SIGUSR1 during interpreter exit killed a finished job's runner (FAILED).
+
+    The no-settle case shows the window is real, so the settle case can fail.
+    """
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", LATE_SIGNAL_CHILD, settle], capture_output=True, timeout=60,
+        check=False,
+    )
+    assert proc.returncode == expected_rc, proc.stderr.decode()
+
+
+def test_main_settles_its_signals_whatever_the_outcome(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() leaves SIGTERM/SIGUSR1 ignored when it returns, even on an early error."""
+    import signal
+
+    from slurm_idle import runner
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+
+    def no_engine(*_: Any, **__: Any) -> Any:
+        raise docker.errors.DockerException("no engine here")
+
+    monkeypatch.setattr(runner, "_client", no_engine)
+    try:
+        assert runner.main(["--cleanup", "1"]) == EXIT_START_FAILED
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
