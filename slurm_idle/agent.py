@@ -9,6 +9,7 @@ of an effector are journaled and become inputs of the next tick, never a crash o
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -94,6 +95,21 @@ def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation
     finally:
         if collecting:
             gc.enable()
+
+
+def _log_observation(obs: Observation) -> None:
+    """-v: what the planner is about to decide from, one line per model and per node phase."""
+    for m in obs.models:
+        log.debug(
+            "observed %s: known=%s demand=%.1f tok/s (window max %s) running=%.1f waiting=%.1f "
+            "kv_max=%.2f ttft_p95=%s", m.model, m.known,
+            m.prompt_tokens_per_s + m.generation_tokens_per_s, m.demand_tokens_per_s_max_window,
+            m.running, m.waiting, m.kv_cache_usage_max, m.ttft_p95_s,
+        )
+    for v in obs.nodes:
+        log.debug("observed %s: model=%s phase=%s%s slurm=%s jobs=%d replica=%s", v.name, v.model,
+                  v.phase.value, " pinned" if v.pinned else "", v.node.state, len(v.jobs),
+                  "up" if v.replica is not None else "-")
 
 
 @dataclass
@@ -197,6 +213,8 @@ class Agent:
             result.observation = obs
             for problem in obs.errors:
                 log.warning("%s", problem)
+            if log.isEnabledFor(logging.DEBUG):
+                _log_observation(obs)
             result.plans = self.assessor(obs, self.config, obs.now)
             result.actions = self.planner(obs, self.config, obs.now)
             for action in result.actions:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_idle.lifecycle import TRANSITIONS
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Phase
 
@@ -48,7 +49,7 @@ METRICS: dict[str, tuple[str, str]] = {
 def write_textfile(
     path: str | os.PathLike[str],
     *,
-    phases: Mapping[str, int],
+    phases: Mapping[str, int] | None,
     needed: Mapping[str, int],
     serving: Mapping[str, int],
     tick_duration_s: float,
@@ -60,7 +61,8 @@ def write_textfile(
     """Write the agent's metrics for this tick, carrying the counters over from the last file.
 
     `transitions` are this tick's successful (from_phase, to_phase) pairs; `floors` (optional)
-    is each model's `min_serving_replicas`, for the "serving below floor" alert.
+    is each model's `min_serving_replicas`, for the "serving below floor" alert. `phases` is
+    None when the pool could not be observed (the node gauge is then left without samples).
     """
     target = Path(path)
     previous = read_counters(target)
@@ -80,7 +82,7 @@ def write_textfile(
 
 def render(
     *,
-    phases: Mapping[str, int],
+    phases: Mapping[str, int] | None,
     needed: Mapping[str, int],
     serving: Mapping[str, int],
     tick_duration_s: float,
@@ -91,20 +93,17 @@ def render(
     previous: Counters,
 ) -> str:
     """The textfile's content (pure): previous counters + this tick's increments."""
-    moved: dict[tuple[str, str], float] = dict(previous.transitions)
-    for from_phase, to_phase in transitions:
-        key = (str(from_phase), str(to_phase))
-        moved[key] = moved.get(key, 0.0) + 1
-    # Every phase appears, so a phase that empties reads 0 rather than vanishing.
-    phase_counts = {p.value: 0 for p in Phase}
-    for phase, count in phases.items():
-        phase_counts[str(phase)] = int(count)
+    # Every phase appears, so a phase that empties reads 0 rather than vanishing; when the
+    # pool could not be observed (phases None) the gauge has no sample: unknown, not empty.
+    phase_counts: dict[str, int] = {}
+    if phases is not None:
+        phase_counts = {p.value: 0 for p in Phase}
+        for phase, count in phases.items():
+            phase_counts[str(phase)] = int(count)
 
     samples: dict[str, list[tuple[dict[str, str], float]]] = {
         "slurm_idle_nodes": [({"phase": p}, n) for p, n in phase_counts.items()],
-        "slurm_idle_transitions_total": [
-            ({"from": f, "to": t}, n) for (f, t), n in sorted(moved.items())
-        ],
+        "slurm_idle_transitions_total": _transition_samples(previous, transitions),
         "slurm_idle_tick_duration_seconds": [({}, float(tick_duration_s))],
         "slurm_idle_last_tick_timestamp_seconds": [({}, float(tick_ts))],
         "slurm_idle_tick_errors_total": [({}, previous.tick_errors + (1 if tick_error else 0))],
@@ -113,15 +112,54 @@ def render(
         "slurm_idle_serving_replicas": [({"model": m}, n) for m, n in sorted(serving.items())],
         "slurm_idle_min_serving_replicas": [({"model": m}, n) for m, n in sorted(floors.items())],
     }
-    lines: list[str] = []
-    for name, (kind, help_text) in METRICS.items():
-        if not samples[name]:
-            continue
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples[name]:
-            lines.append(f"{name}{_labels(labels)} {_number(value)}")
+    # HELP/TYPE even without samples: every family is declared in every file.
+    lines = [line for name in METRICS for line in _family_lines(name, samples[name])]
     return "\n".join(lines) + "\n"
+
+
+def _transition_samples(
+    previous: Counters, transitions: Iterable[tuple[str, str]]
+) -> list[tuple[dict[str, str], float]]:
+    # Every edge of the lifecycle starts at 0: a counter that first appears at 1 loses that
+    # first increment in increase()/rate(), and dashboards should not depend on history.
+    moved: dict[tuple[str, str], float] = {(f.value, t.value): 0.0 for f, t in TRANSITIONS}
+    moved.update(previous.transitions)
+    for from_phase, to_phase in transitions:
+        key = (str(from_phase), str(to_phase))
+        moved[key] = moved.get(key, 0.0) + 1
+    return [({"from": f, "to": t}, n) for (f, t), n in sorted(moved.items())]
+
+
+def _family_lines(name: str, samples: list[tuple[dict[str, str], float]]) -> list[str]:
+    kind, help_text = METRICS[name]
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"] + [
+        f"{name}{_labels(labels)} {_number(value)}" for labels, value in samples
+    ]
+
+
+def add_transitions(path: str | os.PathLike[str], transitions: Iterable[tuple[str, str]]) -> None:
+    """Count transitions made outside a tick (admin `lend`/`reclaim`/`pin`) in the textfile.
+
+    Only the transitions counter changes; the gauges stay what the last tick wrote until the
+    next tick (within a minute) refreshes them. Callers hold the agent's lock, like a tick.
+    """
+    transitions = list(transitions)
+    if not transitions:
+        return
+    target = Path(path)
+    try:
+        old_lines = target.read_text().splitlines()
+    except OSError:
+        old_lines = []
+    name = "slurm_idle_transitions_total"
+    block = _family_lines(name, _transition_samples(read_counters(target), transitions))
+
+    def ours(line: str) -> bool:
+        return line.startswith((name, f"# HELP {name} ", f"# TYPE {name} "))
+
+    at = next((i for i, line in enumerate(old_lines) if ours(line)), len(old_lines))
+    kept = [line for line in old_lines if not ours(line)]
+    atomic_write(target, "\n".join(kept[:at] + block + kept[at:]) + "\n")
 
 
 @dataclass

@@ -20,7 +20,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -77,9 +77,24 @@ class Mount(_Strict):
     @field_validator("source")
     @classmethod
     def _not_engine_socket(cls, value: str) -> str:
-        if value.rstrip("/") in ENGINE_SOCKETS or value.endswith(".sock"):
-            raise ValueError(f"mounting the container engine socket ({value}) is not allowed")
+        if exposes_socket(value, ENGINE_SOCKETS) or value.endswith(".sock"):
+            raise ValueError(
+                f"mounting {value} would expose the container engine socket (root on the node): "
+                "not allowed; mount a directory that does not contain it"
+            )
         return value
+
+
+def exposes_socket(source: str, sockets: Sequence[str]) -> bool:
+    """True when bind-mounting `source` shows one of `sockets` inside the container: the socket
+    itself or any directory above it (`/`, `/run`, `/var/run`, ...). Pure path arithmetic; the
+    runner repeats the check on resolved paths and the engine it really talks to."""
+    src = os.path.normpath(source)
+    for sock in sockets:
+        sock = os.path.normpath(sock)
+        if src == sock or os.path.commonpath([src, sock]) == src:
+            return True
+    return False
 
 
 class Mounts(_Strict):

@@ -45,7 +45,15 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.jobs import EXIT_PREEMPTED, EXIT_REQUEUE_ME, JobSpec, decode_spec, load_job_spec
+from slurm_idle.jobs import (
+    ENGINE_SOCKETS,
+    EXIT_PREEMPTED,
+    EXIT_REQUEUE_ME,
+    JobSpec,
+    decode_spec,
+    exposes_socket,
+    load_job_spec,
+)
 
 EXIT_MAX_RESTARTS = 64
 EXIT_START_FAILED = 70
@@ -220,6 +228,7 @@ class RunSettings:
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)
     poll_s: float = 0.2
+    engine_sockets: tuple[str, ...] = ENGINE_SOCKETS
 
 
 class Reporter:
@@ -248,7 +257,7 @@ def remove_job_containers(client: Any, job_id: str) -> list[str]:
     return removed
 
 
-def _prepare_host_dirs(spec: JobSpec) -> None:
+def _prepare_host_dirs(spec: JobSpec, engine_sockets: Sequence[str]) -> None:
     for m in spec.mounts.inputs:
         if not os.path.exists(m.source):
             raise SlurmIdleError(f"input {m.source} does not exist on {os.uname().nodename}")
@@ -257,6 +266,32 @@ def _prepare_host_dirs(spec: JobSpec) -> None:
         writable.append(spec.mounts.checkpoint)
     for m in writable:
         os.makedirs(m.source, exist_ok=True)
+    check_no_engine_socket(spec, engine_sockets)
+
+
+def check_no_engine_socket(spec: JobSpec, engine_sockets: Sequence[str]) -> None:
+    """Refuse a mount that would show the engine's socket inside the container.
+
+    The spec was checked at submit time against the usual socket paths; here the check runs on
+    resolved paths (a symlinked source, /var/run -> /run) and on the socket this runner
+    really talks to (DOCKER_HOST), which may live anywhere (e.g. under /tmp).
+    """
+    sockets = [os.path.realpath(s) for s in engine_sockets]
+    mounts = [*spec.mounts.inputs, *spec.mounts.outputs]
+    if spec.mounts.checkpoint:
+        mounts.append(spec.mounts.checkpoint)
+    for m in mounts:
+        if exposes_socket(os.path.realpath(m.source), sockets):
+            raise SlurmIdleError(
+                f"mount {m.source} would expose the container engine socket inside the "
+                "container: refusing to start it (mount a directory that does not contain it)"
+            )
+
+
+def engine_sockets(docker_host: str | None) -> tuple[str, ...]:
+    """The socket paths to keep out of containers: the usual ones and DOCKER_HOST's."""
+    extra = docker_host[len("unix://"):] if docker_host and docker_host.startswith("unix://") else None
+    return ENGINE_SOCKETS + ((extra,) if extra else ())
 
 
 def _write_params(spec: JobSpec) -> tuple[str | None, str | None]:
@@ -328,7 +363,7 @@ def _run_once(
         if ctx.job_id:
             for name in remove_job_containers(client, ctx.job_id):
                 report.say(f"removed leftover container {name}")
-        _prepare_host_dirs(spec)
+        _prepare_host_dirs(spec, settings.engine_sockets)
         params_dir, params_file = _write_params(spec)
         runtimes = list((client.info().get("Runtimes") or {}).keys())
         use_dr = wants_device_requests(settings.gpu_mode, runtimes)
@@ -535,7 +570,10 @@ def _main(argv: Sequence[str] | None, signals: Signals) -> int:
         return EXIT_START_FAILED
     env_grace = os.environ.get("SLURM_IDLE_GRACE_S")
     grace = args.grace_s if args.grace_s is not None else float(env_grace or spec.grace_s)
-    settings = RunSettings(grace_s=grace, gpu_mode=args.gpu_mode)
+    settings = RunSettings(
+        grace_s=grace, gpu_mode=args.gpu_mode,
+        engine_sockets=engine_sockets(args.docker_host or os.environ.get("DOCKER_HOST")),
+    )
     # Logs and wait block for as long as the container runs: no read timeout on that client.
     stream_client = _client(args.docker_host, timeout=None)
     ctx = slurm_context(os.environ)

@@ -51,7 +51,7 @@ def _textfile_writer(config: Config) -> Any:
         assert config.paths.textfile is not None
         write_textfile(
             config.paths.textfile,
-            phases=phase_counts(result),
+            phases=phase_counts(result) if result.observation is not None else None,
             needed={p.model: p.needed_replicas for p in result.plans},
             serving={p.model: p.serving_replicas for p in result.plans},
             tick_duration_s=result.duration_s,

@@ -22,11 +22,19 @@ install_system_packages() {
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     # policy-rc.d keeps Debian's own service units from starting: the sandbox runs its own daemons.
-    local prc=/usr/sbin/policy-rc.d created=0
+    local prc=${SLURM_IDLE_POLICY_RC:-/usr/sbin/policy-rc.d} created=0
     if [ ! -e "$prc" ]; then printf '#!/bin/sh\nexit 101\n' >"$prc"; chmod +x "$prc"; created=1; fi
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    [ "$created" = 1 ] && rm -f "$prc"
+    local rc=0
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
+    # An `if`, not `[ ] && rm`: that form returns 1 when the file was already there (Debian
+    # images ship one), and `set -e` callers would stop right after the install.
+    if [ "$created" = 1 ]; then rm -f "$prc"; fi
+    if [ "$rc" != 0 ]; then
+      echo "slurm-idle: apt-get install failed (exit $rc); see the messages above" >&2
+      return "$rc"
+    fi
   fi
+  return 0
 }
 
 install_python_env() {

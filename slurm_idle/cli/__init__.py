@@ -14,10 +14,14 @@ import click
 
 from slurm_idle import __version__
 from slurm_idle.cli.common import Context, run_guarded
+from slurm_idle.cli.logopts import LoggedGroup, apply_log_options
 from slurm_idle.config import CONFIG_ENV, DEFAULT_CONFIG_PATH
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=LoggedGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="slurm-idle")
 @click.option(
     "--config",
@@ -26,9 +30,9 @@ from slurm_idle.config import CONFIG_ENV, DEFAULT_CONFIG_PATH
     default=None,
     help=f"Config file. Default: ${CONFIG_ENV}, then {DEFAULT_CONFIG_PATH}.",
 )
-@click.option("-v", "--verbose", count=True, help="More log output (repeat for debug).")
+@click.option("-v", "--verbose", count=True, help="More log output (-v debug, -vv libraries too).")
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors on stderr.")
-@click.option("--syslog", is_flag=True, help="Also send log lines to syslog.")
+@click.option("--syslog", is_flag=True, help="Also send log lines to syslog (/dev/log).")
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None, verbose: int, quiet: bool, syslog: bool) -> None:
     """Lend the idle GPUs of an LLM inference fleet to a preemptible Slurm partition.
@@ -37,10 +41,9 @@ def main(ctx: click.Context, config_path: str | None, verbose: int, quiet: bool,
     needs, drains/resumes Slurm nodes accordingly and lends the freed GPUs to the `idle`
     partition, taking them back (jobs requeued, vLLM restarted) when traffic rises.
     Run `slurm-idle tick` from cron every minute; see `slurm-idle COMMAND --help`.
+    -v/-q/--syslog may also follow the command: `slurm-idle tick -v`.
     """
-    from slurm_idle.logs import setup_logging
-
-    setup_logging(verbose=verbose, quiet=quiet, syslog=syslog)
+    apply_log_options(verbose, quiet, syslog)
     ctx.obj = Context(config_path=config_path)
 
 

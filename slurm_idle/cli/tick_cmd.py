@@ -144,6 +144,16 @@ def _print_steps(steps: list[Any], as_json: bool, dry_run: bool, action: Any) ->
         click.echo(f"{action.node} is still {steps[-1].from_phase.value}; the next tick carries on")
 
 
+def _count_transitions(config: Any, steps: list[Any]) -> None:
+    """Admin transitions count in the agent's metrics too (alerts watch the counter)."""
+    if config.paths.textfile is None:
+        return
+    from slurm_idle.agent_metrics import add_transitions
+
+    add_transitions(config.paths.textfile,
+                    [(s.from_phase.value, s.to_phase.value) for s in steps if s.outcome == "ok"])
+
+
 def _force(ctx: Context, node: str, kind: ActionKind, dry_run: bool, as_json: bool) -> None:
     from slurm_idle.transitions import action_for_admin
 
@@ -164,6 +174,7 @@ def _force(ctx: Context, node: str, kind: ActionKind, dry_run: bool, as_json: bo
             )
         action = action_for_admin(view, kind, f"admin: slurm-idle {kind.value} {node}")
         steps = [] if dry_run else agent.run_actions([action], obs)
+        _count_transitions(agent.config, steps)
         _print_steps(steps, as_json, dry_run, action)
         if any(s.outcome == "error" for s in steps):
             raise SlurmIdleError(f"{kind.value} {node} failed: {steps[-1].error}")
@@ -226,6 +237,7 @@ def _set_pin(ctx: Context, node: str, pinned: bool, dry_run: bool) -> None:
                 return
             steps = agent.run_actions([action], replace(obs, nodes=tuple(
                 pinned_view if v.name == node else v for v in obs.nodes)))
+            _count_transitions(agent.config, steps)
             _print_steps(steps, False, False, action)
             return
         raise SlurmIdleError(f"{node} is {view.phase.value}; cannot pin it now")

@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+from time import monotonic
 from urllib.parse import urlsplit
 
 import requests
@@ -25,9 +26,12 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable
+from slurm_idle.logs import get_logger
 from slurm_idle.metrics import demand_tokens_per_s, names
 from slurm_idle.metrics.forecast import Peak, forecast_leads, forecasts
 from slurm_idle.model import ModelLoad, ReplicaLoad
+
+log = get_logger(__name__)
 
 DAY_S = 86_400
 WEEK_S = 7 * DAY_S
@@ -285,8 +289,10 @@ class PrometheusSource:
     def query(self, promql: str, time: float | None = None) -> _Vector:
         self.queries += 1
         params = {"time": repr(time)} if time is not None else None
+        started = monotonic()
         try:
             result = self.prom.custom_query(promql, params=params)
+            log.debug("query %s: %.2fs", promql[:200], monotonic() - started)
         except requests.exceptions.ConnectionError as exc:
             raise MetricsUnavailable(
                 f"cannot connect to Prometheus at {self.url} ({_reason(exc)}): check "

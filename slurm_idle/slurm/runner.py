@@ -10,11 +10,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from slurm_idle.errors import CommandError
+from slurm_idle.logs import get_logger
+
+log = get_logger(__name__)
 
 TIMEOUT_RC = -1
 
@@ -49,6 +53,7 @@ class SubprocessRunner:
     ) -> CompletedResult:
         argv = [str(a) for a in argv]
         limit = timeout if timeout is not None else self.timeout
+        started = time.monotonic()
         env = {**os.environ, **self.env} if self.env is not None else None
         try:
             # A new session lets a timeout kill the whole process group: a shell's children
@@ -78,6 +83,8 @@ class SubprocessRunner:
                 f"timed out after {limit:g} s (is the service reachable? "
                 "raise the timeout if it is only slow)",
             ) from None
+        log.debug("ran %s: rc=%d in %.2fs", " ".join(argv)[:200], proc.returncode,
+                  time.monotonic() - started)
         if proc.returncode != 0:
             raise CommandError(argv, proc.returncode, stderr or stdout)
         return CompletedResult(tuple(argv), proc.returncode, stdout, stderr)

@@ -297,6 +297,24 @@ class Sandbox:
         timings["total"] = time.monotonic() - t0
         return {k: round(v, 2) for k, v in timings.items()}
 
+    def restart_slurmctld(self, timeout_s: float = 90.0) -> float:
+        """Stop slurmctld and start it again from its saved state, as `systemctl restart
+        slurmctld` does on a real cluster (no -c: jobs, node reasons and comments recovered).
+
+        Returns the seconds until every node answers again.
+        """
+        t0 = time.monotonic()
+        pid = self._pidfile("slurmctld").read()
+        if pid is not None:
+            procs.terminate([pid], timeout_s=15)
+        self._pidfile("slurmctld").clear()
+        self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.slurm_conf)])
+        self._wait("slurmctld", lambda: self.run(["scontrol", "ping"], timeout=10).stdout.count("UP") > 0, timeout_s)
+        self._wait("slurmctld", lambda: len(self.slurm_nodes()) == len(NODES) and not any(
+            "*" in n["state"] or n["state"].startswith(("down", "unk")) for n in self.slurm_nodes()),
+            timeout_s)
+        return round(time.monotonic() - t0, 2)
+
     def _ports(self) -> dict[str, list[int]]:
         lay = self.layout
         ports = {"slurmctld": [lay.ctld_port], "slurmdbd": [lay.dbd_port],

@@ -59,7 +59,9 @@ def test_prometheus_source_sees_every_emulator(sandbox: Sandbox, config: Config)
     def all_busy() -> list[ReplicaLoad] | None:
         loads = src.replica_loads(pairs(config))
         ok = all(l.known and l.generation_tokens_per_s > 0 and l.prompt_tokens_per_s > 0 for l in loads)
-        return loads if ok else None
+        # `running` is a gauge sampled at scrape time: at 6 rps of short requests a scrape can
+        # land between requests, so wait for one that caught some in flight.
+        return loads if ok and sum(l.running for l in loads) > 0 else None
 
     before = src.queries
     loads = poll(all_busy, 60, "token rates on all 4 replicas")

@@ -186,3 +186,24 @@ def test_make_backend_from_sandbox_config(sandbox: Any) -> None:
                            runner=SubprocessRunner(env=sandbox.env()))
     assert isinstance(backend, CliBackend)
     assert len(backend.nodes()) == 4
+
+
+def test_phases_survive_a_slurmctld_restart(slurm: CliBackend, sandbox: Any) -> None:
+    """Our state lives in Slurm: a drained node's Reason and a lent node's Comment (and so the
+    phases read back from them) are still there after slurmctld restarts from its saved state."""
+    from slurm_idle.lifecycle import derive_phase, format_lent_comment, format_reason
+    from slurm_idle.model import Phase
+
+    tag, since = "slurm-idle", 1796205600.0
+    try:
+        slurm.drain("gpu4", format_reason(tag, Phase.SERVING, since, pinned=True))
+        slurm.set_comment("gpu3", format_lent_comment(tag, since))
+        before = {n.name: derive_phase(n, tag) for n in slurm.nodes()}
+        assert before["gpu4"].phase is Phase.SERVING and before["gpu3"].phase is Phase.LENT
+        seconds = sandbox.restart_slurmctld()
+        print(f"MEASURE slurmctld restart to nodes answering: {seconds} s")
+        after = {n.name: derive_phase(n, tag) for n in slurm.nodes()}
+        assert after == before
+    finally:
+        slurm.set_comment("gpu3", "")
+        slurm.resume("gpu4")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_idle.agent_metrics import atomic_write, parse_counters, write_textfile
+from slurm_idle.agent_metrics import METRICS, atomic_write, parse_counters, write_textfile
 from slurm_idle.model import Phase
 
 
@@ -149,3 +149,40 @@ def test_temp_file_is_complete_and_invisible_to_the_collector(tmp_path: Path) ->
     atomic_write(tmp_path / "a.prom", "x 1\n", replace=replace)
     (name, content, mode), = seen
     assert not name.endswith(".prom") and content == "x 1\n" and mode == 0o644
+
+
+def test_a_quiet_tick_still_declares_every_family_and_edge(tmp_path: Path) -> None:
+    """No transition, failed observation: every family is declared, each lifecycle edge is a
+    0 counter, and the node gauge has no sample (unknown, not an empty pool)."""
+    from slurm_idle.lifecycle import TRANSITIONS
+
+    path = tmp_path / "slurm_idle.prom"
+    write_textfile(path, phases=None, needed={}, serving={}, tick_duration_s=0.1, tick_ts=1.0,
+                   transitions=[], tick_error=True)
+    text = path.read_text()
+    for name, (kind, _) in METRICS.items():
+        assert f"# TYPE {name} {kind}" in text
+    assert "slurm_idle_nodes{" not in text
+    for f, t in TRANSITIONS:
+        assert f'slurm_idle_transitions_total{{from="{f.value}",to="{t.value}"}} 0' in text
+
+
+def test_admin_transitions_bump_only_the_counter(tmp_path: Path) -> None:
+    from slurm_idle.agent_metrics import add_transitions, read_counters
+
+    path = tmp_path / "slurm_idle.prom"
+    write_textfile(path, phases={"serving": 2}, needed={"m": 1}, serving={"m": 2},
+                   tick_duration_s=0.1, tick_ts=1.0, transitions=[("lent", "reclaiming")],
+                   tick_error=False)
+    before = path.read_text()
+    add_transitions(path, [("lent", "reclaiming"), ("reclaiming", "starting")])
+    after = path.read_text()
+    counters = read_counters(path)
+    assert counters.transitions[("lent", "reclaiming")] == 2
+    assert counters.transitions[("reclaiming", "starting")] == 1
+    assert counters.ticks == 1  # not a tick
+    strip = [ln for ln in before.splitlines() if not ln.startswith("slurm_idle_transitions_total")]
+    assert strip == [ln for ln in after.splitlines() if not ln.startswith("slurm_idle_transitions_total")]
+    list(text_string_to_metric_families(after))  # still a valid exposition
+    add_transitions(tmp_path / "new.prom", [("serving", "retiring")])
+    assert read_counters(tmp_path / "new.prom").transitions[("serving", "retiring")] == 1

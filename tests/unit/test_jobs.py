@@ -105,6 +105,11 @@ def test_comment_round_trip_and_foreign_comments() -> None:
         ({"log": "/tmp/x\n#SBATCH --partition=inference"}, "log path"),
         ({"mounts": {"inputs": [{"source": "data", "target": "/d"}]}}, "absolute"),
         ({"mounts": {"outputs": [{"source": "/var/run/docker.sock", "target": "/s"}]}}, "engine socket"),
+        # a directory above the socket shows it just the same
+        ({"mounts": {"outputs": [{"source": "/var/run", "target": "/s"}]}}, "engine socket"),
+        ({"mounts": {"inputs": [{"source": "/run/", "target": "/s"}]}}, "engine socket"),
+        ({"mounts": {"inputs": [{"source": "/", "target": "/host"}]}}, "engine socket"),
+        ({"mounts": {"checkpoint": {"source": "/run/podman", "target": "/c"}}}, "engine socket"),
         ({"network": "bridge"}, "network"),
         ({"gpus": -1}, "gpus"),
     ],

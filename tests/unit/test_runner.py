@@ -427,3 +427,27 @@ def test_main_settles_its_signals_whatever_the_outcome(monkeypatch: pytest.Monke
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
+
+
+def test_a_mount_above_the_real_engine_socket_is_refused(tmp_path: Path) -> None:
+    """The socket the runner really uses (DOCKER_HOST, anywhere) never shows in a container,
+    through its directory, a parent, or a symlink to either; the container is not created."""
+    from slurm_idle.runner import check_no_engine_socket, engine_sockets
+    from slurm_idle.errors import SlurmIdleError
+
+    engine_dir = tmp_path / "engine" / "run"
+    engine_dir.mkdir(parents=True)
+    sockets = engine_sockets(f"unix://{engine_dir}/docker.sock")
+    (tmp_path / "link").symlink_to(tmp_path / "engine")
+    for source in (engine_dir, tmp_path / "engine", tmp_path, tmp_path / "link"):
+        bad = spec(tmp_path, mounts={"outputs": [{"source": str(source), "target": "/o"}]})
+        with pytest.raises(SlurmIdleError, match="engine socket"):
+            check_no_engine_socket(bad, sockets)
+    fine = spec(tmp_path, mounts={"outputs": [{"source": str(tmp_path / "out"), "target": "/o"}]})
+    check_no_engine_socket(fine, sockets)
+    client = FakeClient(on_start=lambda c: c.exit(0))
+    bad = spec(tmp_path, mounts={"outputs": [{"source": str(tmp_path / "link"), "target": "/o"}]})
+    signals = Signals()
+    code = run_container(client, bad, CTX, RunSettings(grace_s=1.0, engine_sockets=sockets),
+                         signals, Reporter(io.BytesIO(), clock=lambda: 0.0))
+    assert code == EXIT_START_FAILED and client.containers.created == []

@@ -1,0 +1,59 @@
+"""-v/-q/--syslog on every command, not only before it.
+
+Admins type `slurm-idle tick -v` as often as `slurm-idle -v tick` (and the alert texts say the
+former), so every leaf command takes the three logging options too; given there, they are
+merged with the group's and logging is set up again before the command runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+LOG_OPTION_NAMES = ("verbose", "quiet", "syslog")
+
+
+def log_options() -> list[click.Option]:
+    """Fresh Option objects (click params must not be shared between commands)."""
+    return [
+        click.Option(
+            ["-v", "--verbose"], count=True,
+            help="More log output: -v adds debug lines (observations, every Slurm command and "
+            "Prometheus query with its duration), -vv the libraries' HTTP requests too.",
+        ),
+        click.Option(["-q", "--quiet"], is_flag=True, help="Only warnings and errors on stderr."),
+        click.Option(["--syslog"], is_flag=True, help="Also send log lines to syslog (/dev/log)."),
+    ]
+
+
+def apply_log_options(verbose: int, quiet: bool, syslog: bool) -> None:
+    """Set up logging from the options and remember them for subcommands to merge with."""
+    from slurm_idle.logs import setup_logging
+
+    setup_logging(verbose=verbose, quiet=quiet, syslog=syslog)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta["slurm_idle.log"] = (verbose, quiet, syslog)
+
+
+class LoggedCommand(click.Command):
+    """A command that also accepts the logging options after its name."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.extend(log_options())
+
+    def invoke(self, ctx: click.Context) -> Any:
+        verbose, quiet, syslog = (ctx.params.pop(name) for name in LOG_OPTION_NAMES)
+        if verbose or quiet or syslog:
+            g_verbose, g_quiet, g_syslog = ctx.meta.get("slurm_idle.log", (0, False, False))
+            apply_log_options(g_verbose + verbose, g_quiet or quiet, g_syslog or syslog)
+        return super().invoke(ctx)
+
+
+class LoggedGroup(click.Group):
+    """A group whose commands (and subgroups' commands) are LoggedCommands."""
+
+    command_class = LoggedCommand
+    group_class = type  # subgroups are LoggedGroups too
