@@ -18,6 +18,7 @@ from typing import Any
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
+from slurm_idle.jobs import parse_job_comment
 from slurm_idle.lifecycle import (
     check_transition,
     derive_phase,
@@ -108,6 +109,10 @@ class NodeDriver:
     def __post_init__(self) -> None:
         self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
         self._nodes_poll = SharedPoll(self.slurm.nodes, POLL_S, self.clock)
+        # Per node, touched only by that node's thread: jobs already requeued, and whether
+        # this process already started the node's engine (never start it twice in a tick).
+        self._requeued: dict[str, set[int]] = {}
+        self._started: set[str] = set()
 
     @property
     def tag(self) -> str:
@@ -189,9 +194,13 @@ class NodeDriver:
             (Phase.STARTING, Phase.SERVING): self._wait_serving,
         }
 
-    def _still_ours(self, view: NodeView) -> None:
-        """Raise Superseded if an admin drained (or downed) the node since we observed it."""
-        for node in self._nodes_poll.get():
+    def _still_ours(self, view: NodeView, fresh: bool = False) -> None:
+        """Raise Superseded if an admin drained (or downed) the node since we observed it.
+
+        The shared poll is at most POLL_S old; `fresh` reads Slurm now, for the step that
+        follows a long wait (an engine stop) and would otherwise undo an admin's drain.
+        """
+        for node in self.slurm.nodes() if fresh else self._nodes_poll.get():
             if node.name == view.name:
                 if derive_phase(node, self.tag).phase is Phase.ADMIN:
                     raise Superseded(f"{view.name} was taken by an admin ({node.reason!r}); leaving it alone")
@@ -237,6 +246,9 @@ class NodeDriver:
     def _stop_engine_and_resume(self, view: NodeView, deadline: float) -> bool:
         self._still_ours(view)
         self._engine(view).stop(self._replica(view))
+        # Stopping can take minutes: an admin who drained the node meanwhile keeps it (the
+        # RESUME below would clear their drain and reason).
+        self._still_ours(view, fresh=True)
         # Comment first: a tick killed between the two leaves a drained "lending" node, which
         # the next tick carries on; never an undrained node without our comment.
         self.slurm.set_comment(view.name, format_lent_comment(self.tag, self.clock()))
@@ -247,12 +259,15 @@ class NodeDriver:
         self._mark(view, Phase.STARTING)
         if view.node.comment:  # a lend that failed after writing its comment
             self.slurm.set_comment(view.name, "")
-        self._engine(view).start(self._replica(view))
+        self._start(view)
         return True
 
-    def _jobs_on(self, node: str, shared: bool = True) -> list[Any]:
-        jobs = self._jobs_poll.get() if shared else self.slurm.jobs()
-        return [job for job in jobs if node in job.nodes and job.state in ACTIVE_JOB_STATES]
+    def _start(self, view: NodeView) -> None:
+        self._engine(view).start(self._replica(view))
+        self._started.add(view.name)
+
+    def _jobs_on(self, node: str) -> list[Any]:
+        return [j for j in self._jobs_poll.get() if node in j.nodes and j.state in ACTIVE_JOB_STATES]
 
     def _drain_and_requeue(self, view: NodeView, deadline: float) -> bool:
         self._mark(view, Phase.RECLAIMING)
@@ -261,44 +276,63 @@ class NodeDriver:
         self._requeue_lent_jobs(view.name)
         return True
 
-    def _requeue_lent_jobs(self, node: str, only_running: bool = False) -> None:
+    def _requeue_lent_jobs(self, node: str, again: bool = False) -> None:
+        """Requeue the lend partition's RUNNING jobs on `node` not requeued yet (all active
+        ones, whatever was done before, when `again`).
+
+        Reads the shared job poll (at most POLL_S old): a job that started just before the
+        drain shows up in a later poll of the wait loop and is requeued there.
+        """
         lend_partition = self.config.slurm.lend_partition
-        jobs = [j for j in self._jobs_on(node, shared=False) if j.partition == lend_partition
-                and (not only_running or j.state == "RUNNING")]
-        if jobs:
-            ids = [j.job_id for j in jobs]
-            log.info("%s: requeueing %s job(s) %s", node, lend_partition, ids)
-            self.slurm.requeue(ids, grace_s=self.config.slurm.requeue_grace_s)
+        done = self._requeued.setdefault(node, set())
+        if again:
+            done.clear()
+        jobs = [j for j in self._jobs_on(node) if j.partition == lend_partition
+                and j.job_id not in done and (again or j.state == "RUNNING")]
+        if not jobs:
+            return
+        done.update(j.job_id for j in jobs)
+        ours = [j.job_id for j in jobs if parse_job_comment(j.comment, self.tag) is not None]
+        plain = [j.job_id for j in jobs if parse_job_comment(j.comment, self.tag) is None]
+        log.info("%s: requeueing %s job(s) %s", node, lend_partition, ours + plain)
+        if plain:
+            # A plain `sbatch --requeue` script ends when its step does: signalling the step
+            # first would end the job COMPLETED/FAILED instead of requeued. Slurm's own
+            # requeue gives every process SIGTERM and KillWait seconds instead.
+            self.slurm.requeue(plain, grace_s=0)
+        if ours:
+            # Our batch scripts outlive their step: the runner checkpoints on SIGTERM within
+            # requeue_grace_s, then the requeue turns the job back to PENDING.
+            self.slurm.requeue(ours, grace_s=self.config.slurm.requeue_grace_s)
 
     def _wait_empty_then_start(self, view: NodeView, deadline: float) -> bool:
-        # A tick killed between the drain and the requeue left jobs RUNNING on a node the
-        # service needs: requeue them now rather than when the phase is overdue.
-        self._requeue_lent_jobs(view.name, only_running=True)
         requeued_again = False
         while True:
-            jobs = self._jobs_on(view.name)
-            if not jobs:
+            # Also covers a tick killed between the drain and the requeue, and a job that
+            # started just before the drain: requeue whatever still runs, once.
+            self._requeue_lent_jobs(view.name)
+            if not self._jobs_on(view.name):
                 break
             now = self.clock()
             if not requeued_again and self._overdue(view, now):
                 # Still not empty long after the requeue: ask again, whatever the state.
-                self._requeue_lent_jobs(view.name)
+                self._requeue_lent_jobs(view.name, again=True)
                 requeued_again = True
             if now >= deadline:
                 return False
             self.sleep(min(POLL_S, max(0.0, deadline - now)))
         self._mark(view, Phase.STARTING)
-        self._engine(view).start(self._replica(view))
+        self._start(view)
         return True
 
     def _wait_serving(self, view: NodeView, deadline: float) -> bool:
         from slurm_idle.engine import wait_until_serving
 
         engine, replica = self._engine(view), self._replica(view)
-        if not engine.health(replica).serving:
-            # start() is idempotent; issuing it again covers a tick killed between writing
-            # STARTING and starting the engine.
-            engine.start(replica)
+        if view.name not in self._started and not engine.health(replica).serving:
+            # Started by an earlier tick (or one killed between writing STARTING and starting
+            # the engine): start() is idempotent, issue it again. Never twice in one tick.
+            self._start(view)
         wait_s = max(0.0, deadline - self.clock())
         if not wait_until_serving(engine, replica, wait_s, self.clock, self.sleep, POLL_S):
             return False

@@ -23,6 +23,7 @@ class FakeSlurm:
     log: list[tuple[str, ...]] = field(default_factory=list)
     calls: int = 0
     fail_on: set[str] = field(default_factory=set)  # method names that raise CommandError
+    requeues: list[tuple[tuple[int, ...], float]] = field(default_factory=list)  # (ids, grace_s)
 
     @classmethod
     def with_nodes(cls, names: Sequence[str], gpus: int = 4) -> FakeSlurm:
@@ -63,6 +64,7 @@ class FakeSlurm:
 
     def requeue(self, job_ids: Sequence[int], grace_s: float = 0) -> None:
         self._call("requeue", *map(str, job_ids))
+        self.requeues.append((tuple(job_ids), grace_s))
         self.job_list = [
             replace(j, state="PENDING", nodes=(), restart_count=j.restart_count + 1)
             if j.job_id in job_ids else j

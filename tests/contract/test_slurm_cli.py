@@ -172,6 +172,42 @@ def test_graceful_requeue_signals_steps_first(
     assert requeued.state not in NEVER
 
 
+PLAIN_JOB = """\
+#!/bin/bash
+srun bash -c 'trap "echo checkpoint >> {log}; exit 0" TERM; echo start >> {log}; \
+while true; do sleep 0.1; done'
+"""
+
+
+def test_plain_job_ending_with_its_step_is_requeued_not_completed(
+    slurm: CliBackend, jobs_to_cancel: list[int], tmp_path: Path
+) -> None:
+    """The plain `sbatch --requeue` job of the README (its last line an srun step) gets SIGTERM
+    from a direct requeue (grace 0, how the agent requeues jobs it did not submit) and comes
+    back PENDING with its run REQUEUED in sacct: never COMPLETED, FAILED or CANCELLED."""
+    t0 = time.time()
+    log = tmp_path / "plain.log"
+    log.touch()
+    job_id = slurm.submit(
+        PLAIN_JOB.format(log=log),
+        ["-p", "idle", "--requeue", "--gres=gpu:1", "-w", "gpu1", "-J", "contract-plain",
+         "-o", "/dev/null"],
+    )
+    jobs_to_cancel.append(job_id)
+    poll(lambda: "start" in log.read_text(), 30, "srun step started")
+    slurm.requeue([job_id], grace_s=0)
+    poll(lambda: "checkpoint" in log.read_text(), 30, "the step got SIGTERM")
+
+    def back_in_queue() -> SlurmJob | None:
+        j = job(slurm, job_id)
+        assert j is not None and j.state not in NEVER | {"COMPLETED"}, j
+        return j if j.restart_count >= 1 and j.state in {"PENDING", "RUNNING"} else None
+
+    poll(back_in_queue, 30, "job back in the queue")
+    runs = poll(lambda: slurm.accounting(t0 - 60, None, "idle", [job_id]) or None, 30, "sacct runs")
+    assert runs[0].state == "REQUEUED", [r.state for r in runs]
+
+
 def test_command_timeout_raises(sandbox: Any) -> None:
     """A Slurm command past the configured timeout raises CommandError with rc -1."""
     slow = CliBackend(runner=SubprocessRunner(env=sandbox.env()), timeout_s=0.001)

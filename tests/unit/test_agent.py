@@ -13,6 +13,7 @@ from slurm_idle.lifecycle import format_lent_comment, format_reason
 from slurm_idle.lock import try_lock
 from slurm_idle.model import Action, ActionKind, ModelLoad, Observation, Phase, SlurmJob
 from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
+from slurm_idle.transitions import POLL_S
 
 T0 = 1_796_205_600.0
 
@@ -336,3 +337,85 @@ def test_pool_node_missing_from_slurm_is_unknown_not_admin(tmp_path: Path) -> No
     from slurm_idle import policy
 
     assert all(a.node != "gpu3" for a in policy.plan(obs, agent.config, obs.now))
+
+
+def lent_with_jobs(slurm: FakeSlurm, engine: FakeEngine, jobs: dict[str, list[SlurmJob]]) -> None:
+    for node, node_jobs in jobs.items():
+        slurm.node_map[node] = slurm.node_map[node].__class__(
+            name=node, state="mixed", comment=format_lent_comment("slurm-idle", T0))
+        engine.up[node] = False
+        slurm.job_list += node_jobs
+
+
+def reclaim_all(agent: Agent, nodes: list[str]) -> list:
+    obs = agent.observe()
+    return agent.run_actions(
+        [Action(ActionKind.RECLAIM, n, "m", Phase.LENT, Phase.RECLAIMING, "load rose") for n in nodes], obs)
+
+
+def test_admin_drain_during_the_engine_stop_is_respected(tmp_path: Path) -> None:
+    """An engine stop can take minutes; an admin who drains the node meanwhile keeps it:
+    no RESUME, no comment, their reason intact (the review found RESUME undoing the drain)."""
+    agent, slurm, engine, _, _ = make_agent(tmp_path, planner=continue_all)
+    agent.tick()
+    real_stop = engine.stop
+
+    def slow_stop_while_admin_drains(replica: object) -> None:
+        node = slurm.node_map["gpu2"]
+        slurm.node_map["gpu2"] = node.__class__(name="gpu2", state="idle", flags=frozenset({"DRAIN"}),
+                                                reason="admin: disk check")
+        real_stop(replica)
+
+    engine.stop = slow_stop_while_admin_drains  # type: ignore[method-assign]
+    obs = agent.observe()
+    steps = agent.run_actions(
+        [Action(ActionKind.LEND, "gpu2", "m", Phase.SERVING, Phase.RETIRING, "low")], obs)
+    assert steps[-1].to_phase is Phase.LENT and steps[-1].outcome == "skipped"
+    assert slurm.node_map["gpu2"].reason == "admin: disk check"
+    assert "DRAIN" in slurm.node_map["gpu2"].flags and slurm.node_map["gpu2"].comment == ""
+    assert ("resume", "gpu2") not in slurm.log
+
+
+def test_plain_jobs_are_requeued_by_slurm_ours_get_the_step_grace(tmp_path: Path) -> None:
+    """A plain `sbatch --requeue` script ends when its step is signalled (COMPLETED/FAILED, not
+    requeued), so only our own jobs, whose scripts outlive the step, get the pre-signal grace."""
+    agent, slurm, engine, _, _ = make_agent(tmp_path, planner=continue_all)
+    agent.tick()
+    lent_with_jobs(slurm, engine, {"gpu1": [
+        SlurmJob(job_id=7, name="plain", partition="idle", state="RUNNING", nodes=("gpu1",)),
+        SlurmJob(job_id=8, name="ours", partition="idle", state="RUNNING", nodes=("gpu1",),
+                 comment="slurm-idle:job,pipeline=p"),
+        SlurmJob(job_id=9, name="inference", partition="inference", state="RUNNING", nodes=("gpu3",)),
+    ]})
+    steps = reclaim_all(agent, ["gpu1"])
+    assert steps[-1].to_phase is Phase.SERVING and steps[-1].outcome == "ok"
+    grace = agent.config.slurm.requeue_grace_s
+    assert grace > 0
+    assert sorted(slurm.requeues) == [((7,), 0), ((8,), grace)]
+
+
+def test_a_surge_reclaim_shares_its_job_queries_and_starts_each_engine_once(tmp_path: Path) -> None:
+    """Reclaiming every node at once reads the job queue through the shared poll (not one
+    full `squeue` per node and step) and starts each engine once, even while it warms up."""
+    agent, slurm, engine, _, clock = make_agent(tmp_path, planner=continue_all)
+    agent.tick()
+    nodes = ["gpu1", "gpu2", "gpu3"]
+    lent_with_jobs(slurm, engine, {n: [SlurmJob(job_id=i, name="t", partition="idle", state="RUNNING",
+                                                nodes=(n,))] for i, n in enumerate(nodes, 1)})
+    engine.start_delay_polls = 1  # not serving at the first health check after start
+    engine.log.clear()
+    obs = agent.observe()
+    asked_at: list[float] = []
+    real_jobs = slurm.jobs
+
+    def timed_jobs() -> list[SlurmJob]:
+        asked_at.append(clock())
+        return real_jobs()
+
+    slurm.jobs = timed_jobs  # type: ignore[method-assign]
+    steps = agent.run_actions(
+        [Action(ActionKind.RECLAIM, n, "m", Phase.LENT, Phase.RECLAIMING, "surge") for n in nodes], obs)
+    assert {s.node for s in steps if s.to_phase is Phase.SERVING and s.outcome == "ok"} == set(nodes)
+    # At most one queue read per poll interval, shared by the three node threads.
+    assert asked_at and all(b - a >= POLL_S for a, b in zip(asked_at, asked_at[1:])), asked_at
+    assert sorted(n for kind, n in engine.log if kind == "start") == nodes

@@ -104,3 +104,33 @@ def test_systemd_timer_fires_every_minute_and_names_the_service() -> None:
     assert timer["Timer"]["OnCalendar"] == "*-*-* *:*:00"
     assert timer["Timer"]["Unit"] == "slurm-idle-tick.service"
     assert timer["Install"]["WantedBy"] == "timers.target"
+
+
+def conf_lines(text: str) -> list[str]:
+    return [ln.split("#", 1)[0].strip() for ln in text.splitlines() if ln.split("#", 1)[0].strip()]
+
+
+def test_slurm_conf_snippet_is_what_the_sandbox_runs(tmp_path: Path) -> None:
+    """Every setting the snippet tells a site to add is in the sandbox's generated slurm.conf
+    (the one all contract and e2e tests run on), except the site-specific values: node lists,
+    the sandbox's shorter GraceTime, and AuthInfo's other options."""
+    from slurm_idle.testing.sandboxconf import Layout, slurm_conf
+
+    lay = Layout(root=tmp_path, base_port=20000, slurm_version="22.05.8", hostname="h",
+                 python="python3", job_submit_lua=tmp_path / "job_submit.lua")
+    sandbox = conf_lines(slurm_conf(lay))
+    settings = {ln.split("=", 1)[0]: ln.split("=", 1)[1] for ln in sandbox if not ln.startswith("PartitionName")}
+    partitions = {ln.split()[0]: set(ln.split()[1:]) for ln in sandbox if ln.startswith("PartitionName")}
+    snippet = conf_lines((ETC / "slurm.conf.snippet").read_text())
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in snippet  # report needs sacct
+    for line in snippet:
+        key, value = line.split("=", 1)
+        if key == "PartitionName":
+            name, *attrs = line.split()
+            site = ("Nodes=", "GraceTime=")
+            assert {a for a in attrs if not a.startswith(site)} == {
+                a for a in partitions[name] if not a.startswith(site)}, name
+        elif key == "AuthInfo":
+            assert value in settings["AuthInfo"].split(","), line
+        else:
+            assert settings.get(key) == value, f"{line} vs sandbox {key}={settings.get(key)}"
