@@ -35,7 +35,9 @@ def _expand_one(expr: str) -> list[str]:
     names: list[str] = []
     for item in ranges.split(","):
         if "-" in item:
-            lo, hi = item.split("-", 1)
+            lo, hi = (x.strip() for x in item.split("-", 1))
+            if not (lo.isdigit() and hi.isdigit()) or int(lo) > int(hi):
+                raise ValueError(f"malformed hostlist range [{item}]: want [low-high], e.g. [1-4]")
             width = len(lo) if lo.startswith("0") else 0
             for i in range(int(lo), int(hi) + 1):
                 names.append(f"{prefix}{i:0{width}d}")
@@ -44,9 +46,30 @@ def _expand_one(expr: str) -> list[str]:
     return [full for name in names for full in _expand_one(name + suffix)]
 
 
-def expand_hostlist(expr: str) -> list[str]:
-    """Expand a Slurm hostlist expression into the list of node names, in order."""
+_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def expand_hostlist(expr: str, strict: bool = False) -> list[str]:
+    """Expand a Slurm hostlist expression into the list of node names, in order.
+
+    `strict` (the config's `nodes:`) raises ValueError on a malformed expression (unbalanced
+    brackets, a range that is not low-high numbers, characters no node name has), so a typo
+    fails `config check` instead of becoming a pool node Slurm has never heard of. What Slurm
+    itself prints is expanded leniently.
+    """
+    if not strict:
+        return [name for part in _split_top_level(expr) for name in _expand_one(part)]
+    depth = 0
+    for ch in expr:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth < 0 or depth > 1:
+            raise ValueError(f"malformed hostlist {expr!r}: unbalanced or nested brackets")
+    if depth:
+        raise ValueError(f"malformed hostlist {expr!r}: unbalanced brackets")
     result: list[str] = []
     for part in _split_top_level(expr):
         result.extend(_expand_one(part))
+    for name in result:
+        if not _NAME.match(name):
+            raise ValueError(f"malformed hostlist {expr!r}: {name!r} is not a node name")
     return result

@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from slurm_idle.errors import SlurmIdleError
+
 
 def iso(ts: float) -> str:
     """Unix seconds as an ISO-8601 UTC timestamp (second precision)."""
@@ -39,14 +41,22 @@ class Journal:
         """Append one record; `time` is derived from `ts` if missing."""
         if "ts" in record and "time" not in record:
             record = {"time": iso(float(record["ts"])), **record}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(record, sort_keys=False, default=str) + "\n"
-        # One write() of a short line with O_APPEND is atomic enough for concurrent readers.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # One write() of a short line with O_APPEND is atomic enough for concurrent readers.
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise self._error("write", exc) from None
+
+    def _error(self, verb: str, exc: OSError) -> SlurmIdleError:
+        return SlurmIdleError(
+            f"cannot {verb} the journal {self.path}: {exc.strerror or exc} (paths.journal in the config)"
+        )
 
     def records(self) -> Iterator[dict[str, Any]]:
         """Every well-formed record, oldest first; a torn last line is skipped."""
@@ -64,3 +74,5 @@ class Journal:
                         yield record
         except FileNotFoundError:
             return
+        except OSError as exc:
+            raise self._error("read", exc) from None

@@ -44,9 +44,16 @@ def not_built(feature: str) -> NoReturn:
 
 
 def run_guarded(command: click.Command, argv: list[str] | None = None) -> NoReturn:
-    """Run the click app; SlurmIdleError becomes one line on stderr and its exit code."""
+    """Run the click app; SlurmIdleError becomes one line on stderr and its exit code.
+
+    Anything else (a bug, an OSError nobody turned into a SlurmIdleError) is one line and
+    exit 1 too; `-v` shows its traceback.
+    """
     try:
-        command.main(args=argv, prog_name="slurm-idle", standalone_mode=False)
+        # Without standalone mode click *returns* the code of `ctx.exit(n)` / `Exit(n)`.
+        rc = command.main(args=argv, prog_name="slurm-idle", standalone_mode=False)
+        if isinstance(rc, int) and not isinstance(rc, bool):
+            sys.exit(rc)
     except SlurmIdleError as exc:
         click.echo(f"slurm-idle: error: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -62,4 +69,17 @@ def run_guarded(command: click.Command, argv: list[str] | None = None) -> NoRetu
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+    except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
+        import logging
+        import traceback
+
+        from slurm_idle.logs import LOGGER_NAME
+
+        if logging.getLogger(LOGGER_NAME).isEnabledFor(logging.DEBUG):
+            traceback.print_exc()
+            hint = ""
+        else:
+            hint = " (run with -v for the traceback)"
+        click.echo(f"slurm-idle: error: {type(exc).__name__}: {exc}{hint}", err=True)
+        sys.exit(1)
     sys.exit(0)

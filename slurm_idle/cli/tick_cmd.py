@@ -45,7 +45,7 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
         echo_json(result.as_json() | {"dry_run": dry_run})
     elif result.locked_out:
         click.echo(f"slurm-idle: {result.locked_out}; nothing to do", err=True)
-    else:
+    elif not result.error:
         for plan in result.plans:
             click.echo(f"{plan.model}: {plan.serving_replicas} serving, {plan.needed_replicas} needed ({plan.reason})")
         if not result.actions:
@@ -58,7 +58,8 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
             click.echo(f"  {step.node} {step.from_phase.value} -> {step.to_phase.value} "
                        f"[{step.outcome}] {step.duration_s:.1f}s" + (f": {step.error}" if step.error else ""))
     if result.error:
-        raise SlurmIdleError(f"tick failed: {result.error}")
+        # The agent already logged "tick failed: ..." (stderr, and syslog under cron).
+        raise click.exceptions.Exit(1)
 
 
 @main.command()
@@ -239,6 +240,8 @@ def _set_pin(ctx: Context, node: str, pinned: bool, dry_run: bool) -> None:
                 pinned_view if v.name == node else v for v in obs.nodes)))
             _count_transitions(agent.config, steps)
             _print_steps(steps, False, False, action)
+            if any(s.outcome == "error" for s in steps):
+                raise SlurmIdleError(f"pin {node}: reclaiming it failed: {steps[-1].error}")
             return
         raise SlurmIdleError(f"{node} is {view.phase.value}; cannot pin it now")
 
