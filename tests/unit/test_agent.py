@@ -80,7 +80,7 @@ def test_observe_uses_one_nodes_and_one_jobs_call(tmp_path: Path) -> None:
     """Observation costs one nodes() and one jobs() call whatever the pool size."""
     agent, slurm, *_ = make_agent(tmp_path)
     obs = agent.observe()
-    assert [c[0] for c in slurm.log] == ["nodes", "jobs"]
+    assert [c[0] for c in slurm.log] == ["jobs", "nodes"]
     assert {v.name for v in obs.nodes} == {"gpu1", "gpu2", "gpu3"}
 
 
