@@ -188,7 +188,7 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     agent, slurm, *_ = make_agent(tmp_path, planner=continue_all)
     result = agent.tick(dry_run=True)
     assert len(result.actions) == 3
-    assert [c[0] for c in slurm.log] == ["nodes", "jobs"]
+    assert [c[0] for c in slurm.log] == ["jobs", "nodes"]
     assert not (tmp_path / "journal.jsonl").exists()
 
 
@@ -199,7 +199,7 @@ def test_tick_is_idempotent(tmp_path: Path) -> None:
     slurm.log.clear()
     result = agent.tick()
     assert result.actions == [] and result.steps == []
-    assert [c[0] for c in slurm.log] == ["nodes", "jobs"]
+    assert [c[0] for c in slurm.log] == ["jobs", "nodes"]
 
 
 @pytest.mark.parametrize("crash_after", range(1, 4))
