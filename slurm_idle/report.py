@@ -11,7 +11,9 @@ Conventions (documented in `--help` and the README):
 - GPU-hours are allocated GPUs (TRES `gres/gpu`) x wall time, clipped to the period and split
   per day at local midnight of the report's timezone. A run still going counts up to `now`.
 - A preemption is a run that ended PREEMPTED (Slurm preempted it) or REQUEUED* (the agent's
-  reclaim or an admin requeued it); it is counted on the day the run ended.
+  reclaim or an admin requeued it); it is counted on the day the run ended. A REQUEUED run
+  that ended within the last 10 minutes (or tenth) of its time limit requeued itself to go on
+  past the limit (the runner's SIGUSR1 checkpoint): not a preemption, and no work lost.
 - Work lost to a preemption is the GPU-hours since the job's last checkpoint. Slurm does not know
   checkpoints, so with `checkpoint_interval_s` set the loss is the run's tail, at most one
   interval long (`min(run, interval)` x GPUs); without it the whole interrupted run is counted as
@@ -39,6 +41,8 @@ from slurm_idle.slurm.protocol import AcctJob
 
 #: Run end states that mean "interrupted and requeued": a preemption for this report.
 INTERRUPTED_STATES = frozenset({"PREEMPTED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
+#: A requeued run this close to its time limit requeued itself there (see time_limit_requeue).
+TIME_LIMIT_WINDOW_S = 600.0
 #: The phase whose GPUs count as lent (schedulable in the idle partition).
 LENT_PHASES = frozenset({Phase.LENT.value})
 
@@ -261,7 +265,7 @@ def build_report(
         day_index = _bucket(run.end, days)
         if run.state == "COMPLETED":
             completed.add(run.job_id)
-        if run.state in INTERRUPTED_STATES:
+        if run.state in INTERRUPTED_STATES and not time_limit_requeue(run):
             preemptions += 1
             requeued.add(run.job_id)
             row["preemptions"] += 1
@@ -341,6 +345,22 @@ def build_report(
         ticks=facts.ticks,
         tick_errors=facts.tick_errors,
     )
+
+
+def time_limit_requeue(run: AcctJob) -> bool:
+    """A run that requeued itself at its time limit (the runner's SIGUSR1 checkpoint), not a
+    preemption: requeued, and ended within the warning window before the limit.
+
+    Accounting cannot tell the two requeues apart, so the window is the rule:
+    TIME_LIMIT_WINDOW_S or a tenth of the limit, whichever is longer. A preemption that
+    happens to land in that window is counted as a time-limit requeue.
+    """
+    if run.state not in INTERRUPTED_STATES or run.state == "PREEMPTED" or not run.time_limit_s:
+        return False
+    if run.start is None or run.end is None:
+        return False
+    window = max(TIME_LIMIT_WINDOW_S, 0.1 * run.time_limit_s)
+    return run.end - run.start >= run.time_limit_s - window
 
 
 def lost_seconds(run_s: float, checkpoint_interval_s: float | None) -> float:

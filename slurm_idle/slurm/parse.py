@@ -419,6 +419,7 @@ def _acct_from_record(rec: Mapping[str, Any]) -> AcctJob:
         restarts=int(number(rec.get("restart_cnt")) or 0),
         nodes=tuple(expand_hostlist(nodes_text)) if nodes_text not in _EMPTY else (),
         comment=_acct_comment(rec.get("comment")),
+        time_limit_s=None if (limit := number(times.get("limit"))) is None else limit * 60.0,
     )
 
 

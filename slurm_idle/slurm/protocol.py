@@ -34,6 +34,7 @@ class AcctJob:
     restarts: int = 0
     nodes: tuple[str, ...] = ()
     comment: str = ""
+    time_limit_s: float | None = None  # the job's time limit; None when unlimited or unknown
 
 
 @runtime_checkable

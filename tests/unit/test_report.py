@@ -261,3 +261,36 @@ def test_text_report_names_the_totals() -> None:
     text = render_text(report([run(1, "2026-12-01T00:00:00", "2026-12-01T05:00:00", gpus=2,
                                    state="PREEMPTED")]))
     assert "10.00" in text and "20.00 EUR" in text and "preemptions" in text
+
+
+def test_a_run_requeued_at_its_time_limit_is_not_a_preemption() -> None:
+    """A 1-hour job that checkpointed and requeued itself at 58 min (SIGUSR1) was not
+    preempted and lost nothing; one requeued at 20 min was (the agent's reclaim)."""
+    from dataclasses import replace
+
+    limit = 3600.0
+    runs = [
+        replace(run(7, "2026-12-01T01:00:00", "2026-12-01T01:58:00", gpus=2, state="REQUEUED"),
+                time_limit_s=limit),
+        replace(run(7, "2026-12-01T02:00:00", "2026-12-01T02:20:00", gpus=2, state="REQUEUED"),
+                time_limit_s=limit),
+        replace(run(7, "2026-12-01T02:30:00", "2026-12-01T03:00:00", gpus=2), time_limit_s=limit),
+    ]
+    r = report(runs)
+    assert r.preemptions == 1 and r.per_job[0].preemptions == 1
+    assert r.lost_gpu_hours == pytest.approx(2 * 20 / 60)
+    assert r.gpu_hours == pytest.approx(2 * (58 + 20 + 30) / 60)
+
+
+def test_sacct_time_limits_of_both_releases_are_read() -> None:
+    """22.05 writes `limit` as minutes or null (unlimited); 24.11 as {set, infinite, number}."""
+    from slurm_idle.slurm.parse import parse_accounting
+
+    def doc(limit: Any) -> dict[str, Any]:
+        return {"jobs": [{"job_id": 1, "name": "j", "partition": "idle", "state": {"current": "REQUEUED"},
+                          "time": {"start": 100, "end": 200, "elapsed": 100, "limit": limit}}]}
+
+    assert parse_accounting(doc(60))[0].time_limit_s == 3600
+    assert parse_accounting(doc(None))[0].time_limit_s is None
+    assert parse_accounting(doc({"set": True, "infinite": False, "number": 2}))[0].time_limit_s == 120
+    assert parse_accounting(doc({"set": True, "infinite": True, "number": 0}))[0].time_limit_s is None
