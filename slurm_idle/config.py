@@ -34,8 +34,10 @@ class SlurmConfig(_Strict):
     serve_partition: str = "inference"
     tag: str = "slurm-idle"
     command_timeout_s: float = Field(30.0, gt=0)
-    # At reclaim, the lent jobs' srun steps get SIGTERM this long before `scontrol requeue`
-    # (like the idle partition's GraceTime at preemption); 0 requeues at once (KillWait applies).
+    # At reclaim, the srun steps of lent jobs submitted through slurm-idle get SIGTERM this
+    # long before `scontrol requeue` (like the idle partition's GraceTime at preemption); 0
+    # requeues at once. Other jobs (plain sbatch scripts end with their step, which would make
+    # them COMPLETED/FAILED) are requeued at once and get Slurm's KillWait to checkpoint.
     requeue_grace_s: float = Field(30.0, ge=0)
     bin_dir: str | None = None  # where sinfo/scontrol/... live, if not on PATH
 
@@ -74,8 +76,20 @@ class EngineConfig(_Strict):
     sleep_level: Literal[1, 2] = 1
     drain_timeout_s: float = Field(120.0, ge=0)  # wait for in-flight requests before stopping
     start_timeout_s: float = Field(600.0, gt=0)  # cold start / wake until /health and awake
+    # What a start or wake usually takes, for the forecast's lead time (policy.forecast_lead_s);
+    # unset: 300 s (a cold start), or 30 s for http-sleep (a wake).
+    expected_start_s: float = Field(300.0, ge=0)
     stop_timeout_s: float = Field(60.0, ge=0)
     http_timeout_s: float = Field(5.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _start_estimate_by_kind(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("expected_start_s") is None:
+            data = {k: v for k, v in data.items() if k != "expected_start_s"}
+            if data.get("kind") == "http-sleep":
+                data["expected_start_s"] = 30.0
+        return data
 
     @model_validator(mode="after")
     def _commands_present(self) -> EngineConfig:
@@ -109,7 +123,7 @@ class ModelConfig(_Strict):
             data = dict(data)
             nodes = data.pop("nodes")
             url = data.pop("url", "http://{node}:8000")
-            names = expand_hostlist(nodes) if isinstance(nodes, str) else list(nodes)
+            names = expand_hostlist(nodes, strict=True) if isinstance(nodes, str) else list(nodes)
             data["replicas"] = [{"node": n, "url": url.format(node=n)} for n in names]
         return data
 
@@ -128,7 +142,10 @@ class PolicyConfig(_Strict):
     headroom_replicas: int = Field(0, ge=0)
     learn_capacity: bool = False
     forecast: bool = True
-    forecast_lead_s: float | None = Field(None, ge=0)  # default: start + grace time
+    forecast_lead_s: float | None = Field(None, ge=0)  # default: grace + expected start + a tick
+    # A queue adds replicas only once it has lasted this long (its minimum over this span is
+    # above queue_waiting_threshold): one request waiting for a moment reclaims nothing.
+    queue_sustain_s: int = Field(60, ge=0)
     lending_windows: tuple[str, ...] = ()  # e.g. ["20:00-08:00"]; empty = always
     timezone: str = "UTC"
     reclaim_on_unknown_metrics: bool = False

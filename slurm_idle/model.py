@@ -78,7 +78,9 @@ class ReplicaLoad:
     """The load signals of one vLLM replica (one server; data-parallel engines summed).
 
     `known` is False when the series were missing or stale: the planner must then not lend on
-    this evidence. Rates are per second over the configured window; latencies in seconds.
+    this evidence. `sleeping` (vllm:engine_sleep_state): the engine is asleep, so the replica
+    serves nothing whatever its phase says. Rates are per second over the configured window;
+    latencies in seconds.
     """
 
     model: str
@@ -100,9 +102,9 @@ class ReplicaLoad:
 class ModelLoad:
     """Fleet-wide demand signals of one model, from Prometheus (range queries) or scrapes.
 
-    `*_max_window` are maxima over the scale-down window (stateless hysteresis); the
-    `forecast_*` fields are what the same time yesterday / last week saw ahead of now
-    (None when there is no history).
+    `*_max_window` are maxima over the scale-down window (stateless hysteresis), None unless
+    the source's history covers the whole window; the `forecast_*` fields are what the same
+    time yesterday / last week saw ahead of now (None when there is no history).
     """
 
     model: str
@@ -110,7 +112,10 @@ class ModelLoad:
     prompt_tokens_per_s: float = 0.0
     generation_tokens_per_s: float = 0.0
     running: float = 0.0
-    waiting: float = 0.0
+    waiting: float = 0.0  # now: sizes a scale-up, never triggers one by itself
+    # min of `waiting` over the last policy.queue_sustain_s, None if the history is shorter:
+    # above policy.queue_waiting_threshold, a queue has lasted that long (the queue signal)
+    waiting_min_recent: float | None = None
     kv_cache_usage_max: float = 0.0
     ttft_p95_s: float | None = None
     demand_tokens_per_s_max_window: float | None = None

@@ -150,6 +150,7 @@ def query(ctx: Context, as_json: bool) -> None:
             "demand_tokens_per_s_max_window": _num(m.demand_tokens_per_s_max_window),
             "waiting_max_window": m.waiting_max_window,
             "waiting_min_window": m.waiting_min_window,
+            "waiting_min_recent": m.waiting_min_recent,
             "forecast_demand_tokens_per_s": _num(m.forecast_demand_tokens_per_s),
             "forecast_demand_tokens_per_s_max_window": _num(m.forecast_demand_tokens_per_s_max_window),
         }

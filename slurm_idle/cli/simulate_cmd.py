@@ -23,9 +23,11 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
 @click.option("--wake-s", type=float, default=None, help="Sleep-mode wake time (replaces --start-s).")
 @click.option("--grace-s", type=float, default=60.0, show_default=True, help="Job grace time at reclaim.")
 @click.option("--prompt-weight", type=float, default=0.1, show_default=True,
-              help="Demand model: cost of a prompt token relative to a generated one.")
+              help="Demand model: cost of a prompt token relative to a generated one (without "
+              "--config the slurm-idle policy weighs prompts the same).")
 @click.option("--utilisation", type=float, default=0.8, show_default=True,
-              help="Demand model: a replica breaks the SLO above this share of its tokens/s.")
+              help="Demand model: a replica breaks the SLO above this share of its tokens/s. "
+              "Without --config the slurm-idle policy plans at 0.975x this (0.78 for 0.8).")
 @click.option("--floor", type=int, default=1, show_default=True, help="Demand model: minimum replicas.")
 @click.option("--night-lend", type=int, default=None,
               help="night-window: replicas lent per model (default: what the trace's nights allow).")

@@ -6,6 +6,9 @@ them; the tick benchmark reads it). Series are mapped back to replicas by their 
 (`instance` = host:port of the replica URL, or a configured label holding the node name).
 Rates, counter resets and histogram percentiles are Prometheus' own (`rate`,
 `histogram_quantile`); hysteresis and forecast use range subqueries so the agent keeps no state.
+A window's extremes count only when Prometheus holds (nearly) the whole window: each such
+subquery comes with its `count_over_time` (a `kind`-labelled series of the same query), so a
+restarted Prometheus or a new deployment reads as "no window yet" instead of a 2-minute window.
 The forecast's inputs (each model's lead, the peaks 1 day / 7 days ago over the lead and over
 lead + scale-down window, `deriv` over the window) go through `metrics.forecast`, which calls
 the policy's `forecast_demand` exactly as the simulator does.
@@ -68,6 +71,7 @@ class Queries:
     rate_window_s: int
     prompt_token_weight: float
     staleness_s: float = 120.0
+    queue_sustain_s: int = 60  # the queue's minimum over this span is the queue signal
 
     def _sel(self, extra: str = "") -> str:
         inner = ",".join(p for p in (self.selector.strip("{}"), extra) if p)
@@ -107,6 +111,14 @@ class Queries:
             "queue": f"{self._p95(names.QUEUE_TIME, i)} >= 0",
         }
 
+    def _subquery(self, expr: str, range_s: int) -> str:
+        return f"{expr}[{range_s}s:{subquery_step(range_s, self.rate_window_s)}s]"
+
+    def covered(self, points: float | None, range_s: int) -> bool:
+        """Whether a subquery over range_s had data at >= WINDOW_COVERAGE of its steps."""
+        expected = range_s // subquery_step(range_s, self.rate_window_s)
+        return points is not None and points >= WINDOW_COVERAGE * expected
+
     def demand(self, offset_s: int = 0) -> str:
         m = names.MODEL_LABEL
         return (
@@ -118,23 +130,33 @@ class Queries:
     def model(self, window_s: int, leads: Collection[int] | None) -> dict[str, str]:
         """The per-model queries; `leads`: the models' forecast lead times (None: no forecast)."""
         m = names.MODEL_LABEL
+        waiting = f"sum by ({m}) ({names.WAITING}{self._sel()})"
         q = {
             "generation": f"sum by ({m}) ({self._rate(names.GENERATION_TOKENS)})",
             "prompt": f"sum by ({m}) ({self._rate(names.PROMPT_TOKENS)})",
             "running": f"sum by ({m}) ({names.RUNNING}{self._sel()})",
-            "waiting": f"sum by ({m}) ({names.WAITING}{self._sel()})",
+            "waiting": waiting,
             "kv": (
                 f"max by ({m}) ({names.KV_CACHE_USAGE}{self._sel()}) "
                 f"or max by ({m}) ({names.KV_CACHE_USAGE_LEGACY}{self._sel()})"
             ),
             "ttft": self._p95(names.TTFT, m),
         }
+        if self.queue_sustain_s > 0:
+            # the queue now, and its minimum over the sustain span with the span's points
+            recent = self._subquery(waiting, self.queue_sustain_s)
+            q["waiting"] = " or ".join([
+                waiting,
+                _kind(f"min_over_time({recent})", "recent_min"),
+                _kind(f"count_over_time({recent})", "recent_points"),
+            ])
         if window_s > 0:
-            step = subquery_step(window_s, self.rate_window_s)
-            waiting = f"sum by ({m}) ({names.WAITING}{self._sel()})"
-            q["demand_max"] = f"max_over_time({self.demand()}[{window_s}s:{step}s])"
-            q["waiting_max"] = f"max_over_time({waiting}[{window_s}s:{step}s])"
-            q["waiting_min"] = f"min_over_time({waiting}[{window_s}s:{step}s])"
+            # the window's points (`kind="points"`) say whether Prometheus holds all of it
+            demand = self._subquery(self.demand(), window_s)
+            points = _kind(f"count_over_time({demand})", "points")
+            q["demand_max"] = f"max_over_time({demand}) or {points}"
+            q["waiting_max"] = f"max_over_time({self._subquery(waiting, window_s)})"
+            q["waiting_min"] = f"min_over_time({self._subquery(waiting, window_s)})"
         if leads is not None:
             q["forecast"] = self.forecast(leads, window_s)
         return q
@@ -167,6 +189,16 @@ class Queries:
         return " or ".join(parts)
 
 
+def _kind(expr: str, kind: str) -> str:
+    """expr with the label `kind` set, to send several answers in one query."""
+    return f'label_replace({expr}, "kind", "{kind}", "", "")'
+
+
+#: A window counts as covered when its subquery has data at this share of its steps (a scrape
+#: missed here and there is fine; 2 minutes of history for a 15-minute window is not).
+WINDOW_COVERAGE = 0.9
+
+
 def subquery_step(range_s: int, rate_window_s: int) -> int:
     """Resolution of a range subquery: ~10-30 points, never finer than half the rate window."""
     return max(1, min(max(rate_window_s // 2, 1), max(range_s // 10, 1)))
@@ -180,6 +212,7 @@ def queries_for(config: Config) -> Queries:
         rate_window_s=config.metrics.rate_window_s,
         prompt_token_weight=config.policy.prompt_token_weight,
         staleness_s=config.metrics.staleness_s,
+        queue_sustain_s=config.policy.queue_sustain_s,
     )
 
 
@@ -461,7 +494,7 @@ class PrometheusSource:
         by_model: dict[str, dict[str, float]] = {}
         for signal, promql in queries.items():
             for labels, value in self.query(promql, time=now).values():
-                key = f"{signal}:{labels['kind']}" if signal == "forecast" and "kind" in labels else signal
+                key = f"{signal}:{labels['kind']}" if "kind" in labels else signal
                 by_model.setdefault(labels.get(names.MODEL_LABEL, ""), {})[key] = value
         return [
             self._model_load(m.name, by_model.get(m.name, {}), None if leads is None else leads[m.name])
@@ -474,9 +507,20 @@ class PrometheusSource:
         if gen is None or prompt is None or running is None:
             return ModelLoad(model=model, known=False)
         waiting = _finite(v.get("waiting")) or 0.0
-        demand_now = demand_tokens_per_s(gen, prompt, self.config.policy.prompt_token_weight)
-        window_s = self.config.policy.scale_down_window_s
+        policy = self.config.policy
+        demand_now = demand_tokens_per_s(gen, prompt, policy.prompt_token_weight)
+        window_s = policy.scale_down_window_s
         windowed = window_s > 0
+        # Without (nearly) the whole window in Prometheus, "low for the whole window" is unknown.
+        covered = not windowed or self.q.covered(_finite(v.get("demand_max:points")), window_s)
+        # The queue's minimum over the sustain span, the present included (the subquery's last
+        # step may predate it); None unless Prometheus holds the span.
+        recent: float | None = waiting
+        if policy.queue_sustain_s > 0:
+            span_min = _finite(v.get("waiting:recent_min"))
+            points = _finite(v.get("waiting:recent_points"))
+            covered_span = self.q.covered(points, policy.queue_sustain_s)
+            recent = min(span_min, waiting) if span_min is not None and covered_span else None
         forecast, forecast_window = (
             forecast_inputs(v, demand_now, lead_s, window_s) if lead_s is not None else (None, None)
         )
@@ -487,15 +531,20 @@ class PrometheusSource:
             generation_tokens_per_s=gen,
             running=running,
             waiting=waiting,
+            waiting_min_recent=recent,
             kv_cache_usage_max=_finite(v.get("kv")) or 0.0,
             ttft_p95_s=_finite(v.get("ttft")),
             demand_tokens_per_s_max_window=(
-                _max_opt(_finite(v.get("demand_max")), demand_now) if windowed else demand_now
+                demand_now if not windowed
+                else _max_opt(_finite(v.get("demand_max")), demand_now) if covered else None
             ),
             waiting_max_window=(
-                _max_opt(_finite(v.get("waiting_max")), waiting) if windowed else waiting
+                waiting if not windowed
+                else _max_opt(_finite(v.get("waiting_max")), waiting) if covered else None
             ),
-            waiting_min_window=_finite(v.get("waiting_min")) if windowed else waiting,
+            waiting_min_window=(
+                waiting if not windowed else _finite(v.get("waiting_min")) if covered else None
+            ),
             forecast_demand_tokens_per_s=forecast,
             forecast_demand_tokens_per_s_max_window=forecast_window,
         )

@@ -2,10 +2,12 @@
 
 Rates need two readings of each counter. With `metrics.scrape_state` set, the previous tick's
 scrape is kept in that JSON file, so rates span the time between ticks (smooth, one request per
-replica per tick) and the same file keeps a short per-model demand history for the scale-down
-window. Without it, or when the kept scrape is older than `metrics.staleness_s`, each replica
-is scraped twice `metrics.scrape_interval_s` apart within the tick: rates are then noisy and
-the window fields stay None (no history), which the planner reads as "do not lend on this".
+replica per tick) and the same file keeps a short per-model demand and queue history for the
+scale-down window and for `policy.queue_sustain_s` (has the queue lasted?). Without it, or when
+the kept scrape is older than `metrics.staleness_s`, each replica is scraped twice
+`metrics.scrape_interval_s` apart within the tick: rates are then noisy and the window fields
+and the queue's recent minimum stay None (no history), which the planner reads as "do not lend
+on this" and "no sustained queue" (token demand, KV cache and latency still scale up).
 The forecast uses the same history: the demand's trend over the scale-down window,
 extrapolated over the lead (`metrics.forecast`, as the simulator does). The day-old and
 week-old peaks that Prometheus provides are not kept here: that would make the state file a
@@ -23,6 +25,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -283,10 +286,14 @@ class ScrapeSource:
             ttft = sum_histograms(s.ttft for s in servers)
             window: tuple[float | None, float | None, float | None] = (None, None, None)
             forecast: tuple[float | None, float | None] = (None, None)
+            recent = waiting if policy.queue_sustain_s == 0 else None
             if state is not None:
                 state.history.append((now, m.name, demand, waiting))
                 window = _window(state.history, m.name, now, policy.scale_down_window_s,
                                  self.config.metrics.staleness_s)
+                if policy.queue_sustain_s > 0:
+                    recent = _recent_min(state.history, m.name, now, policy.queue_sustain_s,
+                                         self.config.metrics.staleness_s)
                 if policy.forecast:
                     # Only the trend: the state keeps no day-old history (see the module doc).
                     trend = _trend(state.history, m.name, now, policy.scale_down_window_s)
@@ -299,6 +306,7 @@ class ScrapeSource:
                     generation_tokens_per_s=gen,
                     running=sum(s.running for s in servers),
                     waiting=waiting,
+                    waiting_min_recent=recent,
                     kv_cache_usage_max=max(s.kv_cache_usage for s in servers),
                     ttft_p95_s=ttft.quantile(0.95) if ttft else None,
                     demand_tokens_per_s_max_window=window[0],
@@ -309,7 +317,8 @@ class ScrapeSource:
                 )
             )
         if state is not None:
-            horizon = now - policy.scale_down_window_s - 2 * self.config.metrics.staleness_s
+            kept_s = max(policy.scale_down_window_s, policy.queue_sustain_s)
+            horizon = now - kept_s - 2 * self.config.metrics.staleness_s
             state.history = [h for h in state.history if h[0] >= horizon]
             state.save(self.state_path)
         self._last = {}  # the next tick scrapes afresh
@@ -325,6 +334,27 @@ def _window(
         return (None, None, None)
     inside = [(d, w) for t, d, w in points if t >= now - window_s] or [(points[-1][1], points[-1][2])]
     return (max(d for d, _ in inside), max(w for _, w in inside), min(w for _, w in inside))
+
+
+def _recent_min(
+    history: Sequence[tuple[float, str, float, float]],
+    model: str,
+    now: float,
+    span_s: float,
+    max_gap_s: float,
+) -> float | None:
+    """Min of the model's queue over [now - span_s, now]: the readings inside and the last one at
+    or before the span's start (the queue it began with). None without such a reading or when
+    two consecutive readings are more than max_gap_s apart (ticks missed: nothing known between)."""
+    points = sorted((t, w) for t, m, _, w in history if m == model and t <= now)
+    start = now - span_s
+    before = [p for p in points if p[0] <= start]
+    if not before:
+        return None
+    span = [before[-1], *(p for p in points if p[0] > start)]
+    if any(b[0] - a[0] > max_gap_s for a, b in pairwise(span)):
+        return None
+    return min(w for _, w in span)
 
 
 def _trend(

@@ -22,7 +22,11 @@ Value = float | dict[str, float]  # `running` may be given per engine: {"0": 3, 
 
 @dataclass
 class SyntheticPrometheus:
-    """Answers `custom_query` from per-target and per-model tables of signal values."""
+    """Answers `custom_query` from per-target and per-model tables of signal values.
+
+    A per-model key `signal:kind` answers, within that signal's query, the series labelled
+    `kind` (`demand_max:points`, `waiting:recent_min`); a dict value, the forecast's kinds.
+    """
 
     queries: Queries
     window_s: int
@@ -74,15 +78,18 @@ class SyntheticPrometheus:
         if query in self._model:
             signal = self._model[query]
             for model, signals in self.models.items():
-                if signal not in signals:
-                    continue
-                value = signals[signal]
-                if isinstance(value, dict):  # the forecast's `kind`-labelled series
-                    for kind, v in value.items():
-                        for k in self._kinds(kind):
-                            out.append(_item({names.MODEL_LABEL: model, "kind": k}, ts, v))
-                else:
-                    out.append(_item({names.MODEL_LABEL: model}, ts, value))
+                for key, value in signals.items():
+                    name, _, kind = key.partition(":")
+                    if name != signal:
+                        continue
+                    if isinstance(value, dict):  # the forecast's `kind`-labelled series
+                        for each, v in value.items():
+                            for k in self._kinds(each):
+                                out.append(_item({names.MODEL_LABEL: model, "kind": k}, ts, v))
+                    elif kind:  # e.g. `demand_max:points`: the series kind="points" of demand_max
+                        out.append(_item({names.MODEL_LABEL: model, "kind": kind}, ts, value))
+                    else:
+                        out.append(_item({names.MODEL_LABEL: model}, ts, value))
             return out
         raise ValueError(f"SyntheticPrometheus does not know the query {query!r}")
 

@@ -1,10 +1,11 @@
 """How many replicas a model needs: token demand against per-replica capacity, plus pressure.
 
 Two numbers come out of here for each model. `up` is what the load needs *now* (current demand,
-the forecast ramp, and +1 whenever queues, KV cache or latency say the serving replicas are not
-enough): the planner reclaims at once when supply falls short of it. `down` is what the load
-needed at any time over the scale-down window (Prometheus `max_over_time`), so a replica is only
-lent after load has stayed low for the whole window: hysteresis without a state file.
+the forecast ramp, and +1 whenever a queue that lasted `queue_sustain_s`, the KV cache or latency
+say the serving replicas are not enough): the planner reclaims at once when supply falls short
+of it. `down` is what the load needed at any time over the scale-down window (Prometheus
+`max_over_time`), so a replica is only lent after load has stayed low for the whole window:
+hysteresis without a state file, and no lending until the window's history exists.
 Everything here is arithmetic on one ModelLoad; no clock, no I/O.
 """
 
@@ -66,14 +67,26 @@ class Need:
     reason: str
 
 
+def sustained_queue(load: ModelLoad, policy: PolicyConfig) -> float | None:
+    """The queue that has lasted policy.queue_sustain_s (its minimum over that span), None if
+    unknown. A request waiting for a moment is what a busy engine looks like between two
+    scheduler steps; reclaiming for it would preempt a job for nothing."""
+    if policy.queue_sustain_s == 0:
+        return load.waiting
+    return load.waiting_min_recent
+
+
 def pressure_now(load: ModelLoad, policy: PolicyConfig) -> list[str]:
     """Signals that the replicas serving now are not enough, whatever the token count says."""
     signals = []
     threshold = policy.queue_waiting_threshold
+    recent = sustained_queue(load, policy)
     if load.waiting_min_window is not None and load.waiting_min_window > threshold:
         signals.append(f"queue sustained (>= {load.waiting_min_window:g} waiting over the window)")
-    elif load.waiting > threshold:
-        signals.append(f"{load.waiting:g} requests waiting")
+    elif recent is not None and recent > threshold:
+        signals.append(
+            f"queue for {policy.queue_sustain_s}s (>= {recent:g} waiting, {load.waiting:g} now)"
+        )
     if load.kv_cache_usage_max > policy.kv_cache_high:
         signals.append(f"KV cache {load.kv_cache_usage_max:.0%} > {policy.kv_cache_high:.0%}")
     if (
@@ -89,7 +102,8 @@ def queue_replicas(load: ModelLoad, policy: PolicyConfig, serving: int) -> int:
     """Extra replicas a queue asks for: enough to run every waiting request as concurrently as
     the serving replicas run theirs now. Saturated replicas report their capacity, not the
     demand, as throughput; the queue is where the rest of the demand shows, so a surge
-    reclaims every replica it needs in one tick instead of one per tick."""
+    reclaims every replica it needs in one tick instead of one per tick. Only called once a
+    pressure signal has fired: today's queue sizes a scale-up, it does not start one."""
     if serving <= 0 or load.running <= 0 or load.waiting <= policy.queue_waiting_threshold:
         return 0
     per_replica = load.running / serving
@@ -127,7 +141,9 @@ def assess_need(
     window = policy.scale_down_window_s
     if window == 0:
         down = need
-    elif load.demand_tokens_per_s_max_window is None:
+    elif load.demand_tokens_per_s_max_window is None or load.waiting_max_window is None:
+        # The source's history does not cover the window (new deployment, Prometheus restart):
+        # "load stayed low for the whole window" is not known yet.
         down = None
         parts.append("no window maximum: nothing lent")
     else:
@@ -135,7 +151,7 @@ def assess_need(
         down = max(need, replicas_for(peak, capacity, util))
         if down > need:
             parts.append(f"window max {peak:.0f} tok/s over {window}s needs {down}")
-        if load.waiting_max_window is not None and load.waiting_max_window > policy.queue_waiting_threshold:
+        if load.waiting_max_window > policy.queue_waiting_threshold:
             down = max(down, serving)
         coming = load.forecast_demand_tokens_per_s_max_window
         if policy.forecast and coming is not None:
@@ -182,11 +198,14 @@ def forecast_demand(
     return demand_now + max(rises)
 
 
+#: A reclaim decided now starts at the next tick at the latest (cron runs `tick` every minute).
+TICK_S = 60.0
+
+
 def default_forecast_lead_s(config: Config, model: str) -> float:
     """How far ahead the forecast must look for `model`: policy.forecast_lead_s, or else the
-    time a reclaim takes (job grace ~60 s + engine start, ~300 s cold or ~30 s wake) + one tick."""
+    time a reclaim takes: the lent jobs' grace (slurm.requeue_grace_s), the engine's start or
+    wake (engine.expected_start_s of the model's engine) and one tick."""
     if config.policy.forecast_lead_s is not None:
         return config.policy.forecast_lead_s
-    engine = config.engine_for(model)
-    start_s = 30.0 if engine.kind == "http-sleep" else 300.0
-    return 60.0 + start_s + 60.0
+    return config.slurm.requeue_grace_s + config.engine_for(model).expected_start_s + TICK_S

@@ -9,6 +9,9 @@ Per model: count supply by phase, compute the need (capacity.py), then
   under the lent-fraction cap; at most `max_transitions_per_tick` LENDs per tick, pool-wide;
 - carry every other transitional node one step on (CONTINUE; the agent checks the conditions);
 - adopt unmanaged pool nodes into serving; never name an ADMIN node.
+A replica in a serving phase whose engine reports sleeping serves nothing: it is not counted as
+capacity (a lent node comes back in its place if the need says so), and, as with unknown
+metrics, nothing of the model is lent while it sleeps; the node itself is left alone.
 """
 
 from __future__ import annotations
@@ -49,7 +52,12 @@ class _Model:
 
     @property
     def taking_traffic(self) -> int:
-        return len(self.nodes(Phase.SERVING, Phase.RETIRING))
+        return sum(1 for n in self.nodes(Phase.SERVING, Phase.RETIRING) if not _asleep(n))
+
+
+def _asleep(view: NodeView) -> bool:
+    """The replica's engine reports sleeping (even on stale metrics: then it may still be)."""
+    return view.replica is not None and view.replica.sleeping
 
 
 def _load_known(load: ModelLoad | None, serving: list[NodeView]) -> tuple[bool, str]:
@@ -60,6 +68,10 @@ def _load_known(load: ModelLoad | None, serving: list[NodeView]) -> tuple[bool, 
     blind = [n.name for n in serving if n.replica is None or not n.replica.known]
     if blind:
         return False, f"metrics unknown for serving replica(s) {', '.join(blind)}"
+    asleep = [n.name for n in serving if _asleep(n)]
+    if asleep:
+        names = ", ".join(asleep)
+        return False, f"engine asleep on serving replica(s) {names} (not counted until it wakes)"
     return True, ""
 
 
@@ -76,12 +88,12 @@ def _examine(
     ]
     total = sum(1 for n in views if n.phase is not Phase.ADMIN)
     taking = by_phase.get(Phase.SERVING, []) + by_phase.get(Phase.RETIRING, [])
+    awake = [n for n in taking if not _asleep(n)]
     policy = config.policy
     load = obs.model_load(model.name)
     known, why_unknown = _load_known(load, taking)
-    supply = sum(
-        len(by_phase.get(p, []))
-        for p in (Phase.SERVING, Phase.RETIRING, Phase.STARTING, Phase.RECLAIMING)
+    supply = len(awake) + sum(
+        len(by_phase.get(p, [])) for p in (Phase.STARTING, Phase.RECLAIMING)
     ) + len(adoptable)
     floor = min(model.min_serving_replicas, total)
 
@@ -94,8 +106,8 @@ def _examine(
             reason = f"{why_unknown}: holding {needed} (nothing lent on unknown load)"
         return _Model(model, by_phase, adoptable, total, False, True, need, needed, reason)
 
-    replicas = [n.replica for n in taking if n.replica is not None]
-    need = assess_need(model, policy, load, replicas, len(taking), total)
+    replicas = [n.replica for n in awake if n.replica is not None]
+    need = assess_need(model, policy, load, replicas, len(awake), total)
     needed, reason = need.up, need.reason
     if not known:
         reason += f"; {why_unknown}: nothing lent"
@@ -135,7 +147,7 @@ def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list
     policy = config.policy
     actions: list[Action] = []
     touched: set[str] = set()
-    serving = m.nodes(Phase.SERVING)
+    serving = [v for v in m.nodes(Phase.SERVING) if not _asleep(v)]  # asleep: not capacity
     retiring = m.nodes(Phase.RETIRING)
     lending = m.nodes(Phase.LENDING)
     lent = m.nodes(Phase.LENT)
@@ -163,12 +175,17 @@ def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list
             actions.append(_act(ActionKind.RECLAIM, view, Phase.RECLAIMING, "pinned: back to serving"))
             touched.add(view.name)
 
-    supply = len(serving) + len(arriving) + len(m.adoptable) + sum(1 for v in retiring + lending + lent if v.pinned)
+    supply = (
+        len(serving) + len(arriving) + len(m.adoptable)
+        + sum(1 for v in retiring if v.pinned and not _asleep(v))
+        + sum(1 for v in lending + lent if v.pinned)
+    )
     deficit = m.needed - supply
     if deficit > 0:
         up_reason = f"{m.reason}; {supply} serving or coming back"
         candidates = (
-            [(ActionKind.ABORT_LEND, v, Phase.SERVING) for v in sorted(retiring, key=_running, reverse=True)]
+            [(ActionKind.ABORT_LEND, v, Phase.SERVING)
+             for v in sorted(retiring, key=_running, reverse=True) if not _asleep(v)]
             + [(ActionKind.RECLAIM, v, Phase.STARTING) for v in lending]
             + [(ActionKind.RECLAIM, v, Phase.RECLAIMING) for v in sorted(lent, key=lambda v: _lost_work(v, now))]
         )

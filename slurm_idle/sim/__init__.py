@@ -14,7 +14,7 @@ from slurm_idle.config import Config, PolicyConfig
 from slurm_idle.errors import ConfigError
 from slurm_idle.sim.baselines import NightWindow, Oracle, Reactive
 from slurm_idle.sim.engine import FleetModel, SimParams, SimPolicy, SimResult, Simulation
-from slurm_idle.sim.planner_driver import SIM_POLICY, PlannerPolicy, fleet_config
+from slurm_idle.sim.planner_driver import SIM_POLICY, PlannerPolicy, fleet_config, sim_policy
 from slurm_idle.traces import Trace
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "Simulation",
     "fleet_from_config",
     "parse_fleet",
+    "sim_policy",
     "simulate",
 ]
 
@@ -66,12 +67,13 @@ def simulate(
     policy_config: PolicyConfig | None = None,
     night_lend: int | None = None,
 ) -> SimResult:
-    """Run one policy over the trace and score it."""
+    """Run one policy over the trace and score it. The slurm-idle policy plans with
+    `policy_config` (a site's knobs), else with SIM_POLICY fitted to the demand model."""
     if not fleet:
         raise ConfigError("no fleet: give --fleet MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S or --config")
     params = params or SimParams()
     sim = Simulation(trace, fleet, params)
-    knobs = policy_config or SIM_POLICY
+    knobs = policy_config or sim_policy(params)
     chosen: SimPolicy
     if policy == "slurm-idle":
         chosen = PlannerPolicy(sim, fleet_config(fleet, params, knobs))

@@ -2,9 +2,12 @@
 
 Nothing of the policy is re-implemented here; this module only plays the part of the metrics
 adapter and of Slurm. At the tick of minute m the agent sees what Prometheus would show then:
-the rates of the minute that just ended (m-1), maxima and minima over the scale-down window,
-and the forecast computed by `policy.forecast_demand` from the same moments 1 day and 7 days
-earlier. A model whose serving replicas cannot keep up shows a queue and a hot KV cache.
+the rates of the minute that just ended (m-1), maxima and minima over the scale-down window
+(None until the trace has run for the whole window, as Prometheus' coverage check), the queue's
+minimum over `queue_sustain_s`, and the forecast computed by `policy.forecast_demand` from the
+same moments 1 day and 7 days earlier. A model whose serving replicas cannot keep up shows a
+queue and a hot KV cache. The planner is configured like the simulated fleet: its lead time
+from the simulated grace and start, its utilisation and prompt weight from the demand model.
 """
 
 from __future__ import annotations
@@ -13,7 +16,14 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
-from slurm_idle.config import Config, EngineConfig, ModelConfig, PolicyConfig, ReplicaConfig
+from slurm_idle.config import (
+    Config,
+    EngineConfig,
+    ModelConfig,
+    PolicyConfig,
+    ReplicaConfig,
+    SlurmConfig,
+)
 from slurm_idle.model import (
     Action,
     ModelLoad,
@@ -31,6 +41,19 @@ from slurm_idle.sim.engine import FleetModel, SimNode, SimParams, Simulation, no
 #: that replicas are planned at 78% instead of 80% busy, a 2.5% margin against minute-to-minute
 #: noise (the simulated SLO is broken at 80%).
 SIM_POLICY = PolicyConfig.model_validate({"target_utilisation": 0.78})
+_DEFAULT_UTILISATION: float = PolicyConfig.model_fields["target_utilisation"].default
+
+
+def sim_policy(params: SimParams) -> PolicyConfig:
+    """SIM_POLICY for the demand model of `params`: replicas planned with the same margin below
+    its SLO line (0.975 x `--utilisation`) and prompt tokens weighed as it weighs them
+    (`--prompt-weight`), so the policy under test plans against the line it is scored on."""
+    utilisation = SIM_POLICY.target_utilisation * (params.utilisation / _DEFAULT_UTILISATION)
+    return PolicyConfig.model_validate({
+        **SIM_POLICY.model_dump(),
+        "target_utilisation": min(1.0, utilisation),
+        "prompt_token_weight": params.prompt_weight,
+    })
 
 DAY_MIN = 1440
 WEEK_MIN = 7 * DAY_MIN
@@ -38,9 +61,14 @@ _DRAINED = frozenset({"DRAIN"})
 
 
 def fleet_config(fleet: Sequence[FleetModel], params: SimParams, policy: PolicyConfig) -> Config:
-    """A Config for the simulated pool (node names as the engine makes them)."""
+    """A Config for the simulated pool (node names as the engine makes them); the job grace and
+    the engine's start (or wake) are the simulated ones, so the forecast's lead matches them."""
     kind = "http-sleep" if params.wake_s is not None else "command"
-    engine = EngineConfig.model_validate({"kind": kind, "start_command": "true", "stop_command": "true"})
+    engine = EngineConfig.model_validate({
+        "kind": kind, "start_command": "true", "stop_command": "true",
+        "expected_start_s": params.engine_start_s,
+    })
+    slurm = SlurmConfig.model_validate({"requeue_grace_s": params.grace_s})
     models = tuple(
         ModelConfig(
             name=f.name,
@@ -51,7 +79,7 @@ def fleet_config(fleet: Sequence[FleetModel], params: SimParams, policy: PolicyC
         )
         for f in fleet
     )
-    return Config(engine=engine, models=models, policy=policy)
+    return Config(slurm=slurm, engine=engine, models=models, policy=policy)
 
 
 def _sliding_max(values: Sequence[float], width: int) -> list[float]:
@@ -102,6 +130,7 @@ class PlannerPolicy:
         self.config = config
         policy = config.policy
         self.window_min = max(1, math.ceil(policy.scale_down_window_s / 60))
+        self.sustain_min = math.ceil(policy.queue_sustain_s / 60)  # 0: the queue now counts
         self.window_max: dict[str, list[float]] = {}
         self.ahead_max: dict[str, list[float]] = {}
         self.later_max: dict[str, list[float]] = {}
@@ -135,19 +164,26 @@ class PlannerPolicy:
         offsets = [seen - offset for offset in (DAY_MIN, WEEK_MIN) if seen - offset >= 0]
         history = [(demand[i], self.ahead_max[model][i]) for i in offsets]
         history_later = [(demand[i], self.later_max[model][i]) for i in offsets]
-        past = range(max(0, minute - self.window_min), minute)
+        past = range(max(0, minute - max(self.window_min, self.sustain_min)), minute)
         waits = [self._waiting(sim, model, m) for m in past]
+        waiting = waits[-1] if waits else 0.0
+        recent = waits[-self.sustain_min:] if self.sustain_min else [waiting]
+        # Minutes 0..m-1 have been seen: the window (or the sustain span) is covered once there
+        # are that many, as the Prometheus source counts the points of its subquery.
+        covered = minute >= self.window_min
+        window = waits[-self.window_min:]
         serving = sim.serving[model][seen] if minute > 0 else sim.fleet[model].replicas
         capacity = serving * sim.fleet[model].tokens_per_s
         return ModelLoad(
             model=model,
             prompt_tokens_per_s=rps * s.prompt_tokens[seen],
             generation_tokens_per_s=rps * s.output_tokens[seen],
-            waiting=waits[-1] if waits else 0.0,
+            waiting=waiting,
+            waiting_min_recent=min(recent) if minute >= self.sustain_min else None,
             kv_cache_usage_max=min(1.0, demand[seen] / capacity) if capacity > 0 else 1.0,
-            demand_tokens_per_s_max_window=self.window_max[model][seen],
-            waiting_max_window=max(waits) if waits else 0.0,
-            waiting_min_window=min(waits) if waits else 0.0,
+            demand_tokens_per_s_max_window=self.window_max[model][seen] if covered else None,
+            waiting_max_window=max(window) if covered else None,
+            waiting_min_window=min(window) if covered else None,
             forecast_demand_tokens_per_s=forecast_demand(
                 demand[seen], history, self.trend[model][seen], self.lead_s[model]
             ),

@@ -260,7 +260,9 @@ def slurm_idle_config(lay: Layout, tokens_per_s_per_replica: float) -> str:
                     "tokens_per_s_per_replica": tokens_per_s_per_replica,
                     "min_serving_replicas": 1,
                     "replicas": [{"node": n, "url": lay.emulator_url(n)} for n in NODES]}],
-        "policy": {"scale_down_window_s": 20, "max_transitions_per_tick": 4, "forecast": False},
+        # Seconds, not minutes: Prometheus scrapes every second here and the tests are short.
+        "policy": {"scale_down_window_s": 20, "queue_sustain_s": 5, "max_transitions_per_tick": 4,
+                   "forecast": False},
         "timeouts": {"retire_s": 60, "lend_s": 60, "reclaim_s": 120, "start_s": 120,
                      "tick_budget_s": 60},
         "paths": {"journal": str(lay.root / "journal.jsonl"),

@@ -135,3 +135,49 @@ def test_a_failed_step_cancels_its_downstream_with_the_reason(
     assert final["c"]["reason"] == "upstream step 'b' failed: this step will not run"
     log = next(tmp_path.glob("b-*.out")).read_text()
     assert "container exited with code 3" in log
+
+
+def test_a_requeued_step_keeps_its_downstream_waiting(
+    sandbox: Any, images: None, tmp_path: Path
+) -> None:
+    """Reclaiming the node under a running step (scontrol requeue) sends it back to the queue;
+    its downstream stays PENDING on the dependency (not cancelled), and both complete once
+    the step resumes from its checkpoint."""
+    pipe = {
+        "name": "requeued",
+        "defaults": {
+            "image": "slurm-idle/demo:latest", "gpus": 1, "grace_s": 5, "network": "none",
+            "params": {"steps": 12, "step_s": 1, "checkpoint_every": 2},
+            "mounts": {"checkpoint": {"source": f"{tmp_path}/{{step}}/ck", "target": "/checkpoint"}},
+            "log": f"{tmp_path}/{{step}}-%j.out",
+        },
+        "steps": [
+            {"name": "train", "job": {}},
+            {"name": "eval", "depends_on": ["train"], "job": {"params": {"steps": 2}}},
+        ],
+    }
+    path = tmp_path / "requeued.yaml"
+    path.write_text(yaml.safe_dump(pipe))
+    run = cli(sandbox, tmp_path, "pipeline", "run", "--json", str(path))
+    ids = {s["name"]: s["job_id"] for s in run["steps"]}
+    try:
+        poll(lambda: any("step=3\n" in p.read_text() for p in tmp_path.glob("train-*.out")),
+             90, "train at step 3")
+        r = sandbox.run(["scontrol", "requeue", str(ids["train"])])
+        assert r.returncode == 0, r.stderr
+        seen: list[tuple[str, str]] = []
+
+        def train_back_then_done() -> dict[str, Any] | None:
+            st = status(sandbox, tmp_path, "requeued")
+            seen.append((st["train"]["state"], st["eval"]["state"]))
+            assert st["eval"]["state"] not in {"CANCELLED", "FAILED"}, st["eval"]
+            assert st["train"]["state"] not in {"CANCELLED", "FAILED"}, st["train"]
+            return st if st["eval"]["state"] == "COMPLETED" else None
+
+        final = poll(train_back_then_done, 180, "eval completed after train's requeue")
+    finally:
+        cli(sandbox, tmp_path, "pipeline", "cancel", "--json", str(path))
+    assert final["train"]["state"] == "COMPLETED"
+    assert any(e == "PENDING" and t != "COMPLETED" for t, e in seen), seen  # eval waited
+    train_log = next(tmp_path.glob("train-*.out")).read_text()
+    assert "resumed_from=" in train_log and "done steps=12 sum=78" in train_log

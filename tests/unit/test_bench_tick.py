@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,20 @@ def test_cli_prints_the_documented_json() -> None:
     doc = json.loads(res.stdout)
     assert {"tick_s", "slurm_calls", "prometheus_queries"} <= set(doc)
     assert doc["tick_s"] >= 0 and doc["nodes"] == 20
+
+
+@pytest.mark.parametrize("script", ["bench-tick", "bench-sim", "make-trace"])
+def test_scripts_import_their_own_tree(tmp_path: Path, script: str) -> None:
+    """Run from anywhere, a script imports the slurm_idle next to it, not one found first on
+    the path (another checkout sharing the venv; here a decoy on PYTHONPATH)."""
+    decoy = tmp_path / "slurm_idle"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text('raise ImportError("decoy slurm_idle from another tree")\n')
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    res = subprocess.run([sys.executable, str(SCRIPT.parent / script), "--help"], cwd=tmp_path, env=env,
+                         check=False, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "decoy" not in res.stderr
 
 
 def test_observe_pauses_gc_and_restores_it() -> None:

@@ -37,6 +37,33 @@ def test_example_config_validates() -> None:
     assert cfg.engine_for("Qwen/Qwen2.5-7B-Instruct").kind == "http-sleep"
 
 
+def test_example_config_documents_the_lead_and_queue_knobs() -> None:
+    """The example sets the expected cold start and the queue's sustain time; a sleep-mode model
+    expects a 30 s wake, so its forecast lead is grace + 30 s + a tick."""
+    from slurm_idle.policy import default_forecast_lead_s
+
+    cfg = load_config(EXAMPLE)
+    assert cfg.policy.queue_sustain_s == 60
+    assert cfg.engine_for("meta-llama/Llama-3.1-70B-Instruct").expected_start_s == 300.0
+    assert cfg.engine_for("Qwen/Qwen2.5-7B-Instruct").expected_start_s == 30.0
+    assert default_forecast_lead_s(cfg, "Qwen/Qwen2.5-7B-Instruct") == 30.0 + 30.0 + 60.0
+
+
+def test_expected_start_defaults_by_engine_kind() -> None:
+    """engine.expected_start_s: 300 s for a cold start, 30 s for an http-sleep wake, unless set."""
+    cold = parse_config(MINIMAL)
+    assert cold.engine_for("m").expected_start_s == 300.0
+    command = 'kind: command, start_command: "start {node}", stop_command: "stop {node}"'
+    wake = parse_config(MINIMAL.replace(command, "kind: http-sleep"))
+    assert wake.engine_for("m").expected_start_s == 30.0
+    slow = parse_config(MINIMAL.replace("kind: command,", "kind: command, expected_start_s: 900,"))
+    assert slow.engine_for("m").expected_start_s == 900.0
+    with pytest.raises(ConfigError, match="expected_start_s"):
+        parse_config(MINIMAL.replace("kind: command,", "kind: command, expected_start_s: -1,"))
+    with pytest.raises(ConfigError, match="queue_sustain_s"):
+        parse_config(MINIMAL + "policy: {queue_sustain_s: -5}\n")
+
+
 def test_nodes_shorthand_expands_to_replicas() -> None:
     """`nodes: gpu[1-2]` with a url template becomes one replica per node."""
     cfg = parse_config(MINIMAL)

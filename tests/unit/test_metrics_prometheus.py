@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
+import yaml
 from prometheus_api_client.exceptions import PrometheusApiClientException
 
 from slurm_idle.config import Config, ReplicaConfig, parse_config
@@ -20,6 +24,8 @@ from slurm_idle.metrics.prometheus import (
     target_index,
 )
 from slurm_idle.metrics.synthetic import SyntheticPrometheus
+from slurm_idle.model import NodeView, Observation, Phase, ReplicaLoad, SlurmNode
+from slurm_idle.policy import assess
 
 CONFIG = """
 metrics: {prometheus_url: "http://prom:9090", rate_window_s: 30, staleness_s: 60, job_label: vllm}
@@ -138,7 +144,8 @@ def test_model_loads_carry_window_and_forecast_fields() -> None:
     src, fake = make(
         models={
             "llama": {"generation": 50.0, "prompt": 500.0, "running": 8.0, "waiting": 2.0, "kv": 0.7,
-                      "ttft": 0.3, "demand_max": 400.0, "waiting_max": 5.0, "waiting_min": 0.0,
+                      "ttft": 0.3, "demand_max": 400.0, "demand_max:points": 40.0, "waiting_max": 5.0,
+                      "waiting_min": 0.0, "waiting:recent_min": 1.0, "waiting:recent_points": 10.0,
                       "forecast": {"then_1d": 100.0, "ahead_1d": 600.0, "then_7d": 90.0}},
         }
     )
@@ -146,6 +153,7 @@ def test_model_loads_carry_window_and_forecast_fields() -> None:
     assert llama.known and llama.generation_tokens_per_s == 50.0
     assert llama.demand_tokens_per_s_max_window == 400.0
     assert (llama.waiting_max_window, llama.waiting_min_window) == (5.0, 0.0)
+    assert (llama.waiting, llama.waiting_min_recent) == (2.0, 1.0)
     # today's demand (50 + 0.1*500 = 100) plus yesterday's rise over the lead (600 - 100);
     # last week has no `ahead` series, so it does not count
     assert llama.forecast_demand_tokens_per_s == pytest.approx(600.0)
@@ -196,22 +204,23 @@ def test_falling_trend_and_missing_history_do_not_lower_the_forecast() -> None:
 
 
 def test_each_model_reads_the_peaks_of_its_own_lead() -> None:
-    """Models with different reclaim times (cold start 420 s vs sleep-mode wake 150 s) each get
-    their own lead's peaks and trend extrapolation, from one query."""
+    """Models with different reclaim times (30 s grace + 300 s cold start or 30 s sleep-mode
+    wake + a tick: 390 s vs 120 s) each get their own lead's peaks and trend extrapolation, from
+    one query."""
     cfg = parse_config(CONFIG.replace("forecast_lead_s: 300", "forecast_lead_s: null").replace(
         'replicas: [{node: inf9, url: "http://10.0.0.9:8001"}]',
         'replicas: [{node: inf9, url: "http://10.0.0.9:8001"}]\n'
         '    engine: {kind: http-sleep, start_command: "s", stop_command: "t"}'))
-    assert forecast_leads(cfg, cfg.models) == {"llama": 420, "qwen": 150}
+    assert forecast_leads(cfg, cfg.models) == {"llama": 390, "qwen": 120}
     base = {"generation": 100.0, "prompt": 0.0, "running": 1.0}
-    fc = {"then_1d": 100.0, "ahead_1d@420": 400.0, "ahead_1d@150": 250.0,
-          "later_1d@420": 500.0, "later_1d@150": 260.0, "trend": 0.1}
+    fc = {"then_1d": 100.0, "ahead_1d@390": 400.0, "ahead_1d@120": 250.0,
+          "later_1d@390": 500.0, "later_1d@120": 260.0, "trend": 0.1}
     src, fake = make(cfg, models={"llama": {**base, "forecast": fc}, "qwen": {**base, "forecast": fc}})
     llama, qwen = src.model_loads(cfg.models, 1_700_000_100.0)
     assert llama.forecast_demand_tokens_per_s == pytest.approx(400.0)
     assert qwen.forecast_demand_tokens_per_s == pytest.approx(250.0)
-    assert llama.forecast_demand_tokens_per_s_max_window == pytest.approx(100 + max(400, 0.1 * 1020))
-    assert qwen.forecast_demand_tokens_per_s_max_window == pytest.approx(100 + max(160, 0.1 * 750))
+    assert llama.forecast_demand_tokens_per_s_max_window == pytest.approx(100 + max(400, 0.1 * 990))
+    assert qwen.forecast_demand_tokens_per_s_max_window == pytest.approx(100 + max(160, 0.1 * 720))
     assert src.queries == len(fake.seen) == 10
 
 
@@ -269,9 +278,142 @@ def test_forecast_matches_the_simulator_minute_by_minute() -> None:
 def test_window_max_never_below_current_demand() -> None:
     """If the subquery's last point predates a jump, the window max still covers the present."""
     src, _ = make(models={"llama": {"generation": 500.0, "prompt": 0.0, "running": 1.0,
-                                    "demand_max": 100.0}})
+                                    "demand_max": 100.0, "demand_max:points": 40.0}})
     [llama, _] = src.model_loads(src.config.models, 1_700_000_100.0)
     assert llama.demand_tokens_per_s_max_window == 500.0
+
+
+WINDOW = {"generation": 50.0, "prompt": 500.0, "running": 8.0, "waiting": 0.0,
+          "demand_max": 400.0, "waiting_max": 0.0, "waiting_min": 0.0}
+
+
+@pytest.mark.parametrize(("points", "covered"), [(None, False), (3.0, False), (35.0, False),
+                                                 (36.0, True), (41.0, True)])
+def test_window_fields_need_the_whole_window(points: float | None, covered: bool) -> None:
+    """The 600 s window at 15 s steps has 40 points: with fewer than 90% of them (a Prometheus
+    restarted 2 minutes ago, a new deployment) the window fields are None and nothing is lent."""
+    table = dict(WINDOW) if points is None else {**WINDOW, "demand_max:points": points}
+    src, _ = make(models={"llama": table})
+    llama, _ = src.model_loads(src.config.models, 1_700_000_100.0)
+    fields = (llama.demand_tokens_per_s_max_window, llama.waiting_max_window, llama.waiting_min_window)
+    assert fields == ((400.0, 0.0, 0.0) if covered else (None, None, None))
+    views = tuple(NodeView(SlurmNode(n, "idle", frozenset({"DRAIN"})), "llama", Phase.SERVING,
+                           replica=ReplicaLoad(model="llama", node=n))
+                  for n in ("gpu1", "gpu2", "gpu3"))
+    [verdict, _] = assess(Observation(now=0.0, nodes=views, models=(llama,)), src.config, 0.0)
+    assert ("no window maximum: nothing lent" in verdict.reason) is not covered
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ({"waiting": 2.0, "waiting:recent_min": 0.0, "waiting:recent_points": 10.0}, 0.0),  # a blip
+        ({"waiting": 4.0, "waiting:recent_min": 3.0, "waiting:recent_points": 11.0}, 3.0),
+        ({"waiting": 1.0, "waiting:recent_min": 3.0, "waiting:recent_points": 10.0}, 1.0),  # now counts
+        ({"waiting": 4.0, "waiting:recent_min": 3.0, "waiting:recent_points": 5.0}, None),  # 30 s of data
+        ({"waiting": 4.0}, None),
+    ],
+)
+def test_queue_signal_is_the_minimum_over_the_sustain_span(
+    table: dict[str, float], expected: float | None
+) -> None:
+    """waiting_min_recent is the queue's minimum over queue_sustain_s (60 s at 6 s steps), the
+    present included, and None while Prometheus holds under 90% of that span."""
+    src, _ = make(models={"llama": {**WINDOW, **table}})
+    llama, _ = src.model_loads(src.config.models, 1_700_000_100.0)
+    assert llama.waiting == table["waiting"]
+    assert llama.waiting_min_recent == expected
+
+
+def test_queue_sustain_zero_takes_the_queue_now() -> None:
+    """With queue_sustain_s: 0 the waiting query is the plain sum and the recent minimum is now."""
+    cfg = parse_config(CONFIG.replace("forecast_lead_s: 300", "forecast_lead_s: 300, queue_sustain_s: 0"))
+    assert " or " not in queries_for(cfg).model(600, None)["waiting"]
+    src, _ = make(cfg, models={"llama": {**WINDOW, "waiting": 2.0, "demand_max:points": 40.0}})
+    llama, _ = src.model_loads(cfg.models, 1_700_000_100.0)
+    assert llama.waiting_min_recent == 2.0
+
+
+def test_window_and_sustain_queries_count_their_points() -> None:
+    """The demand window and the queue's sustain span come with their count_over_time, in the
+    same queries (the number of queries per tick does not change)."""
+    model_q = queries_for(parse_config(CONFIG)).model(600, [300])
+    assert "count_over_time((sum by (model_name) (rate(" in model_q["demand_max"]
+    assert '[600s:15s]), "kind", "points", "", "")' in model_q["demand_max"]
+    waiting = model_q["waiting"]
+    assert 'min_over_time(sum by (model_name) (vllm:num_requests_waiting{job="vllm"})[60s:6s])' in waiting
+    assert '"kind", "recent_min"' in waiting and '"kind", "recent_points"' in waiting
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+def all_queries(cfg: Config) -> dict[str, str]:
+    q = queries_for(cfg)
+    leads = forecast_leads(cfg, cfg.models).values()
+    return {
+        **{f"replica_{k}": v for k, v in q.replica().items()},
+        **{f"model_{k}": v for k, v in q.model(cfg.policy.scale_down_window_s, leads).items()},
+        **{f"nowindow_{k}": v for k, v in q.model(0, None).items()},
+    }
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
+def test_every_query_is_valid_promql(tmp_path: Path) -> None:
+    """promtool accepts every query of a tick (as recording rules), with and without a job label."""
+    assert PROMTOOL is not None
+    rules = []
+    for n, text in enumerate((CONFIG, CONFIG.replace(", job_label: vllm", ""))):
+        queries = all_queries(parse_config(text))
+        rules += [{"record": f"q{n}:{name}", "expr": expr} for name, expr in queries.items()]
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "tick", "rules": rules}]}))
+    done = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
+def test_prometheus_counts_the_window_as_covered_only_when_full(tmp_path: Path) -> None:
+    """Evaluated by Prometheus' own engine (promtool test rules) on series that start at 0: the
+    window's points reach 90% of 40 only after ~9 of its 10 minutes, and the queue's sustain span
+    is covered after a minute; `Queries.covered` agrees with the numbers Prometheus returns."""
+    assert PROMTOOL is not None
+    cfg = parse_config(CONFIG.replace(", job_label: vllm", ""))
+    q = queries_for(cfg)
+    model_q = q.model(600, None)
+    threshold = math.ceil(0.9 * 40)
+    assert not q.covered(threshold - 1, 600) and q.covered(threshold, 600)
+    assert not q.covered(8, 60) and q.covered(9, 60)
+    labels = 'model_name="llama",instance="gpu1:8000"'
+
+    def points_at(expr: str, kind: str, minimum: int, at: str, covered: bool) -> dict[str, Any]:
+        """1 if the `kind` series has >= minimum points at `at`, 0 if not."""
+        only = f'label_replace(vector(1), "kind", "{kind}", "", "")'
+        return {"expr": f"count((({expr}) >= {minimum}) and on (kind) {only})", "eval_time": at,
+                "exp_samples": [] if not covered else [{"labels": "{}", "value": 1}]}
+
+    tests = [
+        points_at(model_q["demand_max"], "points", threshold, at, covered)
+        for at, covered in (("2m", False), ("8m", False), ("9m30s", True), ("15m", True))
+    ] + [
+        points_at(model_q["waiting"], "recent_points", 9, at, covered)
+        for at, covered in (("30s", False), ("1m", True), ("5m", True))
+    ]
+    doc = {"evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [
+            {"series": f"vllm:generation_tokens_total{{{labels}}}", "values": "0+1500x100"},
+            {"series": f"vllm:prompt_tokens_total{{{labels}}}", "values": "0+15000x100"},
+            {"series": f"vllm:num_requests_waiting{{{labels}}}", "values": "2x100"},
+        ],
+        "promql_expr_test": tests,
+    }]}
+    path = tmp_path / "test.yml"
+    path.write_text(yaml.safe_dump(doc))
+    done = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_target_matching_prefers_exact_host_port() -> None:

@@ -159,7 +159,8 @@ def test_no_state_means_no_window() -> None:
 
 def test_forecast_extrapolates_the_trend_of_the_kept_history(tmp_path: Path) -> None:
     """With a state file, the forecast is today's demand plus the window's rising trend over the
-    lead (420 s for a cold start) and over lead + window for the window field."""
+    lead (390 s: 30 s grace + 300 s cold start + a tick) and over lead + window for the window
+    field."""
     state = tmp_path / "scrape.json"
     name = "meta-llama/Llama-3.1-8B-Instruct"
     now = 10_000.0
@@ -175,8 +176,8 @@ def test_forecast_extrapolates_the_trend_of_the_kept_history(tmp_path: Path) -> 
     points = [(now - 60 * k, 300.0 * (4 - k)) for k in (4, 3, 2, 1)] + [(now, demand)]
     trend = slope_per_s(points)
     assert trend is not None and trend > 0
-    assert m.forecast_demand_tokens_per_s == pytest.approx(demand + trend * 420)
-    assert m.forecast_demand_tokens_per_s_max_window == pytest.approx(demand + trend * (420 + 300))
+    assert m.forecast_demand_tokens_per_s == pytest.approx(demand + trend * 390)
+    assert m.forecast_demand_tokens_per_s_max_window == pytest.approx(demand + trend * (390 + 300))
 
 
 def test_no_trend_without_history_or_when_falling(tmp_path: Path) -> None:
@@ -193,6 +194,41 @@ def test_no_trend_without_history_or_when_falling(tmp_path: Path) -> None:
     demand = m.generation_tokens_per_s + 0.1 * m.prompt_tokens_per_s
     assert m.forecast_demand_tokens_per_s == pytest.approx(demand)
     assert m.forecast_demand_tokens_per_s_max_window == pytest.approx(demand)
+
+
+@pytest.mark.parametrize(
+    ("kept", "expected"),
+    [
+        ([(-61.0, 0.0)], 0.0),  # the queue was empty a minute ago: now's 1 waiting is a blip
+        ([(-61.0, 3.0)], 1.0),  # queued a minute ago and now: the minimum, now included
+        ([(-130.0, 4.0), (-61.0, 2.0), (-30.0, 5.0)], 1.0),
+        ([(-30.0, 3.0)], None),  # history shorter than queue_sustain_s
+        ([(-400.0, 3.0), (-20.0, 3.0)], None),  # ticks missed: a gap longer than staleness_s
+    ],
+)
+def test_queue_signal_needs_the_sustain_span_in_the_history(
+    tmp_path: Path, kept: list[tuple[float, float]], expected: float | None
+) -> None:
+    """waiting_min_recent is the queue's minimum over the last queue_sustain_s (60 s) of kept
+    ticks: the reading at or before the span's start and every one since, without gaps."""
+    state = tmp_path / "scrape.json"
+    name = "meta-llama/Llama-3.1-8B-Instruct"
+    now = 10_000.0
+    ScrapeState({}, [(now + dt, name, 100.0, w) for dt, w in kept]).save(state)
+    web = Web({"http://a:8000/metrics": [page("v1_recent"), page("v1_recent_10s_later")],
+               "http://b:8000/metrics": [page("v1_sleeping")]})
+    src, cfg = source(web, Clock(now), state)
+    [m] = src.model_loads(cfg.models, now)
+    assert m.waiting == 1.0
+    assert m.waiting_min_recent == expected
+
+
+def test_no_state_means_no_sustained_queue() -> None:
+    """Without kept history the queue's recent minimum is unknown (None), whatever waits now."""
+    web = Web({"http://a:8000/metrics": [page("v1_recent")], "http://b:8000/metrics": [page("v1_sleeping")]})
+    src, cfg = source(web, Clock())
+    [m] = src.model_loads(cfg.models, 1000.0)
+    assert m.waiting > 0 and m.waiting_min_recent is None
 
 
 def test_slope_is_least_squares_per_second() -> None:

@@ -54,6 +54,7 @@ def node(
     running: float = 0.0,
     drained: bool | None = None,
     down: bool = False,
+    sleeping: bool = False,
 ) -> NodeView:
     if drained is None:
         drained = phase not in (Phase.LENT, Phase.UNKNOWN)
@@ -66,13 +67,18 @@ def node(
         phase_since=NOW - 600,
         pinned=pinned,
         jobs=jobs,
-        replica=ReplicaLoad(model=model, node=name, known=known, running=running) if taking else None,
+        replica=(
+            ReplicaLoad(model=model, node=name, known=known, running=running, sleeping=sleeping)
+            if taking else None
+        ),
     )
 
 
 def load(demand: float, model: str = "m0", window: float | None = None, **fields: Any) -> ModelLoad:
     """A model load whose token demand (generation only) is `demand` now and over the window."""
-    values: dict[str, Any] = {"waiting_max_window": 0.0, "waiting_min_window": 0.0, **fields}
+    values: dict[str, Any] = {
+        "waiting_max_window": 0.0, "waiting_min_window": 0.0, "waiting_min_recent": 0.0, **fields
+    }
     return ModelLoad(
         model=model,
         generation_tokens_per_s=demand,

@@ -29,6 +29,7 @@ def loads(draw: st.DrawFn, model: str) -> ModelLoad | None:
         generation_tokens_per_s=demand,
         prompt_tokens_per_s=draw(st.floats(0, 2 * CAP)),
         waiting=draw(st.sampled_from([0.0, 0.0, 0.0, 3.0])),
+        waiting_min_recent=draw(st.sampled_from([None, 0.0, 0.0, 2.0])),
         kv_cache_usage_max=draw(st.floats(0, 1)),
         ttft_p95_s=draw(st.one_of(st.none(), st.floats(0, 5))),
         demand_tokens_per_s_max_window=draw(st.one_of(st.none(), st.floats(demand, 6 * CAP))),
@@ -66,15 +67,20 @@ def scenarios(draw: st.DrawFn) -> tuple[Observation, Config]:
                 running=draw(st.sampled_from([0.0, 1.0, 4.0])),
                 drained=draw(st.booleans()) if phase is Phase.UNKNOWN else None,
                 down=phase is Phase.UNKNOWN and draw(st.booleans()),
+                sleeping=draw(st.integers(0, 8)) == 0,
             ))
     model_loads = tuple(x for m in range(models) if (x := draw(loads(f"m{m}"))) is not None)
     return Observation(now=NOW, nodes=tuple(views), models=model_loads), cfg
 
 
+def asleep(n: NodeView) -> bool:
+    return n.replica is not None and n.replica.sleeping
+
+
 def recoverable(obs: Observation, model: str) -> int:
     return sum(
         1 for n in obs.nodes
-        if n.model == model and n.phase is not Phase.ADMIN
+        if n.model == model and n.phase is not Phase.ADMIN and not asleep(n)
         and not (n.phase is Phase.UNKNOWN and (n.node.drained or n.node.down))
     )
 
@@ -82,11 +88,14 @@ def recoverable(obs: Observation, model: str) -> int:
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
 def test_floor_holds_after_the_plan(scenario: tuple[Observation, Config]) -> None:
-    """After the plan, each model has at least min(floor, recoverable nodes) serving or coming."""
+    """After the plan, each model has at least min(floor, recoverable nodes) serving or coming,
+    not counting serving replicas whose engine sleeps."""
     obs, cfg = scenario
     after = apply_actions(obs, plan(obs, cfg, NOW))
     for model in cfg.models:
-        committed = sum(1 for n in after.nodes if n.model == model.name and n.phase in COMMITTED)
+        committed = sum(
+            1 for n in after.nodes if n.model == model.name and n.phase in COMMITTED and not asleep(n)
+        )
         assert committed >= min(model.min_serving_replicas, recoverable(obs, model.name))
 
 
@@ -111,6 +120,18 @@ def test_no_lend_on_unknown_metrics(scenario: tuple[Observation, Config]) -> Non
         for n in obs.nodes:
             if n.model == model and n.phase in (Phase.SERVING, Phase.RETIRING):
                 assert n.replica is not None and n.replica.known
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_no_lend_while_a_serving_engine_sleeps(scenario: tuple[Observation, Config]) -> None:
+    """A model with a serving replica whose engine reports sleeping gets no LEND, and a sleeping
+    serving replica is never named by any action."""
+    obs, cfg = scenario
+    actions = plan(obs, cfg, NOW)
+    sleepers = {n.name: n.model for n in obs.nodes if n.phase is Phase.SERVING and asleep(n)}
+    assert not set(sleepers) & {a.node for a in actions}
+    assert not set(sleepers.values()) & {a.model for a in actions if a.kind is ActionKind.LEND}
 
 
 @settings(max_examples=200, deadline=None)

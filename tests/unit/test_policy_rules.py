@@ -48,20 +48,56 @@ def test_need_counts_weighted_prompt_tokens() -> None:
 @pytest.mark.parametrize(
     "fields",
     [
-        {"waiting": 3.0},
+        {"waiting": 3.0, "waiting_min_recent": 1.0},
         {"waiting_min_window": 1.0},
         {"kv_cache_usage_max": 0.95},
         {"ttft_p95_s": 5.0},
     ],
 )
 def test_pressure_signals_add_a_replica_over_those_serving(fields: dict[str, float]) -> None:
-    """A queue now or sustained, a hot KV cache or a broken TTFT SLO need one more than serve."""
+    """A queue that lasted queue_sustain_s or the whole window, a hot KV cache or a broken TTFT
+    SLO need one more than serve."""
     obs = observation(
         node("m0-n0"), node("m0-n1"), node("m0-n2", Phase.LENT), node("m0-n3", Phase.LENT),
         loads=(load(100.0, **fields),),
     )
     actions = plan(obs, config(ttft_p95_slo_s=2.0), NOW)
     assert len(kinds(actions, ActionKind.RECLAIM)) == 1
+
+
+@pytest.mark.parametrize("recent", [0.0, None])
+def test_a_momentary_queue_reclaims_nothing(recent: float | None) -> None:
+    """One request waiting now, but not all along the last queue_sustain_s (or no history to
+    tell), with low token demand: nothing is reclaimed, no job preempted."""
+    obs = observation(
+        node("m0-n0"), node("m0-n1"), node("m0-n2", Phase.LENT), node("m0-n3", Phase.LENT),
+        loads=(load(100.0, waiting=1.0, running=2.0, waiting_min_recent=recent),),
+    )
+    actions = plan(obs, config(), NOW)
+    assert not kinds(actions, ActionKind.RECLAIM)
+    assert "waiting" not in assess(obs, config(), NOW)[0].reason
+
+
+def test_a_sustained_queue_reclaims_and_todays_queue_sizes_it() -> None:
+    """A queue above the threshold for queue_sustain_s reclaims; how many replicas come back is
+    sized by the queue now (20 waiting at 2 running per replica: all it takes)."""
+    views = (node("m0-n0"), node("m0-n1"), node("m0-n2", Phase.LENT), node("m0-n3", Phase.LENT))
+    one = observation(*views, loads=(load(100.0, waiting=1.0, running=2.0, waiting_min_recent=1.0),))
+    assert len(kinds(plan(one, config(), NOW), ActionKind.RECLAIM)) == 1
+    assert "queue for 60s" in assess(one, config(), NOW)[0].reason
+    surge = observation(*views, loads=(load(100.0, waiting=20.0, running=4.0, waiting_min_recent=1.0),))
+    assert len(kinds(plan(surge, config(), NOW), ActionKind.RECLAIM)) == 2
+    high_bar = observation(*views, loads=(load(100.0, waiting=5.0, running=2.0, waiting_min_recent=2.0),))
+    assert not kinds(plan(high_bar, config(queue_waiting_threshold=2.0), NOW), ActionKind.RECLAIM)
+
+
+def test_queue_sustain_zero_reacts_to_the_queue_now() -> None:
+    """queue_sustain_s: 0 opts back into the instantaneous queue as the signal."""
+    obs = observation(
+        node("m0-n0"), node("m0-n1"), node("m0-n2", Phase.LENT),
+        loads=(load(100.0, waiting=1.0, running=2.0, waiting_min_recent=None),),
+    )
+    assert kinds(plan(obs, config(replicas=3, queue_sustain_s=0), NOW), ActionKind.RECLAIM) == ["m0-n2"]
 
 
 def test_headroom_and_floor_and_cap() -> None:
@@ -119,6 +155,14 @@ def test_missing_window_maximum_blocks_lending() -> None:
     obs = observation(*four_serving(), loads=(ModelLoad(model="m0", generation_tokens_per_s=100.0),))
     assert plan(obs, config(), NOW) == []
     assert kinds(plan(obs, config(scale_down_window_s=0), NOW), ActionKind.LEND)
+    assert "no window maximum: nothing lent" in assess(obs, config(), NOW)[0].reason
+
+
+def test_missing_queue_history_over_the_window_blocks_lending() -> None:
+    """A demand maximum without the queue's over the same window is not a quiet window either."""
+    obs = observation(*four_serving(), loads=(load(100.0, waiting_max_window=None),))
+    assert plan(obs, config(), NOW) == []
+    assert "no window maximum: nothing lent" in assess(obs, config(), NOW)[0].reason
 
 
 def test_no_lending_on_unknown_model_load_or_replica() -> None:
@@ -344,9 +388,21 @@ def test_forecast_uses_the_rise_not_the_level_of_the_past() -> None:
 
 
 def test_default_forecast_lead_follows_the_engine() -> None:
-    """The lead time is the knob if set, else grace + start (+ a tick)."""
-    assert default_forecast_lead_s(config(), "m0") == 420.0
+    """The lead time is the knob if set, else the job grace (slurm.requeue_grace_s) + the
+    engine's expected start (300 s cold, 30 s sleep-mode wake, or engine.expected_start_s)
+    + one tick."""
+    from slurm_idle.config import EngineConfig, SlurmConfig
+
+    cfg = config()
+    assert default_forecast_lead_s(cfg, "m0") == 30.0 + 300.0 + 60.0
     assert default_forecast_lead_s(config(forecast_lead_s=100.0), "m0") == 100.0
+    slow = cfg.model_copy(update={
+        "slurm": SlurmConfig(requeue_grace_s=120.0),
+        "engine": EngineConfig(kind="docker", expected_start_s=900.0),
+    })
+    assert default_forecast_lead_s(slow, "m0") == 120.0 + 900.0 + 60.0
+    wake = cfg.model_copy(update={"engine": EngineConfig(kind="http-sleep")})
+    assert default_forecast_lead_s(wake, "m0") == 30.0 + 30.0 + 60.0
 
 
 def test_stuck_starting_node_no_longer_counts_toward_the_floor() -> None:
@@ -367,3 +423,38 @@ def test_unknown_metrics_bring_a_lend_under_way_back() -> None:
     got = {(a.kind, a.node, a.to_phase) for a in plan(obs, config(replicas=3), NOW)}
     assert got == {(ActionKind.ABORT_LEND, "m0-n1", Phase.SERVING),
                    (ActionKind.RECLAIM, "m0-n2", Phase.STARTING)}
+
+
+# --- sleeping engines --------------------------------------------------------------------------
+
+
+def test_a_sleeping_serving_replica_is_not_capacity() -> None:
+    """A SERVING node whose engine sleeps serves nothing: below the floor without it, a lent node
+    comes back in its place, and the sleeping node itself is left alone."""
+    obs = observation(node("m0-n0"), node("m0-n1", sleeping=True), node("m0-n2", Phase.LENT),
+                      loads=(load(0.0),))
+    cfg = config(replicas=3, floor=2)
+    actions = plan(obs, cfg, NOW)
+    assert [(a.kind, a.node) for a in actions] == [(ActionKind.RECLAIM, "m0-n2")]
+    (verdict,) = assess(obs, cfg, NOW)
+    assert verdict.serving_replicas == 1
+    assert "engine asleep on serving replica(s) m0-n1" in verdict.reason
+
+
+def test_a_sleeping_replica_does_not_cover_demand() -> None:
+    """Demand for 2 replicas with 2 SERVING, one of them asleep: one lent node is reclaimed."""
+    obs = observation(node("m0-n0"), node("m0-n1", sleeping=True), node("m0-n2", Phase.LENT),
+                      node("m0-n3", Phase.LENT), loads=(load(1500.0),))
+    assert len(kinds(plan(obs, config(), NOW), ActionKind.RECLAIM)) == 1
+
+
+def test_nothing_is_lent_while_a_serving_replica_sleeps() -> None:
+    """As with unknown metrics: no LEND for the model (least of all the idle-looking sleeper),
+    and a lend under way comes back."""
+    idle = observation(node("m0-n0", sleeping=True), *four_serving()[1:], loads=(load(0.0),))
+    assert not kinds(plan(idle, config(max_transitions_per_tick=4), NOW), ActionKind.LEND)
+    under_way = observation(node("m0-n0", sleeping=True), node("m0-n1"), node("m0-n2", Phase.RETIRING),
+                            node("m0-n3"), loads=(load(0.0),))
+    actions = plan(under_way, config(), NOW)
+    assert (ActionKind.ABORT_LEND, "m0-n2") in [(a.kind, a.node) for a in actions]
+    assert "m0-n0" not in {a.node for a in actions}

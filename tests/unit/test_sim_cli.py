@@ -46,6 +46,16 @@ def test_synthetic_runs_the_real_planner() -> None:
     assert "of an oracle's" in done.stdout
 
 
+def test_utilisation_flag_reaches_the_planner() -> None:
+    """`--utilisation 0.6` scores against a lower SLO line and the planner plans against it too:
+    the oracle and slurm-idle both stay nearly violation-free."""
+    for policy in ("oracle", "slurm-idle"):
+        done = run_cli("--synthetic", "--days", "2", "--utilisation", "0.6", "--policy", policy, "--json")
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        assert summary["slo_violation_minutes"] <= 0.005 * summary["minutes"], (policy, summary)
+
+
 def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     """No fleet, a bad fleet spec or a bad trace: exit 2 and one line saying what to do."""
     trace = tmp_path / "t.csv"
