@@ -118,11 +118,18 @@ def _examine(
     return _Model(model, by_phase, adoptable, total, known, window_ok, need, needed, reason)
 
 
-def _lost_work(view: NodeView, now: float) -> tuple[float, int, str]:
-    """GPU-seconds of work the node's jobs would lose (unknown start: assume the worst)."""
+def _lost_work(view: NodeView, now: float, checkpoint_interval_s: float | None) -> tuple[float, int, str]:
+    """GPU-seconds of work the node's jobs would lose (unknown start: assume the worst).
+
+    Slurm does not know checkpoints: with `report.checkpoint_interval_s` set, a job is taken
+    to have checkpointed at every multiple of it since its start (so it loses `age % interval`);
+    without it, all of its run (the youngest job loses least).
+    """
     lost = 0.0
     for job in view.jobs:
         age = now - job.start_time if job.start_time is not None else float("inf")
+        if checkpoint_interval_s and age != float("inf"):
+            age %= checkpoint_interval_s
         lost += max(1, job.gpus) * max(0.0, age)
     return lost, view.node.gpus_used, view.name
 
@@ -145,6 +152,7 @@ def _act(kind: ActionKind, view: NodeView, to: Phase, reason: str, **details: fl
 
 def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list[Action]:
     policy = config.policy
+    ckpt_s = config.report.checkpoint_interval_s
     actions: list[Action] = []
     touched: set[str] = set()
     serving = [v for v in m.nodes(Phase.SERVING) if not _asleep(v)]  # asleep: not capacity
@@ -187,7 +195,7 @@ def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list
             [(ActionKind.ABORT_LEND, v, Phase.SERVING)
              for v in sorted(retiring, key=_running, reverse=True) if not _asleep(v)]
             + [(ActionKind.RECLAIM, v, Phase.STARTING) for v in lending]
-            + [(ActionKind.RECLAIM, v, Phase.RECLAIMING) for v in sorted(lent, key=lambda v: _lost_work(v, now))]
+            + [(ActionKind.RECLAIM, v, Phase.RECLAIMING) for v in sorted(lent, key=lambda v: _lost_work(v, now, ckpt_s))]
         )
         for kind, view, to in candidates:
             if deficit <= 0:

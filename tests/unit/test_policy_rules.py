@@ -304,6 +304,22 @@ def test_reclaims_nodes_whose_jobs_lose_least_work() -> None:
     assert kinds(actions, ActionKind.RECLAIM) == ["m0-n4", "m0-n3"]
 
 
+def test_with_a_checkpoint_interval_the_most_recently_checkpointed_job_is_reclaimed() -> None:
+    """Jobs checkpoint every 30 min: one 65 min old lost 5 min since its last checkpoint, one
+    20 min old lost 20 min; the older job's node is the cheaper reclaim."""
+    from slurm_idle.config import ReportConfig
+
+    obs = observation(
+        node("m0-n0"),
+        node("m0-n1", Phase.LENT, jobs=(job(NOW - 65 * 60),)),
+        node("m0-n2", Phase.LENT, jobs=(job(NOW - 20 * 60),)),
+        loads=(load(1500.0),),
+    )
+    assert kinds(plan(obs, config(replicas=3), NOW), ActionKind.RECLAIM) == ["m0-n2"]
+    cfg = config(replicas=3).model_copy(update={"report": ReportConfig(checkpoint_interval_s=1800)})
+    assert kinds(plan(obs, cfg, NOW), ActionKind.RECLAIM) == ["m0-n1"]
+
+
 def test_lends_the_replica_with_fewest_running_requests() -> None:
     """The cheapest replica to retire is the one with the fewest requests in flight."""
     obs = observation(node("m0-n0", running=5), node("m0-n1", running=1), node("m0-n2", running=3),
