@@ -84,6 +84,10 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
         load = read_trace(trace, azure_model=name)
     else:
         raise ConfigError("give a TRACE file or --synthetic (see `slurm-idle simulate --help`)")
+    unsimulated = sorted(set(load.models) - {f.name for f in fleet})
+    if unsimulated:
+        click.echo(f"slurm-idle: warning: trace model(s) {', '.join(unsimulated)} have no --fleet "
+                   "entry: not simulated, not in the timeline", err=True)
     params = SimParams(start_s=start_s, wake_s=wake_s, grace_s=grace_s, prompt_weight=prompt_weight,
                        utilisation=utilisation, floor=floor)
     result = run(load, fleet, params, policy,

@@ -83,3 +83,16 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out.stat().st_size > 10_000
+
+
+def test_a_trace_model_without_a_fleet_entry_is_named(tmp_path: Path) -> None:
+    """A model of the trace that --fleet leaves out is not simulated: say so, don't drop it quietly."""
+    from slurm_idle.traces import SyntheticModel
+
+    trace = tmp_path / "t.csv"
+    trace.write_text(format_trace(synthetic_trace(
+        days=1, seed=2, models=[SyntheticModel(name="a"), SyntheticModel(name="b")])))
+    done = run_cli(str(trace), "--fleet", "a=8:4:2500", "--policy", "reactive", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "trace model(s) b have no --fleet entry" in done.stderr
+    assert json.loads(done.stdout)["minutes"] == 1440
