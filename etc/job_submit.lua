@@ -5,7 +5,11 @@ The `idle` partition runs on GPUs lent by the inference fleet; they are taken ba
 (PreemptMode=REQUEUE). A job there must come back to the queue when that happens, so:
   * a job submitted to `idle` without --requeue is made requeueable (job_desc.requeue = 1);
   * a job that explicitly asks for --no-requeue there is rejected with a message saying why;
-  * `scontrol update job=N requeue=0` on such a job is refused the same way.
+  * `scontrol update job=N requeue=0` on such a job is refused the same way;
+  * `scontrol update job=N partition=idle` (moving a job onto it) also sets requeue=1, so a job
+    submitted elsewhere with --no-requeue cannot reach the lent GPUs that way. (Slurm's lua API
+    does not expose the job record's requeue flag in slurm_job_modify, so the update itself
+    carries the flag: the moved job ends up requeueable whatever it had.)
 Jobs on other partitions are left untouched.
 
 Install: copy beside slurm.conf as job_submit.lua and set `JobSubmitPlugins=lua`
@@ -66,9 +70,19 @@ end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 	local partition = job_desc.partition or (job_rec and job_rec.partition)
-	if targets_lend_partition(partition, part_list) and job_desc.requeue == 0 then
+	if not targets_lend_partition(partition, part_list) then
+		return slurm.SUCCESS
+	end
+	if job_desc.requeue == 0 then
 		slurm.log_user(REJECT_MESSAGE)
 		return slurm.ERROR
+	end
+	-- A move onto the lend partition: job_rec has no requeue field to check, so make the job
+	-- requeueable as part of the same update (what slurm_job_submit does for new jobs).
+	if job_desc.partition ~= nil and job_desc.partition ~= "" then
+		slurm.log_info("slurm-idle: job %s moved to %s: made requeueable",
+			tostring(job_rec and job_rec.job_id), LEND_PARTITION)
+		job_desc.requeue = 1
 	end
 	return slurm.SUCCESS
 end

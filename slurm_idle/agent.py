@@ -2,8 +2,9 @@
 
 `observe` is the passive "sync from the world" (one `sinfo`/`scontrol show node` and one
 `squeue` call, one batch of metrics queries, whatever the fleet size); `plan` is pure; acting is
-the `NodeDriver`'s job, one thread per node so that several reclaims progress at once. Failures
-of an effector are journaled and become inputs of the next tick, never a crash of the loop.
+the `NodeDriver`'s job, on a pool of up to MAX_ACTION_WORKERS threads so that several reclaims
+progress at once without hundreds of nodes forking hundreds of `scontrol`s together. Failures of
+an effector are journaled and become inputs of the next tick, never a crash of the loop.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ from slurm_idle.model import (
 from slurm_idle.transitions import ACTIVE_JOB_STATES, NodeDriver, StepResult
 
 log = get_logger(__name__)
+
+#: Nodes acted on at once in a tick. Their threads mostly sleep in shared polls; the cap bounds
+#: the engine commands and `scontrol` writes in flight together on a large fleet. Nodes past it
+#: start as threads free up, all within the same deadline.
+MAX_ACTION_WORKERS = 32
 
 
 def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation:
@@ -175,6 +181,7 @@ class Agent:
     sleep: Callable[[float], None] = time.sleep
     journal: Journal | None = None
     on_tick: Callable[[TickResult], None] | None = None  # e.g. the textfile writer
+    max_workers: int = MAX_ACTION_WORKERS  # nodes acted on at once
 
     def __post_init__(self) -> None:
         if self.journal is None:
@@ -192,7 +199,8 @@ class Agent:
             return self._tick_locked(dry_run)
 
     def run_actions(self, actions: Sequence[Action], observation: Observation) -> list[StepResult]:
-        """Apply actions (admin commands use this too), one thread per node, within the budget."""
+        """Apply actions (admin commands use this too), a thread per node up to `max_workers`,
+        within the budget."""
         deadline = self.clock() + self.config.timeouts.tick_budget_s
         driver = NodeDriver(
             self.config, self.slurm, self.engine_for, self.clock, self.sleep, on_step=self._journal_step
@@ -201,9 +209,9 @@ class Agent:
         todo = [(views[a.node], a) for a in actions if a.node in views]
         if not todo:
             return []
-        # One thread per node: a surge must start every reclaim now, not after the waits of the
-        # first few (threads mostly sleep in polls; the shared polls keep Slurm calls few).
-        with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+        # A thread per node up to the cap: a surge must start reclaims now, not after the waits
+        # of the first few (threads mostly sleep in polls; the shared polls keep Slurm calls few).
+        with ThreadPoolExecutor(max_workers=max(1, min(len(todo), self.max_workers))) as pool:
             futures = [pool.submit(driver.drive, view, action, deadline) for view, action in todo]
             return [step for future in futures for step in future.result()]
 

@@ -1,8 +1,10 @@
 """The configuration file (etc/slurm-idle.yaml) as frozen pydantic models, with clear errors.
 
 A typo in a config read by cron every minute must fail loudly and precisely, so every model
-forbids unknown keys and `load_config` turns YAML and validation problems into a one-line
-`ConfigError` that names the file, line or dotted field path.
+forbids unknown keys and non-finite numbers (`1e400`, `.inf`), and `load_config` turns YAML
+and validation problems into a one-line `ConfigError` that names the file, line or dotted field
+path. A config *file* is held to what works on a real pool (see `FILE_CONTEXT`); the simulator
+builds the same models in code with values only it can use.
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from slurm_idle.errors import ConfigError
 from slurm_idle.hostlist import expand_hostlist
@@ -20,10 +30,14 @@ from slurm_idle.yamlfile import parse_yaml, read_text
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-idle/slurm-idle.yaml"
 CONFIG_ENV = "SLURM_IDLE_CONFIG"
+#: Validation context of a config file (parse_config): rules that only a real pool needs.
+FILE_CONTEXT = {"config_file": True}
+DEFAULT_REPLICA_URL = "http://{node}:8000"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `timeouts.start_s: 1e400` is YAML for infinity, never meant.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SlurmConfig(_Strict):
@@ -73,7 +87,7 @@ class EngineConfig(_Strict):
     stop_command: str | None = None
     container: str = "vllm-{node}"
     docker_host: str | None = None  # default: DOCKER_HOST / the local socket
-    sleep_level: Literal[1, 2] = 1
+    sleep_level: int = 1  # only 1 works: see _sleep_level_one
     drain_timeout_s: float = Field(120.0, ge=0)  # wait for in-flight requests before stopping
     start_timeout_s: float = Field(600.0, gt=0)  # cold start / wake until /health and awake
     # What a start or wake usually takes, for the forecast's lead time (policy.forecast_lead_s);
@@ -90,6 +104,18 @@ class EngineConfig(_Strict):
             if data.get("kind") == "http-sleep":
                 data["expected_start_s"] = 30.0
         return data
+
+    @field_validator("sleep_level")
+    @classmethod
+    def _sleep_level_one(cls, value: int) -> int:
+        # Level 2 discards the weights too; the engine's start only calls /wake_up, which
+        # would leave a level-2 replica without weights (it needs a reload slurm-idle never does).
+        if value != 1:
+            raise ValueError(
+                f"sleep_level must be 1 (got {value}): level 2 discards the weights and "
+                "slurm-idle's start only calls /wake_up, which does not reload them"
+            )
+        return value
 
     @model_validator(mode="after")
     def _commands_present(self) -> EngineConfig:
@@ -118,14 +144,58 @@ class ModelConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _expand_nodes(cls, data: Any) -> Any:
-        # `nodes: gpu[1-4]` + `url: http://host:{port}` is shorthand for a replica list.
+        # `nodes: gpu[1-4]` + `url: http://{node}:8000` is shorthand for a replica list.
+        # Errors are ValueErrors, so they come out as `models.N: ...` with exit 2.
         if isinstance(data, Mapping) and "nodes" in data:
             data = dict(data)
-            nodes = data.pop("nodes")
-            url = data.pop("url", "http://{node}:8000")
-            names = expand_hostlist(nodes, strict=True) if isinstance(nodes, str) else list(nodes)
-            data["replicas"] = [{"node": n, "url": url.format(node=n)} for n in names]
+            names = _node_names(data.pop("nodes"))
+            data["replicas"] = [
+                {"node": n, "url": _replica_url(data.get("url", DEFAULT_REPLICA_URL), n)}
+                for n in names
+            ]
+            data.pop("url", None)
         return data
+
+    @field_validator("min_serving_replicas")
+    @classmethod
+    def _serving_floor(cls, value: int, info: ValidationInfo) -> int:
+        # A model lent down to zero replicas has no vLLM left to report its load: its
+        # metrics are unknown, and on unknown metrics nothing is reclaimed. Only the
+        # simulator (which reads the load from its trace) may plan with 0.
+        if value < 1 and info.context and info.context.get("config_file"):
+            raise ValueError(
+                f"must be at least 1 (got {value}): with no replica serving, the model has no "
+                "metrics, so slurm-idle could never see its load return and reclaim a node"
+            )
+        return value
+
+
+def _node_names(nodes: Any) -> list[str]:
+    """The `nodes:` shorthand (a Slurm hostlist or a list of names) as node names."""
+    if isinstance(nodes, str) and nodes.strip():
+        return expand_hostlist(nodes, strict=True)
+    if isinstance(nodes, list | tuple) and nodes and all(isinstance(n, str) and n for n in nodes):
+        return list(nodes)
+    raise ValueError(
+        f"nodes must be a Slurm hostlist like gpu[1-4] or a non-empty list of node names "
+        f"(got {nodes!r})"
+    )
+
+
+def _replica_url(url: Any, node: str) -> str:
+    """One replica's URL from the `url:` template; `{node}` is its only placeholder."""
+    if not isinstance(url, str):  # ValueError: pydantic turns only that into a field error
+        raise ValueError(  # noqa: TRY004
+            f"url must be a text template like {DEFAULT_REPLICA_URL!r} (got {url!r})"
+        )
+    try:
+        return url.format(node=node)
+    except (KeyError, IndexError, ValueError) as exc:
+        detail = f"unknown placeholder {{{exc.args[0]}}}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(
+            f"url template {url!r}: {detail}; the only placeholder is {{node}} "
+            "(write the port itself, e.g. http://{node}:8000)"
+        ) from None
 
 
 class PolicyConfig(_Strict):
@@ -213,6 +283,15 @@ class Config(_Strict):
     paths: PathsConfig = PathsConfig()
     report: ReportConfig = ReportConfig()
 
+    @field_validator("models")
+    @classmethod
+    def _names_unique(cls, value: tuple[ModelConfig, ...]) -> tuple[ModelConfig, ...]:
+        names = [m.name for m in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # model()/engine_for() would silently use the first one
+            raise ValueError(f"model {twice[0]!r} is listed twice: model names must be unique")
+        return value
+
     @model_validator(mode="after")
     def _nodes_unique_and_engines_known(self) -> Config:
         seen: dict[str, str] = {}
@@ -275,14 +354,23 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(data, context=FILE_CONTEXT)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {describe_validation_error(exc)}") from None
 
 
 def describe_validation_error(exc: ValidationError) -> str:
-    """The first error of a ValidationError as `dotted.path: message` (+ how many more)."""
-    errors = exc.errors()
+    """The first error of a ValidationError as `dotted.path: message` (+ how many more).
+
+    An error on a container that only echoes an error inside it (`models` too short because
+    its one item failed) is not counted: the admin has one thing to fix, not two.
+    """
+    all_errors = exc.errors()
+    locs = [tuple(e["loc"]) for e in all_errors]
+    errors = [
+        e for e in all_errors
+        if not any(len(loc) > len(e["loc"]) and loc[: len(e["loc"])] == tuple(e["loc"]) for loc in locs)
+    ] or all_errors
     first = errors[0]
     path = ".".join(str(part) for part in first["loc"]) or "(top level)"
     kind = first["type"]
@@ -290,6 +378,8 @@ def describe_validation_error(exc: ValidationError) -> str:
         message = f"unknown key {path!r}"
     elif kind == "missing":
         message = f"missing required key {path!r}"
+    elif kind == "value_error":  # our own validators: their message is the whole story
+        message = f"{path}: {first['msg'].removeprefix('Value error, ')}"
     else:
         message = f"{path}: {first['msg']}"
         if "input" in first and kind != "value_error":

@@ -6,12 +6,19 @@ site policy, chosen by `engine.kind`:
 - `docker`: a named container per node via the docker SDK (`stop(timeout=stop_timeout_s)`);
 - `http-sleep`: vLLM sleep mode (`POST /sleep?level=N&mode=wait`, `POST /wake_up`), fastest.
 Health is the same for all: `GET /health` 200, awake per `GET /is_sleeping` (dev mode) or the
-`vllm:engine_sleep_state` gauge, in-flight requests from `vllm:num_requests_running`.
+`vllm:engine_sleep_state` gauge, in-flight requests from `vllm:num_requests_running` plus
+`vllm:num_requests_waiting` (a queued request is as much in flight as a running one).
 HTTP, commands, docker client and the clock are injected so tests replace them, not patch them.
+
+`start` and `stop` take an optional `timeout_s`: the time the caller (a tick, whose cron
+successor is locked out while it runs) can still give. Each kind waits at most that long, or its
+own configured timeout if shorter, and raises `EngineDeadline` when the caller's time, not its
+own timeout, ran out: the operation may still be under way and is asked again later.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import shlex
@@ -26,10 +33,28 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_idle.config import EngineConfig, ReplicaConfig
 from slurm_idle.errors import CommandError, EngineError
-from slurm_idle.slurm.runner import CommandRunner, SubprocessRunner
+from slurm_idle.slurm.runner import TIMEOUT_RC, CommandRunner, SubprocessRunner
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
+
+
+class EngineDeadline(EngineError):
+    """The caller's time ran out before a start or stop finished. Not a failure of the engine:
+    the operation may still be under way (a server going to sleep, a start command's server
+    booting), so the caller leaves the node in its phase and asks again next tick."""
+
+
+class HttpTimeout(EngineError):
+    """An HTTP request got no answer within its timeout (the server may still be working on it)."""
+
+
+def _limit(own_s: float, given_s: float | None) -> tuple[float, bool]:
+    """How long a call may wait: its own timeout, or the caller's time if that is shorter.
+    The flag says the caller's time set it, so running out is an EngineDeadline."""
+    if given_s is None or given_s >= own_s:
+        return own_s, False
+    return max(given_s, 0.0), True
 
 
 # --- HTTP ----------------------------------------------------------------------------------
@@ -59,6 +84,8 @@ class UrllibClient:
             return HttpResponse(exc.code, exc.read() or b"")
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):
+                raise HttpTimeout(f"{method} {url}: no answer within {timeout:g} s") from None
             raise EngineError(f"{method} {url}: {reason}") from None
 
 
@@ -73,6 +100,7 @@ class EngineHealth:
     awake: bool | None  # None: neither /is_sleeping nor the sleep gauge told
     running: float | None = None  # requests in model execution, summed over engines
     error: str | None = None
+    waiting: float | None = None  # requests queued for execution, summed over engines
 
     @property
     def serving(self) -> bool:
@@ -83,24 +111,36 @@ class EngineHealth:
 class MetricsReading:
     running: float | None
     awake: bool | None
+    waiting: float | None = None
+
+    @property
+    def in_flight(self) -> float | None:
+        """Running plus waiting requests; None when the page has neither gauge."""
+        if self.running is None and self.waiting is None:
+            return None
+        return (self.running or 0.0) + (self.waiting or 0.0)
 
 
 def parse_metrics(text: str) -> MetricsReading:
-    """Requests running (summed over engines) and awake state from a vLLM /metrics page.
+    """Requests running and waiting (each summed over engines) and awake state from a vLLM
+    /metrics page.
 
     Awake is True only if every engine's `sleep_state="awake"` sample is 1, None without
     the gauge (older vLLM).
     """
     running: float | None = None
+    waiting: float | None = None
     awake_values: list[float] = []
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "vllm:num_requests_running":
                 running = (running or 0.0) + sample.value
+            elif sample.name == "vllm:num_requests_waiting":
+                waiting = (waiting or 0.0) + sample.value
             elif sample.name == "vllm:engine_sleep_state" and sample.labels.get("sleep_state") == "awake":
                 awake_values.append(sample.value)
     awake = all(v >= 1 for v in awake_values) if awake_values else None
-    return MetricsReading(running, awake)
+    return MetricsReading(running, awake, waiting)
 
 
 def parse_is_sleeping(body: bytes) -> bool | None:
@@ -157,18 +197,23 @@ class HttpProbe:
         sleeping = self.is_sleeping(replica)
         reading = self.metrics(replica)
         awake = (not sleeping) if sleeping is not None else (reading.awake if reading else None)
-        return EngineHealth(up=True, awake=awake, running=reading.running if reading else None)
+        return EngineHealth(up=True, awake=awake, running=reading.running if reading else None,
+                            waiting=reading.waiting if reading else None)
 
 
 # --- the protocol --------------------------------------------------------------------------
 
 
 class EngineControl(Protocol):
-    """Start/stop one replica and read its health; start and stop are idempotent."""
+    """Start/stop one replica and read its health; start and stop are idempotent.
 
-    def start(self, replica: ReplicaConfig) -> None: ...
+    `timeout_s` bounds the call's waits (see the module docstring); an engine written before
+    it existed (a site's own, the shipped fakes) is still called without it: `call_engine`.
+    """
 
-    def stop(self, replica: ReplicaConfig) -> None: ...
+    def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
+
+    def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
 
     def health(self, replica: ReplicaConfig) -> EngineHealth: ...
 
@@ -184,9 +229,10 @@ class _HttpHealth:
         return self.probe.health(replica)
 
     def in_flight(self, replica: ReplicaConfig) -> float | None:
-        """Requests running now; None when the replica is down or its metrics unreadable."""
+        """Requests running or waiting now; None when the replica is down or its metrics
+        unreadable. A waiting request is in flight too: stopping would drop it."""
         reading = self.probe.metrics(replica)
-        return reading.running if reading else None
+        return reading.in_flight if reading else None
 
 
 _PLACEHOLDER = re.compile(r"\{(node|url|model)\}")
@@ -215,24 +261,34 @@ class CommandEngine(_HttpHealth):
         self.runner = runner or SubprocessRunner()
         self.probe = HttpProbe(http or UrllibClient(), config.http_timeout_s)
 
-    def _shell(self, template: str, replica: ReplicaConfig, timeout: float) -> None:
+    def _shell(
+        self, what: str, template: str, replica: ReplicaConfig, own_s: float, given_s: float | None
+    ) -> None:
         command = format_command(template, replica.node, replica.url, self.model)
+        limit, cut = _limit(own_s, given_s)
         try:
-            self.runner.run(["sh", "-c", command], timeout=timeout)
+            self.runner.run(["sh", "-c", command], timeout=limit)
         except CommandError as exc:
+            if cut and exc.rc == TIMEOUT_RC:
+                # Killed at the caller's deadline: start/stop commands are idempotent, so the
+                # next tick simply runs it again with a fresh budget.
+                raise EngineDeadline(
+                    f"{replica.node}: {what} command still running after {limit:g} s (the tick's "
+                    "time left); killed it, the next tick runs it again"
+                ) from None
             raise EngineError(f"{replica.node}: {exc}") from None
 
-    def start(self, replica: ReplicaConfig) -> None:
+    def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
         if self.health(replica).serving:
             return
         assert self.config.start_command
-        self._shell(self.config.start_command, replica, self.config.start_timeout_s)
+        self._shell("start", self.config.start_command, replica, self.config.start_timeout_s, timeout_s)
 
-    def stop(self, replica: ReplicaConfig) -> None:
+    def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
         # Always run: an admin stop command is idempotent, and a hung server whose /health
         # no longer answers still has to be stopped.
         assert self.config.stop_command
-        self._shell(self.config.stop_command, replica, self.config.stop_timeout_s + 30)
+        self._shell("stop", self.config.stop_command, replica, self.config.stop_timeout_s + 30, timeout_s)
 
 
 def container_name(template: str, node: str, model: str = "") -> str:
@@ -290,7 +346,8 @@ class DockerEngine(_HttpHealth):
         """The container's state: running, exited, created, ..."""
         return str(self.container(replica).status)
 
-    def start(self, replica: ReplicaConfig) -> None:
+    def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
+        # `docker start` returns once the process runs; health is waited for by the caller.
         import docker
 
         container = self.container(replica)
@@ -301,15 +358,18 @@ class DockerEngine(_HttpHealth):
         except docker.errors.DockerException as exc:
             raise EngineError(f"{replica.node}: cannot start {container.name}: {exc}") from None
 
-    def stop(self, replica: ReplicaConfig) -> None:
+    def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
         import docker
 
         container = self.container(replica)
         if container.status not in {"running", "restarting", "paused"}:
             return
+        # SIGTERM, then SIGKILL after the grace: the server's clean exit. The grace is cut to
+        # the caller's time left, so a stop never holds the tick past its deadline; in-flight
+        # requests were already drained while RETIRING, and the kernel frees the GPUs either way.
+        grace, _ = _limit(self.config.stop_timeout_s, timeout_s)
         try:
-            # SIGTERM, then SIGKILL after the timeout: the drain window of the server.
-            container.stop(timeout=int(self.config.stop_timeout_s))
+            container.stop(timeout=int(grace))
         except docker.errors.DockerException as exc:
             raise EngineError(f"{replica.node}: cannot stop {container.name}: {exc}") from None
 
@@ -340,17 +400,41 @@ class HttpSleepEngine(_HttpHealth):
                 if resp.status == 404 else ""
             raise EngineError(f"{replica.node}: POST {path} answered {resp.status} {detail}{hint}")
 
-    def _await_sleeping(self, replica: ReplicaConfig, want: bool, timeout_s: float) -> None:
+    def _left(self, end: float | None) -> float | None:
+        return None if end is None else max(0.0, end - self.clock())
+
+    def _post_within(self, replica: ReplicaConfig, path: str, own_s: float, end: float | None) -> None:
+        limit, cut = _limit(own_s, self._left(end))
+        try:
+            self._post(replica, path, limit)
+        except HttpTimeout:
+            if cut:
+                # vLLM carries on with a request whose client went away: the next tick finds
+                # the server asleep (or awake) and has nothing more to ask, or asks again.
+                raise EngineDeadline(
+                    f"{replica.node}: POST {path.split('?')[0]} not answered within the tick's "
+                    f"time left ({limit:g} s); the next tick checks and asks again"
+                ) from None
+            raise
+
+    def _await_sleeping(
+        self, replica: ReplicaConfig, want: bool, own_s: float, end: float | None = None
+    ) -> None:
+        timeout_s, cut = _limit(own_s, self._left(end))
         deadline = self.clock() + timeout_s
+        state = "asleep" if want else "awake"
         while True:
             if self.probe.is_sleeping(replica) is want:
                 return
             if self.clock() >= deadline:
-                state = "asleep" if want else "awake"
+                if cut:
+                    raise EngineDeadline(f"{replica.node}: not {state} yet at the tick's deadline; "
+                                         "the next tick checks again")
                 raise EngineError(f"{replica.node}: not {state} after {timeout_s:g} s")
-            self.sleep(self.poll_s)
+            self.sleep(min(self.poll_s, max(0.0, deadline - self.clock())))
 
-    def start(self, replica: ReplicaConfig) -> None:
+    def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
+        end = None if timeout_s is None else self.clock() + timeout_s
         health = self.health(replica)
         if health.serving:
             return
@@ -359,10 +443,11 @@ class HttpSleepEngine(_HttpHealth):
                 f"{replica.node}: vLLM at {replica.url} is not running; the http-sleep engine "
                 "only wakes a running server (start it, or use engine kind command/docker)"
             )
-        self._post(replica, "/wake_up", self.config.start_timeout_s)
-        self._await_sleeping(replica, False, self.config.start_timeout_s)
+        self._post_within(replica, "/wake_up", self.config.start_timeout_s, end)
+        self._await_sleeping(replica, False, self.config.start_timeout_s, end)
 
-    def stop(self, replica: ReplicaConfig) -> None:
+    def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
+        end = None if timeout_s is None else self.clock() + timeout_s
         health = self.health(replica)
         if health.up and health.awake is False:
             return  # already asleep: the weights have left the GPUs
@@ -376,8 +461,8 @@ class HttpSleepEngine(_HttpHealth):
             )
         # mode=wait lets in-flight requests finish (vLLM's default, abort, would drop them).
         timeout = self.config.drain_timeout_s + self.config.stop_timeout_s
-        self._post(replica, f"/sleep?level={self.config.sleep_level}&mode=wait", timeout)
-        self._await_sleeping(replica, True, self.config.stop_timeout_s)
+        self._post_within(replica, f"/sleep?level={self.config.sleep_level}&mode=wait", timeout, end)
+        self._await_sleeping(replica, True, self.config.stop_timeout_s, end)
 
 
 def make_engine(
@@ -396,6 +481,19 @@ def make_engine(
     return HttpSleepEngine(config, http=http)
 
 
+def call_engine(method: Callable[..., None], replica: ReplicaConfig, timeout_s: float) -> None:
+    """Call an engine's `start` or `stop` with `timeout_s`, or without it for an engine
+    written before the parameter existed (it then waits as long as it always did)."""
+    try:
+        params = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        params = []
+    if any(p.name == "timeout_s" or p.kind is p.VAR_KEYWORD for p in params):
+        method(replica, timeout_s=timeout_s)
+    else:
+        method(replica)
+
+
 # --- waiting helpers for the agent ---------------------------------------------------------
 
 
@@ -407,7 +505,8 @@ def wait_until_idle(
     sleep: Sleep = time.sleep,
     poll_s: float = 1.0,
 ) -> bool:
-    """True once the replica runs no request (or is down: it can drop none); False at timeout."""
+    """True once the replica has no request in flight, running or waiting (or is down: it can
+    drop none); False at timeout."""
     deadline = clock() + timeout_s
     while True:
         running = engine.in_flight(replica)

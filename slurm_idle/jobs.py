@@ -123,7 +123,9 @@ class JobSpec(_Strict):
     time: str | None = None  # Slurm syntax: 30, 2:00:00, 1-12:00:00
     mounts: Mounts = Mounts()
     max_restarts: int = Field(20, ge=0)  # a job requeued more often than this fails
-    grace_s: float = Field(30.0, ge=0)  # SIGTERM -> wait this long -> stop the container
+    # SIGTERM -> wait this long -> stop the container. Must be below the site's
+    # slurm.requeue_grace_s (checked at submit) and the idle partition's GraceTime.
+    grace_s: float = Field(30.0, ge=0)
     warn_s: int = Field(120, ge=0)  # SIGUSR1 this long before the time limit (0: none)
     network: Literal["none", "host"] = "none"
     workdir: str | None = None  # working directory inside the container
@@ -194,6 +196,46 @@ class JobSpec(_Strict):
             )
         return value
 
+    @model_validator(mode="after")
+    def _fits(self) -> JobSpec:
+        self._check_params_env()
+        self._check_warning()
+        return self
+
+    def _check_params_env(self) -> None:
+        # PARAM_<KEY> is upper-cased: lr and LR would silently become one variable, and a
+        # PARAM_* key of env would be overwritten by the parameter of the same name.
+        seen: dict[str, str] = {}
+        for key in self.params:
+            var = f"PARAM_{key.upper()}"
+            if var in seen:
+                raise ValueError(
+                    f"params {seen[var]!r} and {key!r} both become {var}: rename one of them"
+                )
+            seen[var] = key
+            if var in self.env and "env" in self.params_as:
+                raise ValueError(
+                    f"env {var} collides with params.{key} (set as {var}): keep only one"
+                )
+
+    def _check_warning(self) -> None:
+        if not self.warn_s:
+            return
+        if self.grace_s >= self.warn_s:
+            raise ValueError(
+                f"warn_s {self.warn_s} must exceed grace_s {self.grace_s:g}: the checkpoint after "
+                "the time-limit warning would still run when the limit ends the job"
+            )
+        limit = time_limit_s(self.time) if self.time else None
+        # A warning due at or before the start would requeue every run at once. A short run
+        # before the warning stays allowed (slurmctld sends it on a ~30 s beat anyway).
+        if limit and self.warn_s >= limit:
+            raise ValueError(
+                f"warn_s {self.warn_s} is not below the time limit (time {self.time!r} = "
+                f"{limit} s): every run would be warned and requeued at once; lower warn_s or "
+                "raise time"
+            )
+
     def for_job(self, job_id: str) -> JobSpec:
         """The spec with `{job_id}` in mount sources replaced (stable across requeues)."""
 
@@ -212,6 +254,20 @@ class JobSpec(_Strict):
         if "env" not in self.params_as:
             return {}
         return {f"PARAM_{k.upper()}": _param_str(v) for k, v in self.params.items()}
+
+
+def time_limit_s(value: str) -> int:
+    """Seconds of a Slurm time limit (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); 0 means none."""
+    days, _, rest = value.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        h, m, sec = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + h) * 60 + m) * 60 + sec
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
 
 
 def _param_str(value: ParamValue) -> str:
@@ -250,6 +306,24 @@ class SubmitOptions:
     python: str = sys.executable  # the interpreter slurm-idle runs under (has the runner)
     job_name: str | None = None  # Slurm job name, default: the spec's name
     comment_extra: tuple[tuple[str, str], ...] = ()  # e.g. (("pipeline", "p"), ("step", "sft"))
+    # The site's slurm.requeue_grace_s (None: unknown, no config): a job's grace_s must fit in it.
+    requeue_grace_s: float | None = None
+
+
+def check_grace(spec: JobSpec, opts: SubmitOptions) -> None:
+    """Refuse a grace_s the site's reclaim cannot wait for.
+
+    At reclaim the agent SIGTERMs the runner, waits slurm.requeue_grace_s, then `scontrol
+    requeue` (SIGTERM, SIGKILL KillWait later). A runner still waiting out a longer grace_s is
+    cut short there: the checkpoint is lost and the job requeued anyway.
+    """
+    limit = opts.requeue_grace_s
+    if limit is not None and spec.grace_s > 0 and spec.grace_s >= limit:
+        raise ConfigError(
+            f"job {spec.name!r}: grace_s {spec.grace_s:g} does not fit this site's "
+            f"slurm.requeue_grace_s {limit:g}: set grace_s below it "
+            f"(e.g. {max(limit - 5, limit / 2):g})"
+        )
 
 
 def job_comment(opts: SubmitOptions) -> str:
@@ -278,6 +352,7 @@ def sbatch_args(spec: JobSpec, opts: SubmitOptions = SubmitOptions()) -> list[st
     name = opts.job_name or spec.name
     if not NAME_RE.match(name):
         raise ConfigError(f"job name {name!r} is not a plain name")
+    check_grace(spec, opts)
     args = [
         f"--job-name={name}",
         f"--partition={opts.partition}",

@@ -125,7 +125,9 @@ def derive_phase(node: SlurmNode, tag: str) -> PhaseInfo:
         if phase not in DRAINED_PHASES:
             return PhaseInfo(Phase.UNKNOWN, since, pinned)
         return PhaseInfo(phase, since, pinned)
-    comment = node.comment.strip()
+    # A lend keeps an admin's Comment after ours (`<ours> | <theirs>`): read only our part, so
+    # their text can never look like our "pinned" or "since=".
+    comment = node.comment.strip().split(" | ", 1)[0]
     if is_ours(comment, tag) and comment[len(tag) + 1 :].startswith("lent"):
         return PhaseInfo(Phase.LENT, _parse_since(comment), " pinned" in comment)
     return PhaseInfo(Phase.UNKNOWN)

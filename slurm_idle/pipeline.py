@@ -105,14 +105,49 @@ class Pipeline:
         return next(s for s in self.steps if s.name == name)
 
 
+_DEEP_KEYS = ("env", "params", "mounts")
+
+
 def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """Shallow merge, except env/params/mounts which merge one level deeper."""
+    """Shallow merge, except env/params/mounts which merge one level deeper.
+
+    Raises ConfigError (without a source; the caller adds it) when one of those is not a
+    mapping, e.g. `env: null`, which would otherwise surface as a TypeError.
+    """
     out = dict(base)
     for key, value in over.items():
-        if key in ("env", "params", "mounts") and isinstance(out.get(key), Mapping):
+        if key in _DEEP_KEYS and not isinstance(value, Mapping):
+            shown = "null" if value is None else type(value).__name__
+            raise ConfigError(f"{key} must be a mapping of names to values, got {shown}")
+        if key in _DEEP_KEYS and isinstance(out.get(key), Mapping):
             out[key] = {**out[key], **value}
         else:
             out[key] = value
+    return out
+
+
+def job_names(pipeline: str, steps: Sequence[str]) -> dict[str, str]:
+    """Slurm job names `<pipeline>.<step>`, cut to 63 characters and unique per step.
+
+    Long names cut to the same 63 characters get a short hash of their step name instead of
+    their tail, so two steps never share a job name (`jobs` and squeue would mix them up).
+    """
+    import hashlib
+
+    full = {step: f"{pipeline}.{step}" for step in steps}
+    cut = {step: name[:63] for step, name in full.items()}
+    counts = {name: list(cut.values()).count(name) for name in cut.values()}
+    out = {}
+    for step, name in cut.items():
+        if counts[name] > 1:
+            digest = hashlib.sha256(step.encode()).hexdigest()[:8]
+            name = f"{full[step][:54]}-{digest}"
+        out[step] = name
+    if len(set(out.values())) != len(out):
+        raise ConfigError(
+            f"pipeline {pipeline!r}: step job names collide even with a hash; shorten the "
+            "pipeline or step names"
+        )
     return out
 
 
@@ -169,20 +204,26 @@ def parse_pipeline(
         raise ConfigError(f"{source}: step names must be unique, repeated: {', '.join(dupes)}")
     order = topo_order({s.name: s.depends_on for s in spec.steps})
     by_name = {s.name: s for s in spec.steps}
+    names_of = job_names(spec.name, names)
     steps = []
     for name in order:
         st = by_name[name]
         fields: dict[str, Any] = dict(spec.defaults)
-        if st.file:
-            if load_file is None:
-                raise ConfigError(f"{source}: step {name!r} refers to {st.file} but no file loader")
-            ref = load_file(st.file)
-            if not isinstance(ref, Mapping):
-                raise ConfigError(f"{source}: step {name!r}: {st.file} is not a job spec mapping")
-            fields = _merge(fields, ref)
-        fields = _merge(fields, st.job)
-        job_name = f"{spec.name}.{name}"
-        fields["name"] = job_name[:63]
+        try:
+            if st.file:
+                if load_file is None:
+                    raise ConfigError(f"refers to {st.file} but no file loader")
+                ref = load_file(st.file)
+                if not isinstance(ref, Mapping):
+                    raise ConfigError(f"{st.file} is not a job spec mapping")
+                try:
+                    fields = _merge(fields, ref)
+                except ConfigError as exc:
+                    raise ConfigError(f"{st.file}: {exc}") from None
+            fields = _merge(fields, st.job)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: step {name!r}: {exc}") from None
+        fields["name"] = names_of[name]
         fields = _substitute(fields, {"pipeline": spec.name, "step": name})
         job = parse_job_spec(fields, source=f"{source}: step {name!r}")
         steps.append(Step(name, st.depends_on, job, job.name))
@@ -205,6 +246,7 @@ def step_options(pipeline: Pipeline, step: Step, opts: SubmitOptions) -> SubmitO
         python=opts.python,
         job_name=step.job_name,
         comment_extra=(("pipeline", pipeline.name), ("step", step.name)),
+        requeue_grace_s=opts.requeue_grace_s,
     )
 
 

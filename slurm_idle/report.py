@@ -11,16 +11,24 @@ Conventions (documented in `--help` and the README):
 - GPU-hours are allocated GPUs (TRES `gres/gpu`) x wall time, clipped to the period and split
   per day at local midnight of the report's timezone. A run still going counts up to `now`.
 - A preemption is a run that ended PREEMPTED (Slurm preempted it) or REQUEUED* (the agent's
-  reclaim or an admin requeued it); it is counted on the day the run ended. A REQUEUED run
-  that ended within the last 10 minutes (or tenth) of its time limit requeued itself to go on
-  past the limit (the runner's SIGUSR1 checkpoint): not a preemption, and no work lost.
+  reclaim or an admin requeued it); it is counted on the day the run ended. Accounting cannot
+  tell the agent's `scontrol requeue` from a job requeueing itself at its time limit (the
+  runner's SIGUSR1 checkpoint, `--signal=USR1@warn_s`), so the journal decides first: a
+  requeued run on a node the agent was reclaiming (a step into or out of `reclaiming` from the
+  run's start to RECLAIM_SLACK_S after its end) is a preemption, whatever its length. Only
+  otherwise is a requeued run that lasted its time limit minus TIME_LIMIT_WINDOW_S (the
+  default warning plus Slurm's up-to-60-s-early signal) a time-limit requeue: not a
+  preemption, and no work lost.
 - Work lost to a preemption is the GPU-hours since the job's last checkpoint. Slurm does not know
   checkpoints, so with `checkpoint_interval_s` set the loss is the run's tail, at most one
   interval long (`min(run, interval)` x GPUs); without it the whole interrupted run is counted as
   lost: an upper bound.
-- Reclaim latency runs from the start of a node's successful `lent -> reclaiming` step to the end
-  of its next successful `starting -> serving` step (both from the journal); a latency belongs
-  to the period its reclaim ended in. Percentiles interpolate linearly between ranks.
+- A lend is a successful `lending -> lent` step (a retirement that was called off, or a lend
+  that failed, lent nothing). Reclaim latency runs from the start of a node's successful
+  `lent -> reclaiming` step to the end of its next successful `starting -> serving` step, with
+  only `reclaiming -> starting` in between (any other step of that node abandons the pending
+  reclaim); a latency belongs to the period its reclaim ended in. Percentiles interpolate
+  linearly between ranks.
 - A node's phase timeline starts at the journal's first record, in the `from` phase of the
   node's first journaled transition; a phase is entered when a step ends with outcome `ok`.
 """
@@ -30,7 +38,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -41,8 +49,24 @@ from slurm_idle.slurm.protocol import AcctJob
 
 #: Run end states that mean "interrupted and requeued": a preemption for this report.
 INTERRUPTED_STATES = frozenset({"PREEMPTED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
+#: `slurm-idle submit`'s default SIGUSR1 warning before the time limit (jobs.JobSpec.warn_s).
+DEFAULT_WARN_S = 120.0
+#: Slurm may send `--signal` up to 60 s before it is due (sbatch(1), --signal).
+SIGNAL_EARLY_S = 60.0
 #: A requeued run this close to its time limit requeued itself there (see time_limit_requeue).
-TIME_LIMIT_WINDOW_S = 600.0
+TIME_LIMIT_WINDOW_S = DEFAULT_WARN_S + SIGNAL_EARLY_S
+#: A reclaim step journaled this long after a run's end still explains its requeue (clocks of
+#: slurmdbd and the agent's host differ a little; the run ends after the requeue was asked).
+RECLAIM_SLACK_S = 60.0
+#: Steps of the reclaim chain: the agent requeues the lent jobs in them (transitions.py).
+RECLAIM_STEPS = frozenset({
+    (Phase.LENT.value, Phase.RECLAIMING.value),
+    (Phase.UNKNOWN.value, Phase.RECLAIMING.value),
+    (Phase.RECLAIMING.value, Phase.STARTING.value),
+})
+#: Journal outcomes of steps that did nothing (a reclaim step with any other outcome may have
+#: requeued jobs before it failed or timed out).
+NO_EFFECT_OUTCOMES = frozenset({"dry-run", "skipped"})
 #: The phase whose GPUs count as lent (schedulable in the idle partition).
 LENT_PHASES = frozenset({Phase.LENT.value})
 
@@ -69,6 +93,8 @@ class JournalFacts:
     intervals: tuple[PhaseInterval, ...] = ()
     ticks: int = 0
     tick_errors: int = 0
+    # node -> (start, end) of every reclaim-chain step, any period: who requeued a run.
+    reclaim_spans: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -153,6 +179,7 @@ class Report:
     lent_gpus_per_hour: tuple[float, ...] = ()  # mean GPUs lent in the hour
     ticks: int = 0
     tick_errors: int = 0
+    journal: str | None = None  # the journal read; None when there was none (no lends known)
 
     @property
     def savings(self) -> float:
@@ -182,6 +209,7 @@ class Report:
             "phase_hours": {k: _r(v) for k, v in self.phase_hours.items()},
             "ticks": self.ticks,
             "tick_errors": self.tick_errors,
+            "journal": self.journal,
             "price_per_gpu_hour": self.price_per_gpu_hour,
             "savings": round(self.savings, 2),
             "currency": self.currency,
@@ -206,11 +234,12 @@ def build_report(
     timezone: str = "UTC",
     node_gpus: Mapping[str, int] | None = None,
     checkpoint_interval_s: float | None = None,
+    journal_path: str | None = None,
 ) -> Report:
     """Aggregate accounting runs and journal records over [since, until) (pure).
 
     `now` caps runs and phases still open (a report never counts the future); `node_gpus` gives
-    each pool node's GPU count, for the lent GPU-hours.
+    each pool node's GPU count, for the lent GPU-hours; `journal_path` is only reported.
     """
     if until <= since:
         raise ValueError("the report period is empty: --until must be after --since")
@@ -265,7 +294,7 @@ def build_report(
         day_index = _bucket(run.end, days)
         if run.state == "COMPLETED":
             completed.add(run.job_id)
-        if run.state in INTERRUPTED_STATES and not time_limit_requeue(run):
+        if is_preemption(run, facts.reclaim_spans):
             preemptions += 1
             requeued.add(run.job_id)
             row["preemptions"] += 1
@@ -344,23 +373,42 @@ def build_report(
         lent_gpus_per_hour=tuple(s / HOUR for s in hour_lent_s),
         ticks=facts.ticks,
         tick_errors=facts.tick_errors,
+        journal=journal_path,
     )
 
 
-def time_limit_requeue(run: AcctJob) -> bool:
-    """A run that requeued itself at its time limit (the runner's SIGUSR1 checkpoint), not a
-    preemption: requeued, and ended within the warning window before the limit.
+def is_preemption(
+    run: AcctJob, reclaim_spans: Mapping[str, Sequence[tuple[float, float]]] | None = None
+) -> bool:
+    """Was this ended run interrupted (see the module docstring): PREEMPTED, or requeued by a
+    reclaim the journal shows on its node, or requeued and not at its time limit."""
+    if run.state not in INTERRUPTED_STATES:
+        return False
+    if run.state == "PREEMPTED" or reclaimed_during(run, reclaim_spans or {}):
+        return True
+    return not time_limit_requeue(run)
 
-    Accounting cannot tell the two requeues apart, so the window is the rule:
-    TIME_LIMIT_WINDOW_S or a tenth of the limit, whichever is longer. A preemption that
-    happens to land in that window is counted as a time-limit requeue.
+
+def reclaimed_during(run: AcctJob, reclaim_spans: Mapping[str, Sequence[tuple[float, float]]]) -> bool:
+    """A reclaim step on one of the run's nodes overlaps the run (up to RECLAIM_SLACK_S after)."""
+    if run.start is None or run.end is None:
+        return False
+    lo, hi = run.start, run.end + RECLAIM_SLACK_S
+    return any(s0 <= hi and s1 >= lo for node in run.nodes for s0, s1 in reclaim_spans.get(node, ()))
+
+
+def time_limit_requeue(run: AcctJob, warn_s: float = DEFAULT_WARN_S) -> bool:
+    """A run that requeued itself at its time limit (the runner's SIGUSR1 checkpoint): requeued,
+    and it lasted at least its limit minus the warning and Slurm's early-signal slack.
+
+    Only consulted when the journal shows no reclaim of the run's node (is_preemption): an
+    admin's `scontrol requeue` in the last TIME_LIMIT_WINDOW_S of a job counts as this.
     """
     if run.state not in INTERRUPTED_STATES or run.state == "PREEMPTED" or not run.time_limit_s:
         return False
     if run.start is None or run.end is None:
         return False
-    window = max(TIME_LIMIT_WINDOW_S, 0.1 * run.time_limit_s)
-    return run.end - run.start >= run.time_limit_s - window
+    return run.end - run.start >= run.time_limit_s - (warn_s + SIGNAL_EARLY_S)
 
 
 def lost_seconds(run_s: float, checkpoint_interval_s: float | None) -> float:
@@ -376,6 +424,7 @@ def journal_facts(
     horizon = min(until, now)
     first_ts: float | None = None
     steps: list[tuple[float, float, str, str, str]] = []  # (started, ended, node, from, to)
+    spans: dict[str, list[tuple[float, float]]] = {}
     ticks = tick_errors = 0
     for rec in records:
         ts = _float(rec.get("ts"))
@@ -386,13 +435,17 @@ def journal_facts(
         if event == "tick" and since <= ts < until:
             ticks += 1
             tick_errors += 1 if (rec.get("errors") or rec.get("error")) else 0
-        if event != "transition" or rec.get("outcome") != "ok":
+        if event != "transition":
             continue
         node, src, dst = rec.get("node"), rec.get("from"), rec.get("to")
         if not (isinstance(node, str) and isinstance(src, str) and isinstance(dst, str)):
             continue
         ended = ts + max(0.0, _float(rec.get("duration_s")) or 0.0)
-        steps.append((ts, ended, node, src, dst))
+        outcome = rec.get("outcome")
+        if (src, dst) in RECLAIM_STEPS and outcome not in NO_EFFECT_OUTCOMES:
+            spans.setdefault(node, []).append((ts, ended))
+        if outcome == "ok":
+            steps.append((ts, ended, node, src, dst))
     steps.sort(key=lambda s: s[1])
 
     lends = reclaims = 0
@@ -414,17 +467,19 @@ def journal_facts(
             close(node, src, first_ts if first_ts is not None else started, ended)
         current[node] = (dst, ended)
         in_period = since <= started < until
-        if src == Phase.SERVING and dst == Phase.RETIRING and in_period:
+        if src == Phase.LENDING and dst == Phase.LENT and in_period:
             lends += 1
         if src == Phase.LENT and dst == Phase.RECLAIMING:
             reclaims += 1 if in_period else 0
-            reclaim_started.setdefault(node, started)
+            reclaim_started[node] = started  # a newer reclaim replaces an abandoned one
+        elif src == Phase.RECLAIMING and dst == Phase.STARTING:
+            pass  # on the way: the pending reclaim stands
         elif src == Phase.STARTING and dst == Phase.SERVING and node in reclaim_started:
             began = reclaim_started.pop(node)
             if since <= ended < until:
                 latencies.append(ended - began)
-        elif dst == Phase.LENT:
-            reclaim_started.pop(node, None)  # back to lent: that reclaim never completed
+        else:
+            reclaim_started.pop(node, None)  # left the reclaim chain: that reclaim never completed
     for node, (phase, entered) in current.items():
         close(node, phase, entered, horizon)
     return JournalFacts(
@@ -434,6 +489,7 @@ def journal_facts(
         intervals=tuple(intervals),
         ticks=ticks,
         tick_errors=tick_errors,
+        reclaim_spans={node: tuple(v) for node, v in spans.items()},
     )
 
 
@@ -494,6 +550,7 @@ def render_text(report: Report) -> str:
         (f"  reclaim latency p50 / p95    {latency}"
          f"   ({report.reclaim_latencies} reclaims completed)"),
         f"  node-hours per phase         {phases}",
+        f"  journal                      {report.journal or 'none: lends, reclaims, lent GPU-h unknown'}",
         "",
         (f"  {'date':<12}{'GPU-h':>10}{'lent GPU-h':>12}{'jobs':>6}{'preempt':>9}"
          f"{'lost GPU-h':>12}{'saved':>12}"),

@@ -85,8 +85,13 @@ def make_report(
     runs: Sequence[AcctJob],
     journal_path: str | None = None,
 ) -> Report:
-    """The report of [since, until) from accounting runs and the configured journal."""
-    journal = Journal(Path(journal_path or config.paths.journal))
+    """The report of [since, until) from accounting runs and the configured journal.
+
+    A missing journal (report run on another host than the tick) is no error, but the report
+    then knows no lends, reclaims or lent GPU-hours: its `journal` is None so callers can say so.
+    """
+    path = Path(journal_path or config.paths.journal)
+    journal = Journal(path)
     node_gpus = {r.node: m.gpus_per_replica for m in config.models for r in m.replicas}
     return build_report(
         runs,
@@ -100,7 +105,46 @@ def make_report(
         timezone=config.policy.timezone,
         node_gpus=node_gpus,
         checkpoint_interval_s=config.report.checkpoint_interval_s,
+        journal_path=str(path) if path.exists() else None,
     )
+
+
+#: Formats `--plot` writes (matplotlib's Agg backend), chosen by the file name.
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_output_path(path: str, option: str, suffixes: Sequence[str] = ()) -> None:
+    """Refuse an output file that cannot be written, before any work is done or any other
+    output is written (ConfigError: exit 2)."""
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{option} {path}: is a directory; give a file name")
+    if suffixes and target.suffix.lower() not in suffixes:
+        raise ConfigError(f"{option} {path}: the file name must end in {' or '.join(suffixes)}")
+    parent = target.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{option} {path}: no such directory {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {path}: the directory {parent} is not writable")
+
+
+def check_plot_ready(path: str) -> None:
+    """`--plot` up front: a writable file with a known suffix, and matplotlib installed."""
+    check_output_path(path, "--plot", PLOT_SUFFIXES)
+    _pyplot()
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SlurmIdleError(
+            "--plot needs matplotlib: pip install 'slurm-idle[plot]' (or apt install python3-matplotlib)"
+        ) from None
+    return plt
 
 
 def write_csv(report: Report, path: str) -> None:
@@ -117,16 +161,9 @@ def write_csv(report: Report, path: str) -> None:
 
 def write_plot(report: Report, path: str) -> None:
     """Lent GPUs and GPUs used by idle jobs, per hour, as a PNG (needs the `plot` extra)."""
-    try:
-        import matplotlib
+    plt = _pyplot()
+    import matplotlib.dates as mdates
 
-        matplotlib.use("Agg")
-        import matplotlib.dates as mdates
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SlurmIdleError(
-            "--plot needs matplotlib: pip install 'slurm-idle[plot]' (or apt install python3-matplotlib)"
-        ) from None
     tz = ZoneInfo(report.timezone)
     # One more edge than buckets, so the last hour is drawn as a step too.
     edges = [*report.hours, report.hours[-1] + 3600.0] if report.hours else []
@@ -148,5 +185,11 @@ def write_plot(report: Report, path: str) -> None:
     ax.grid(alpha=0.3)
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as exc:
+        raise SlurmIdleError(f"cannot write {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a format matplotlib does not know
+        raise ConfigError(f"--plot {path}: {exc}") from None
+    finally:
+        plt.close(fig)

@@ -13,6 +13,14 @@ streams its output into the job log, and turns Slurm's signals into a clean chec
   the job FAILED, not requeued).
 - SIGUSR1 (`--signal=USR1@N`: the time limit is near): same, exit 75; the batch script then
   runs `scontrol requeue` so the job continues in a new run instead of ending as TIMEOUT.
+- A second SIGTERM (or SIGINT), or a first one (also after SIGUSR1) while Slurm is already
+  ending the job (JobState no longer RUNNING: `scontrol requeue`, scancel, the time limit),
+  means "stop now": Slurm SIGKILLs the runner KillWait seconds later (5 s in our slurm.conf),
+  and a container under dockerd would outlive it holding the GPUs. The container gets
+  `urgent_wait_s` (2 s) to finish a quick checkpoint, then is force-removed (kill + remove);
+  exit 143. The usual case is the agent's reclaim: SIGTERM to the steps, then after
+  slurm.requeue_grace_s `scontrol requeue` (SIGTERM again). The Epilog sweep
+  (`--cleanup JOBID`) still covers a runner killed anyway (slurmctld unreachable, a hung engine).
 
 Exit codes (the step's exit code; the job's is the same unless Slurm requeues it):
   0    the container exited 0              N    the container failed with exit code N
@@ -27,6 +35,9 @@ GPUs: the indexes Slurm allocated (SLURM_STEP_GPUS / SLURM_JOB_GPUS / CUDA_VISIB
 are requested as nvidia device requests when the engine has an `nvidia` runtime (or
 `--gpu-mode nvidia`); otherwise (`--gpu-mode env`, or `auto` without that runtime, as on a
 machine without GPUs) they are only passed as NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES.
+Those two are always set by the runner, over the spec's env and the image's: the nvidia
+runtime honours NVIDIA_VISIBLE_DEVICES from an unprivileged container, so `all` there would
+show every GPU of the node. A job without GPUs (or `--gpu-mode off`) gets `void`.
 """
 
 from __future__ import annotations
@@ -125,13 +136,28 @@ def container_env(
         env["CHECKPOINT_DIR"] = spec.mounts.checkpoint.target
     if params_in_file:
         env["SLURM_IDLE_PARAMS_FILE"] = PARAMS_TARGET
-    if ctx.gpus:
-        env["SLURM_IDLE_GPUS"] = ",".join(ctx.gpus)
-        if not use_device_requests:
-            # No GPU runtime to do it for us: say which GPUs are ours, as Slurm would.
-            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(ctx.gpus)
-            env["CUDA_VISIBLE_DEVICES"] = ctx.cuda_visible_devices or ",".join(ctx.gpus)
+    env.update(gpu_env(ctx, use_device_requests))
     return env
+
+
+def gpu_env(ctx: SlurmContext, use_device_requests: bool) -> dict[str, str]:
+    """The GPU variables the runner imposes, whatever the spec or the image set.
+
+    NVIDIA_VISIBLE_DEVICES is what the nvidia runtime reads (an image's `all` would otherwise
+    expose every GPU of the node): the allocated indexes, the same as the device request, or
+    `void` for none. CUDA_VISIBLE_DEVICES follows: with device requests the container sees only
+    its GPUs, numbered from 0; without, Slurm's own value (or the indexes); none: empty.
+    """
+    if not ctx.gpus:
+        return {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
+    indexes = ",".join(ctx.gpus)
+    if use_device_requests:
+        cuda = ",".join(str(i) for i in range(len(ctx.gpus)))
+    else:
+        cuda = ctx.cuda_visible_devices or indexes
+    return {
+        "SLURM_IDLE_GPUS": indexes, "NVIDIA_VISIBLE_DEVICES": indexes, "CUDA_VISIBLE_DEVICES": cuda,
+    }
 
 
 def container_kwargs(
@@ -196,18 +222,34 @@ def wants_device_requests(mode: GpuMode, runtimes: Sequence[str]) -> bool:
 
 @dataclass
 class Signals:
-    """Signals received so far; handlers set these, the run loop reads them."""
+    """Signals received so far; handlers set these, the run loop reads them.
+
+    `urgent` is set by a second SIGTERM/SIGINT: Slurm is ending the job and SIGKILLs the
+    runner KillWait seconds later, so the container must go now. A SIGTERM after SIGUSR1 is
+    not urgent by itself (a preemption may send both at the start of its GraceTime, with
+    SlurmctldParameters=preempt_send_user_signal): the run loop asks Slurm whether the job is
+    ending (the time limit) instead. A repeated SIGUSR1 (slurmctld's warning beat) never is.
+    """
 
     term: threading.Event = field(default_factory=threading.Event)
     usr1: threading.Event = field(default_factory=threading.Event)
+    urgent: threading.Event = field(default_factory=threading.Event)
 
     def stop_requested(self) -> bool:
         return self.term.is_set() or self.usr1.is_set()
 
+    def on_term(self) -> None:
+        if self.term.is_set():
+            self.urgent.set()
+        self.term.set()
+
+    def on_usr1(self) -> None:
+        self.usr1.set()
+
     def install(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.term.set())
-        signal.signal(signal.SIGINT, lambda *_: self.term.set())
-        signal.signal(signal.SIGUSR1, lambda *_: self.usr1.set())
+        signal.signal(signal.SIGTERM, lambda *_: self.on_term())
+        signal.signal(signal.SIGINT, lambda *_: self.on_term())
+        signal.signal(signal.SIGUSR1, lambda *_: self.on_usr1())
 
     def settle(self) -> None:
         """The exit code is decided: ignore stop signals from now until the process is gone.
@@ -229,6 +271,13 @@ class RunSettings:
     gid: int = field(default_factory=os.getgid)
     poll_s: float = 0.2
     engine_sockets: tuple[str, ...] = ENGINE_SOCKETS
+    # After SIGKILL at the end of grace: how long to wait for the exit code and the last log
+    # lines before the container is removed anyway (kept short: Slurm may SIGKILL us next).
+    kill_wait_s: float = 3.0
+    # "Stop now" (see Signals.urgent): the container, SIGTERMed already, gets this much longer
+    # to finish a quick checkpoint, then is force-removed. With the removal it must stay well
+    # inside Slurm's KillWait (5 s in etc/slurm.conf.snippet).
+    urgent_wait_s: float = 2.0
 
 
 class Reporter:
@@ -327,13 +376,16 @@ def run_container(
     report: Reporter,
     stream_client: Any = None,
     early_requeue: Callable[[], str] | None = None,
+    job_ending: Callable[[], bool] | None = None,
 ) -> int:
     """Run the job's container to its end or to a stop signal; return the runner's exit code.
 
     `early_requeue` runs after a SIGTERM stop once the container is gone (see
     requeue_if_preempted): requeueing earlier could kill the runner before its cleanup.
+    `job_ending` is asked once after the first SIGTERM: True when Slurm is already ending the
+    job (see job_is_ending), so there is no grace to wait out.
     """
-    code = _run_once(client, spec, ctx, settings, signals, report, stream_client)
+    code = _run_once(client, spec, ctx, settings, signals, report, stream_client, job_ending)
     if code == EXIT_PREEMPTED and signals.term.is_set() and early_requeue is not None:
         report.say(early_requeue())
     return code
@@ -347,6 +399,7 @@ def _run_once(
     signals: Signals,
     report: Reporter,
     stream_client: Any,
+    job_ending: Callable[[], bool] | None = None,
 ) -> int:
     import docker.errors
 
@@ -383,7 +436,9 @@ def _run_once(
             f"started container {kwargs['name']} image={spec.image} restart={ctx.restart_count}"
             f" gpus={','.join(ctx.gpus) or '-'} device_requests={'yes' if use_dr else 'no'}"
         )
-        return _supervise(container, settings, signals, report, stream_client or client)
+        return _supervise(
+            container, settings, signals, report, stream_client or client, job_ending
+        )
     except (docker.errors.DockerException, SlurmIdleError, OSError) as exc:
         report.say(f"could not run the container: {exc}")
         return EXIT_START_FAILED
@@ -400,12 +455,50 @@ def _run_once(
             shutil.rmtree(params_dir, ignore_errors=True)
 
 
+def _wait(
+    done: threading.Event,
+    seconds: float,
+    signals: Signals,
+    poll_s: float,
+    on_first_term: Callable[[], None] | None = None,
+) -> bool:
+    """Wait up to `seconds` for `done`; give up early on an urgent stop. True: done.
+
+    `on_first_term` runs once, as soon as a SIGTERM has been received (also one that arrives
+    during a SIGUSR1 grace), and may set `signals.urgent`.
+    """
+    deadline = time.monotonic() + seconds
+    while not done.is_set() and not signals.urgent.is_set():
+        if on_first_term is not None and signals.term.is_set():
+            on_first_term()
+            on_first_term = None
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        done.wait(min(poll_s, left))
+    return done.is_set()
+
+
+def _stop_now(done: threading.Event, settings: RunSettings, report: Reporter, t0: float) -> bool:
+    """The urgent end of a grace wait: a last short wait. True: the container exited."""
+    report.say(
+        f"stop signal {time.monotonic() - t0:.1f} s into the grace: Slurm is ending the job; "
+        f"the container gets {settings.urgent_wait_s:g} s more, then is removed"
+    )
+    if done.wait(settings.urgent_wait_s):
+        return True
+    report.say("container still running: removing it now, before Slurm kills the runner")
+    return False
+
+
 def _supervise(
     container: Any,
     settings: RunSettings,
     signals: Signals,
     report: Reporter,
     stream_client: Any,
+    job_ending: Callable[[], bool] | None = None,
 ) -> int:
     done = threading.Event()
     result: dict[str, int] = {}
@@ -449,14 +542,26 @@ def _supervise(
         container.kill(signal="SIGTERM")
     except Exception as exc:  # noqa: BLE001 - it may have exited meanwhile
         report.say(f"could not signal the container: {exc}")
-    if not done.wait(settings.grace_s):
-        report.say(f"container still running after {settings.grace_s:g} s: killing it")
-        try:
-            container.kill(signal="SIGKILL")
-        except Exception as exc:  # noqa: BLE001 - it may have exited meanwhile
-            report.say(f"could not kill the container: {exc}")
-        done.wait(10)
-    logs.join(timeout=5)
+
+    def check_ending() -> None:
+        # Asked after the container has its SIGTERM, so the check costs it no grace.
+        if job_ending is not None and job_ending():
+            report.say("Slurm is already ending the job (no grace left): stopping now")
+            signals.urgent.set()
+
+    if not _wait(done, settings.grace_s, signals, settings.poll_s, check_ending):
+        if signals.urgent.is_set():
+            if not _stop_now(done, settings, report, t0):
+                # The finally of _run_once force-removes it (kill + remove) right away.
+                return EXIT_PREEMPTED
+        else:
+            report.say(f"container still running after {settings.grace_s:g} s: killing it")
+            try:
+                container.kill(signal="SIGKILL")
+            except Exception as exc:  # noqa: BLE001 - it may have exited meanwhile
+                report.say(f"could not kill the container: {exc}")
+            _wait(done, settings.kill_wait_s, signals, settings.poll_s)
+    logs.join(timeout=0.5 if signals.urgent.is_set() else settings.kill_wait_s)
     report.say(
         f"container stopped with code {result.get('code', -1)} after "
         f"{time.monotonic() - t0:.1f} s of grace"
@@ -480,6 +585,36 @@ def preempted_in_this_run(show_job: str) -> bool:
     return preempt >= start
 
 
+#: JobStates in which Slurm is ending the job (a requeue, scancel, the time limit, ...): a
+#: SIGTERM then starts KillWait, not a grace period. RUNNING (a preemption's GraceTime, the
+#: agent's step-only SIGTERM) and anything unknown keep the grace.
+ENDING_STATES = frozenset({
+    "COMPLETING", "CANCELLED", "TIMEOUT", "PENDING", "REQUEUED", "REQUEUE_FED",
+    "REQUEUE_HOLD", "FAILED", "NODE_FAIL", "PREEMPTED", "DEADLINE", "OUT_OF_MEMORY",
+    "COMPLETED", "BOOT_FAIL", "SPECIAL_EXIT",
+})
+
+
+def job_state(show_job: str) -> str:
+    """JobState from `scontrol show job` text ("" when absent)."""
+    for word in show_job.split():
+        if word.startswith("JobState="):
+            return word.split("=", 1)[1].split("+", 1)[0].upper()
+    return ""
+
+
+def job_is_ending(job_id: str, run: Callable[[Sequence[str]], tuple[int, str]]) -> bool:
+    """True when Slurm says the job is already being ended (see ENDING_STATES).
+
+    Unknown (no job id, scontrol failing) is False: the runner then keeps the grace, and a
+    second SIGTERM still stops it at once.
+    """
+    if not job_id:
+        return False
+    rc, out = run(["scontrol", "show", "job", job_id])
+    return rc == 0 and job_state(out) in ENDING_STATES
+
+
 def requeue_if_preempted(
     job_id: str, run: Callable[[Sequence[str]], tuple[int, str]]
 ) -> str:
@@ -500,12 +635,12 @@ def requeue_if_preempted(
     return f"preempted: requeued job {job_id} at once to hand the node back early"
 
 
-def _run_command(argv: Sequence[str]) -> tuple[int, str]:
+def _run_command(argv: Sequence[str], timeout_s: float = 30) -> tuple[int, str]:
     import subprocess
 
     try:
         p = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=30, check=False
+            list(argv), capture_output=True, text=True, timeout=timeout_s, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return 1, str(exc)
@@ -523,7 +658,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     src.add_argument("--cleanup", metavar="JOBID", help="remove JOBID's containers and exit")
     p.add_argument(
         "--grace-s", type=float, default=None,
-        help="SIGTERM -> stop delay (default: $SLURM_IDLE_GRACE_S, then the spec's grace_s)",
+        help=(
+            "seconds from SIGTERM to killing the container (default: the spec's grace_s; "
+            "generated batch scripts pass the spec's value). A second SIGTERM stops it at once"
+        ),
     )
     p.add_argument(
         "--gpu-mode", choices=["auto", "nvidia", "env", "off"],
@@ -568,8 +706,7 @@ def _main(argv: Sequence[str] | None, signals: Signals) -> int:
     except Exception as exc:  # noqa: BLE001 - docker.errors.DockerException and friends
         report.say(f"error: cannot reach the container engine: {exc}")
         return EXIT_START_FAILED
-    env_grace = os.environ.get("SLURM_IDLE_GRACE_S")
-    grace = args.grace_s if args.grace_s is not None else float(env_grace or spec.grace_s)
+    grace = args.grace_s if args.grace_s is not None else spec.grace_s
     settings = RunSettings(
         grace_s=grace, gpu_mode=args.gpu_mode,
         engine_sockets=engine_sockets(args.docker_host or os.environ.get("DOCKER_HOST")),
@@ -580,6 +717,8 @@ def _main(argv: Sequence[str] | None, signals: Signals) -> int:
     return run_container(
         client, spec, ctx, settings, signals, report, stream_client=stream_client,
         early_requeue=lambda: requeue_if_preempted(ctx.job_id, _run_command),
+        # Short: it runs inside the grace, maybe inside KillWait.
+        job_ending=lambda: job_is_ending(ctx.job_id, lambda argv: _run_command(argv, 2.0)),
     )
 
 

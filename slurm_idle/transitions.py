@@ -4,9 +4,17 @@
 (draining a drained node, stopping a stopped engine, resuming a resumed node are no-ops), and
 the phase is written into Slurm before the slow part of the next step starts, so a tick killed
 at any point leaves a node whose Reason says where to carry on. Waiting steps (in-flight
-requests, jobs leaving the node, engine health) poll until the tick's deadline; what is not
-done by then is left for the next tick, and a phase older than its timeout is reported as
-stuck and its step retried.
+requests, jobs leaving the node, engine health) poll until the tick's deadline, and so do
+engine starts and stops (each gets the tick's time left, at least MIN_ENGINE_CALL_S): what is
+not done by then stays in its phase with a journaled why (`CarryOver`) for the next tick, which
+re-issues the stop (LENDING) or re-checks health and re-issues the start (STARTING). A phase
+older than its timeout is reported as stuck and its step retried. So a tick, and the lock
+every later cron tick needs, outlives its budget by little more than MIN_ENGINE_CALL_S.
+
+A node's Comment is shared with the admin. Only ours (`slurm-idle:`-tagged) is ever cleared; an
+admin's text found on a node we lend is kept after our marker (`lent_comment`) and put back as
+it was on reclaim (`admin_comment`). Our marker stays first because `derive_phase` reads a lent
+node from a Comment that starts with our tag, so recovering the phase from Slurm is unchanged.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from slurm_idle.lifecycle import (
     derive_phase,
     format_lent_comment,
     format_reason,
+    is_ours,
     next_phase,
 )
 from slurm_idle.logs import get_logger
@@ -38,9 +47,40 @@ ACTIVE_JOB_STATES = frozenset(
 
 POLL_S = 1.0
 
+#: An engine start or stop gets at least this long even when the tick's deadline is nearer (or
+#: past), so a quick one (an emulator's, well under a second) still completes in the tick that
+#: asked; a tick overruns its budget by at most this much.
+MIN_ENGINE_CALL_S = 5.0
+
+#: Between our lent marker and an admin's own text in a node's Comment.
+COMMENT_SEP = " | "
+
 
 class Superseded(SlurmIdleError):
     """Someone else (an admin) took the node while we were waiting: leave it alone."""
+
+
+class CarryOver(SlurmIdleError):
+    """A step that cannot finish in this tick, and why. The node stays in its phase (written in
+    Slurm) for the next tick; journaled as `waiting`, or `stuck` past the phase's timeout."""
+
+
+def admin_comment(comment: str, tag: str) -> str:
+    """The admin's part of a node Comment: all of it when it is not ours, what follows our
+    marker when it is (nothing for a marker alone)."""
+    text = comment.strip()
+    if not is_ours(text, tag):
+        return text
+    _, sep, rest = text.partition(COMMENT_SEP)
+    return rest.strip() if sep else ""
+
+
+def lent_comment(tag: str, since: float, current: str) -> str:
+    """The Comment of a node we lend: our marker first (what `derive_phase` reads), then the
+    admin's text the node had, if any, so a lend never loses it."""
+    marker = format_lent_comment(tag, since)
+    kept = admin_comment(current, tag)
+    return f"{marker}{COMMENT_SEP}{kept}" if kept else marker
 
 
 class SharedPoll:
@@ -72,10 +112,11 @@ class StepResult:
     from_phase: Phase
     to_phase: Phase
     reason: str
-    outcome: str  # ok | waiting | error | stuck
+    outcome: str  # ok | waiting | error | stuck | skipped
     started: float
     duration_s: float
     error: str | None = None
+    detail: str | None = None  # why a step is still waiting (carried over to the next tick)
 
     def record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {
@@ -92,6 +133,8 @@ class StepResult:
         }
         if self.error:
             rec["error"] = self.error
+        if self.detail:
+            rec["detail"] = self.detail
         return rec
 
 
@@ -145,22 +188,25 @@ class NodeDriver:
         self, view: NodeView, to_phase: Phase, action: str, reason: str, deadline: float
     ) -> StepResult:
         started = self.clock()
-        outcome, error = "ok", None
+        outcome, error, detail = "ok", None, None
         try:
             check_transition(view.phase, to_phase)
             handler = self._handlers()[(view.phase, to_phase)]
             done = handler(view, deadline)
             if not done:
                 outcome = "waiting"
-                if self._overdue(view, started):
-                    outcome = "stuck"
-                    error = f"{view.phase.value} for longer than its timeout; will retry"
+        except CarryOver as exc:
+            outcome, detail = "waiting", str(exc)
         except Superseded as exc:
             outcome, error = "skipped", str(exc)
         except SlurmIdleError as exc:
             outcome, error = "error", str(exc)
         except Exception as exc:  # noqa: BLE001 - an effector bug must not crash the tick
             outcome, error = "error", f"{type(exc).__name__}: {exc}"
+        if outcome == "waiting" and self._overdue(view, started):
+            outcome = "stuck"
+            error = f"{view.phase.value} for longer than its timeout; will retry" + (
+                f"; {detail}" if detail else "")
         result = StepResult(
             node=view.name,
             model=view.model,
@@ -172,12 +218,13 @@ class NodeDriver:
             started=started,
             duration_s=self.clock() - started,
             error=error,
+            detail=detail,
         )
         level = log.info if outcome == "ok" else log.warning
         level(
             "%s %s -> %s: %s [%s%s]",
             view.name, view.phase.value, to_phase.value, reason, outcome,
-            f": {error}" if error else "",
+            f": {error or detail}" if error or detail else "",
         )
         return result
 
@@ -243,38 +290,79 @@ class NodeDriver:
         self._mark(view, Phase.LENDING)
         return True
 
+    def _call_engine(self, op: str, view: NodeView, deadline: float) -> None:
+        """Engine start/stop, given the tick's time left (at least MIN_ENGINE_CALL_S)."""
+        from slurm_idle.engine import call_engine
+
+        method = getattr(self._engine(view), op)
+        call_engine(method, self._replica(view), max(MIN_ENGINE_CALL_S, deadline - self.clock()))
+
     def _stop_engine_and_resume(self, view: NodeView, deadline: float) -> bool:
+        from slurm_idle.engine import EngineDeadline
+
         self._still_ours(view)
-        self._engine(view).stop(self._replica(view))
+        try:
+            self._call_engine("stop", view, deadline)
+        except EngineDeadline as exc:
+            raise CarryOver(f"{exc}; stays lending, carried over to the next tick, which "
+                            "re-issues the stop") from None
         # Stopping can take minutes: an admin who drained the node meanwhile keeps it (the
         # RESUME below would clear their drain and reason).
         self._still_ours(view, fresh=True)
         # Comment first: a tick killed between the two leaves a drained "lending" node, which
         # the next tick carries on; never an undrained node without our comment.
-        self.slurm.set_comment(view.name, format_lent_comment(self.tag, self.clock()))
+        self.slurm.set_comment(view.name, lent_comment(self.tag, self.clock(), view.node.comment))
         self.slurm.resume(view.name)
         return True
 
     def _start_engine(self, view: NodeView, deadline: float) -> bool:
         self._mark(view, Phase.STARTING)
-        if view.node.comment:  # a lend that failed after writing its comment
-            self.slurm.set_comment(view.name, "")
-        self._start(view)
+        self._restore_comment(view)  # a lend that failed after writing its comment
+        self._start(view, deadline)
         return True
 
-    def _start(self, view: NodeView) -> None:
-        self._engine(view).start(self._replica(view))
+    def _restore_comment(self, view: NodeView) -> None:
+        """Take our lent marker off the node's Comment, leaving the admin's text as it was; a
+        Comment that is not ours (or none) is not written at all."""
+        if is_ours(view.node.comment.strip(), self.tag):
+            self.slurm.set_comment(view.name, admin_comment(view.node.comment, self.tag))
+
+    def _start(self, view: NodeView, deadline: float) -> None:
+        """Start the engine once in this tick. A start still running at the deadline is not an
+        error: the node is STARTING in Slurm, and the next tick re-checks health and re-issues
+        the start (see `_wait_serving`)."""
+        from slurm_idle.engine import EngineDeadline
+
         self._started.add(view.name)
+        try:
+            self._call_engine("start", view, deadline)
+        except EngineDeadline as exc:
+            log.warning("%s: %s; stays starting, carried over to the next tick", view.name, exc)
 
     def _jobs_on(self, node: str) -> list[Any]:
         return [j for j in self._jobs_poll.get() if node in j.nodes and j.state in ACTIVE_JOB_STATES]
 
     def _drain_and_requeue(self, view: NodeView, deadline: float) -> bool:
         self._mark(view, Phase.RECLAIMING)
-        if view.node.comment:
-            self.slurm.set_comment(view.name, "")
+        self._restore_comment(view)
         self._requeue_lent_jobs(view.name)
         return True
+
+    def _still_on(self, node: str) -> str:
+        """Why a reclaimed node is not empty yet, naming the jobs. Jobs of another partition
+        are not ours to requeue: the admin has to see which ones hold the reclaim up."""
+        lend_partition = self.config.slurm.lend_partition
+        jobs = self._jobs_on(node)
+        foreign = [j for j in jobs if j.partition != lend_partition]
+        ours = [j for j in jobs if j.partition == lend_partition]
+        parts = []
+        if foreign:
+            names = ", ".join(f"job {j.job_id} (partition {j.partition})" for j in foreign)
+            parts.append(f"waiting for {names}, not ours to requeue")
+        if ours:
+            ids = ", ".join(str(j.job_id) for j in ours)
+            parts.append(f"requeued {lend_partition} job(s) {ids} still leaving the node")
+        return "; ".join(parts) or "waiting for the node to empty"
 
     def _requeue_lent_jobs(self, node: str, again: bool = False) -> None:
         """Requeue the lend partition's RUNNING jobs on `node` not requeued yet (all active
@@ -319,10 +407,10 @@ class NodeDriver:
                 self._requeue_lent_jobs(view.name, again=True)
                 requeued_again = True
             if now >= deadline:
-                return False
+                raise CarryOver(self._still_on(view.name))
             self.sleep(min(POLL_S, max(0.0, deadline - now)))
         self._mark(view, Phase.STARTING)
-        self._start(view)
+        self._start(view, deadline)
         return True
 
     def _wait_serving(self, view: NodeView, deadline: float) -> bool:
@@ -332,10 +420,11 @@ class NodeDriver:
         if view.name not in self._started and not engine.health(replica).serving:
             # Started by an earlier tick (or one killed between writing STARTING and starting
             # the engine): start() is idempotent, issue it again. Never twice in one tick.
-            self._start(view)
+            self._start(view, deadline)
         wait_s = max(0.0, deadline - self.clock())
         if not wait_until_serving(engine, replica, wait_s, self.clock, self.sleep, POLL_S):
-            return False
+            raise CarryOver("engine not serving yet at the tick's deadline; stays starting, carried "
+                            "over to the next tick, which re-checks health (and re-issues the start)")
         self._mark(view, Phase.SERVING)
         return True
 

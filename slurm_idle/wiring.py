@@ -10,17 +10,25 @@ from typing import Any
 
 from slurm_idle.agent import Agent, TickResult
 from slurm_idle.config import Config
+from slurm_idle.model import Phase
+
+#: Phases whose replica takes traffic (the planner's "taking traffic": serving and retiring).
+_TAKING_TRAFFIC = frozenset({Phase.SERVING, Phase.RETIRING})
 
 
-def make_metrics_source(config: Config) -> Any:
+def make_metrics_source(config: Config, read_only: bool = False) -> Any:
     """Prometheus (one vector query per signal per tick) or direct /metrics scrapes."""
     from slurm_idle import metrics
 
-    return metrics.make_source(config)
+    return metrics.make_source(config, read_only=read_only)
 
 
-def build_agent(config: Config, with_textfile: bool = True) -> Agent:
-    """An Agent on the real Slurm backend, engines, metrics and planner named in `config`."""
+def build_agent(config: Config, with_textfile: bool = True, read_only: bool = False) -> Agent:
+    """An Agent on the real Slurm backend, engines, metrics and planner named in `config`.
+
+    `read_only`: for commands that only look (`status`, `tick --dry-run`): the metrics source
+    writes no state (the scrape state file belongs to ticks, which hold the lock).
+    """
     from slurm_idle import policy
     from slurm_idle.engine import make_engine
     from slurm_idle.slurm import make_backend
@@ -35,7 +43,7 @@ def build_agent(config: Config, with_textfile: bool = True) -> Agent:
     return Agent(
         config=config,
         slurm=make_backend(config),
-        metrics=make_metrics_source(config),
+        metrics=make_metrics_source(config, read_only=read_only),
         engine_for=engine_for,
         planner=policy.plan,
         assessor=policy.assess,
@@ -53,7 +61,7 @@ def _textfile_writer(config: Config) -> Any:
             config.paths.textfile,
             phases=phase_counts(result) if result.observation is not None else None,
             needed={p.model: p.needed_replicas for p in result.plans},
-            serving={p.model: p.serving_replicas for p in result.plans},
+            serving=serving_after(result),
             tick_duration_s=result.duration_s,
             tick_ts=result.started,
             transitions=[
@@ -64,3 +72,23 @@ def _textfile_writer(config: Config) -> Any:
         )
 
     return write
+
+
+def serving_after(result: TickResult) -> dict[str, int]:
+    """Replicas taking traffic per model after the tick's steps, as `slurm_idle_nodes` counts
+    phases: the plans' own count predates the actions, so a reclaim that finished this tick
+    (or a lend that began) would show one tick late. A replica whose engine reported sleeping
+    at the observation and that no step moved is not counted (the planner's rule; a step into
+    serving has just started or woken it). Models of the plans with no serving node read 0.
+    Without an observation, the plans' counts are all there is.
+    """
+    if result.observation is None:
+        return {p.model: p.serving_replicas for p in result.plans}
+    final = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}
+    counts = {p.model: 0 for p in result.plans}
+    for view in result.observation.nodes:
+        moved = view.name in final
+        asleep = not moved and view.replica is not None and view.replica.sleeping
+        if final.get(view.name, view.phase) in _TAKING_TRAFFIC and not asleep:
+            counts[view.model] = counts.get(view.model, 0) + 1
+    return counts

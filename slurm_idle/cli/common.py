@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -43,11 +44,30 @@ def not_built(feature: str) -> NoReturn:
     raise NotBuiltYet(f"`{feature}` is not built yet in this version of slurm-idle")
 
 
+def log_fatal(message: str) -> None:
+    """Send a fatal error's line to the log handlers that are not the stderr one (syslog).
+
+    Under cron stderr is discarded and `--syslog` is the only trace left, so a bad config, an
+    unusable lock or journal must reach syslog too; stderr already got the line from click.
+    """
+    from slurm_idle.logs import LOGGER_NAME
+
+    logger = logging.getLogger(LOGGER_NAME)
+    if not logger.isEnabledFor(logging.ERROR):
+        return
+    record = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, "%s", (message,), None)
+    for handler in logger.handlers:
+        if type(handler) is logging.StreamHandler:  # the stderr handler (setup_logging)
+            continue
+        if record.levelno >= handler.level:
+            handler.handle(record)
+
+
 def run_guarded(command: click.Command, argv: list[str] | None = None) -> NoReturn:
     """Run the click app; SlurmIdleError becomes one line on stderr and its exit code.
 
     Anything else (a bug, an OSError nobody turned into a SlurmIdleError) is one line and
-    exit 1 too; `-v` shows its traceback.
+    exit 1 too; `-v` shows its traceback. Both lines also go to syslog under `--syslog`.
     """
     try:
         # Without standalone mode click *returns* the code of `ctx.exit(n)` / `Exit(n)`.
@@ -56,6 +76,7 @@ def run_guarded(command: click.Command, argv: list[str] | None = None) -> NoRetu
             sys.exit(rc)
     except SlurmIdleError as exc:
         click.echo(f"slurm-idle: error: {exc}", err=True)
+        log_fatal(f"error: {exc}")
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("slurm-idle: aborted", err=True)
@@ -70,7 +91,6 @@ def run_guarded(command: click.Command, argv: list[str] | None = None) -> NoRetu
     except BrokenPipeError:
         sys.exit(0)
     except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
-        import logging
         import traceback
 
         from slurm_idle.logs import LOGGER_NAME
@@ -81,5 +101,6 @@ def run_guarded(command: click.Command, argv: list[str] | None = None) -> NoRetu
         else:
             hint = " (run with -v for the traceback)"
         click.echo(f"slurm-idle: error: {type(exc).__name__}: {exc}{hint}", err=True)
+        log_fatal(f"error: {type(exc).__name__}: {exc}")
         sys.exit(1)
     sys.exit(0)

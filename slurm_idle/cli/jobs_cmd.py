@@ -18,8 +18,10 @@ import click
 from slurm_idle.cli import main
 from slurm_idle.cli.common import Context, echo_json, pass_ctx
 from slurm_idle.config import Config
+from slurm_idle.errors import ConfigError
 from slurm_idle.jobs import (
     SubmitOptions,
+    check_grace,
     load_job_spec,
     parse_job_comment,
     render_script,
@@ -58,6 +60,23 @@ def _options(cfg: Config | None) -> SubmitOptions:
     return SubmitOptions(partition=cfg.slurm.lend_partition, tag=cfg.slurm.tag)
 
 
+def _warn_grace(cfg: Config | None, specs: list[Any]) -> None:
+    """Warn (not refuse) when a job's grace_s outlasts the site's reclaim wait.
+
+    The runner still stops and removes its container when the reclaim's second SIGTERM comes,
+    so the job is safe; only its checkpoint may be cut short. Refusing would reject the job
+    spec defaults on a site with a short requeue_grace_s.
+    """
+    if cfg is None:
+        return
+    site = SubmitOptions(requeue_grace_s=cfg.slurm.requeue_grace_s)
+    for spec in specs:
+        try:
+            check_grace(spec, site)
+        except ConfigError as e:
+            click.echo(f"slurm-idle: warning: {e}", err=True)
+
+
 def _slurm(cfg: Config | None) -> Any:
     """The Slurm adapter the config selects; the CLI backend when there is no config."""
     from slurm_idle.slurm import CliBackend, make_backend
@@ -75,6 +94,7 @@ def submit(ctx: Context, file: str, dry_run: bool, as_json: bool) -> None:
     spec = load_job_spec(file)
     cfg = _config(ctx)
     opts = _options(cfg)
+    _warn_grace(cfg, [spec])
     script = render_script(spec, opts)
     if dry_run:
         if as_json:
@@ -176,6 +196,7 @@ def pipeline_run(ctx: Context, file: str, dry_run: bool, as_json: bool) -> None:
     pipe = load_pipeline(file)
     cfg = _config(ctx)
     opts = _options(cfg)
+    _warn_grace(cfg, [st.spec for st in pipe.steps])
     if dry_run:
         plan = pipeline_dry_run(pipe, opts)
         if as_json:

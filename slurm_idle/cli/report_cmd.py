@@ -17,7 +17,8 @@ WEEK_S = 7 * 24 * 3600.0
 @click.option("--since", metavar="DATE", help="Start of the period (default: 7 days ago).")
 @click.option("--until", metavar="DATE", help="End of the period (default: now).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--plot", metavar="FILE.png", help="Draw lent and used GPUs per hour.")
+@click.option("--plot", metavar="FILE.png",
+              help="Draw lent and used GPUs per hour (.png, .svg or .pdf; needs matplotlib).")
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the per-day table as CSV.")
 @pass_ctx
 def report(
@@ -32,11 +33,23 @@ def report(
 
     Reads `sacct` (jobs of the lend partition, allocated gres/gpu, every run of a requeued job)
     and the agent's journal. DATE is YYYY-MM-DD or an ISO datetime, in policy.timezone unless
-    it carries an offset. Work lost to a preemption is the preempted run's tail up to
-    report.checkpoint_interval_s, or the whole run when that is unset (an upper bound).
+    it carries an offset. A requeued run is a preemption when the journal shows the agent
+    reclaiming its node, or when it ended more than 3 min (120 s USR1 warning + 60 s) before its
+    time limit; otherwise the job requeued itself at its limit. Work lost to a preemption is the
+    preempted run's tail up to report.checkpoint_interval_s, or the whole run when that is unset
+    (an upper bound). Lends, reclaims, reclaim latency and lent GPU-hours come from the journal
+    (paths.journal): run the report where the tick runs.
     """
     from slurm_idle.report import render_text
-    from slurm_idle.report_io import fetch_runs, make_report, parse_date, write_csv, write_plot
+    from slurm_idle.report_io import (
+        check_output_path,
+        check_plot_ready,
+        fetch_runs,
+        make_report,
+        parse_date,
+        write_csv,
+        write_plot,
+    )
 
     config = ctx.config()
     tz = config.policy.timezone
@@ -45,8 +58,16 @@ def report(
     end = parse_date(until, tz) if until else now
     if end <= start:
         raise ConfigError("the report period is empty: --until must be after --since")
+    if csv_path:
+        check_output_path(csv_path, "--csv")
+    if plot:
+        check_plot_ready(plot)  # before the CSV is written: all outputs or none
     runs = fetch_runs(config, start, end)
     result = make_report(config, start, end, now, runs)
+    if result.journal is None:
+        click.echo(f"slurm-idle: warning: no journal at {config.paths.journal} (paths.journal): "
+                   "lends, reclaims, reclaim latency and lent GPU-hours are not counted; run "
+                   "`report` on the host that runs `tick`", err=True)
     if csv_path:
         write_csv(result, csv_path)
     if plot:

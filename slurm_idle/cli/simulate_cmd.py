@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from slurm_idle.cli import main
@@ -14,9 +16,12 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
 @main.command()
 @click.argument("trace", required=False, type=click.Path(dir_okay=False))
 @click.option("--fleet", "fleets", multiple=True, metavar="MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S",
-              help="A simulated model (repeatable). Default: the pool in --config.")
+              help="A simulated model (repeatable). Default: the pool of the config in effect.")
 @click.option("--config", "config_path", default=None, metavar="PATH",
-              help="Take the pool and the policy knobs from this slurm-idle config.")
+              help="Take the pool and the policy knobs from this slurm-idle config (like the "
+              "global --config). Without either, $SLURM_IDLE_CONFIG or "
+              "/etc/slurm-idle/slurm-idle.yaml is used if that file exists; with no config at "
+              "all, --fleet (or --synthetic's default fleet) and default knobs are simulated.")
 @click.option("--policy", type=click.Choice(["slurm-idle", "reactive", "night-window", "oracle"]),
               default="slurm-idle", show_default=True)
 @click.option("--start-s", type=float, default=300.0, show_default=True, help="Replica cold start.")
@@ -52,16 +57,22 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
 
     TRACE is a CSV `timestamp,model,rps,prompt_tokens,output_tokens` (one row per minute and
     model) or an Azure LLM inference trace (`TIMESTAMP,ContextTokens,GeneratedTokens`).
+    The config (--config, else $SLURM_IDLE_CONFIG or /etc/slurm-idle/slurm-idle.yaml when that
+    file exists) gives the pool unless --fleet is given, and the policy knobs; none is needed.
     """
-    from slurm_idle.config import load_config
+    from slurm_idle.config import load_config, resolve_config_path
     from slurm_idle.sim import SimParams, fleet_from_config, parse_fleet
     from slurm_idle.sim import simulate as run
     from slurm_idle.sim.output import plot_run, write_timeline
     from slurm_idle.traces import SyntheticModel, read_trace, synthetic_trace
 
     config = None
-    if config_path or (not fleets and ctx.config_path):
-        config = load_config(config_path or ctx.resolved_config_path)
+    explicit = config_path or ctx.config_path
+    implicit = resolve_config_path(None)  # $SLURM_IDLE_CONFIG, then the system path
+    if explicit:
+        config = load_config(explicit)  # asked for: a missing file is an error
+    elif os.path.isfile(implicit):
+        config = load_config(implicit)  # installed: the pool and knobs of this site
     fleet = [parse_fleet(spec) for spec in fleets]
     if not fleet and config is not None:
         fleet = fleet_from_config(config)
@@ -79,7 +90,8 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
         load = synthetic_trace(days=days, models=models, seed=seed)
     elif trace:
         if not fleet:
-            raise ConfigError("no fleet: give --fleet MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S or --config")
+            raise ConfigError("no fleet: give --fleet MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S or "
+                              f"--config (no config file at {implicit})")
         name = azure_model or (fleet[0].name if len(fleet) == 1 else "azure")
         load = read_trace(trace, azure_model=name)
     else:

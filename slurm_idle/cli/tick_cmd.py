@@ -22,10 +22,10 @@ from slurm_idle.model import ActionKind, NodeView, Observation, Phase
 from slurm_idle.status import model_rows, node_rows, render_status
 
 
-def _agent(ctx: Context) -> Any:
+def _agent(ctx: Context, read_only: bool = False) -> Any:
     from slurm_idle.wiring import build_agent
 
-    return build_agent(ctx.config())
+    return build_agent(ctx.config(), read_only=read_only)
 
 
 @main.command()
@@ -39,7 +39,7 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
     Transitions that need longer than the tick budget (engine cold start, jobs leaving a node)
     are left in their phase, written in Slurm, and carried on by the next tick.
     """
-    agent = _agent(ctx)
+    agent = _agent(ctx, read_only=dry_run)
     result = agent.tick(dry_run=dry_run)
     if as_json:
         echo_json(result.as_json() | {"dry_run": dry_run})
@@ -71,7 +71,7 @@ def status(ctx: Context, as_json: bool) -> None:
     Phases: serving, retiring, lending, lent, reclaiming, starting, admin (drained by someone
     else: never touched), unknown (not managed yet, or down).
     """
-    agent = _agent(ctx)
+    agent = _agent(ctx, read_only=True)
     obs = agent.observe()
     plans = agent.assessor(obs, agent.config, obs.now)
     nodes, models = node_rows(obs), model_rows(obs, plans)
@@ -83,7 +83,8 @@ def status(ctx: Context, as_json: bool) -> None:
 
 @main.command()
 @click.argument("node", required=False)
-@click.option("-n", "--last", default=10, show_default=True, help="How many transitions to show.")
+@click.option("-n", "--last", default=10, show_default=True, type=click.IntRange(min=1),
+              help="How many transitions to show (at least 1).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
@@ -158,7 +159,7 @@ def _count_transitions(config: Any, steps: list[Any]) -> None:
 def _force(ctx: Context, node: str, kind: ActionKind, dry_run: bool, as_json: bool) -> None:
     from slurm_idle.transitions import action_for_admin
 
-    agent = _agent(ctx)
+    agent = _agent(ctx, read_only=dry_run)
 
     def run() -> None:
         obs = agent.observe()
@@ -208,7 +209,7 @@ def reclaim(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
 
 
 def _set_pin(ctx: Context, node: str, pinned: bool, dry_run: bool) -> None:
-    agent = _agent(ctx)
+    agent = _agent(ctx, read_only=dry_run)
     tag = agent.config.slurm.tag
 
     def run() -> None:

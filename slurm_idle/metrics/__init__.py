@@ -31,12 +31,13 @@ class MetricsSource(Protocol):
         ...
 
 
-def make_source(config: Config) -> MetricsSource:
-    """The metrics source the config asks for (metrics.source)."""
+def make_source(config: Config, read_only: bool = False) -> MetricsSource:
+    """The metrics source the config asks for (metrics.source). `read_only`: for commands that
+    only look (status, tick --dry-run): the scrape source then keeps its state file as it is."""
     if config.metrics.source == "scrape":
         from slurm_idle.metrics.scrape import ScrapeSource
 
-        return ScrapeSource(config)
+        return ScrapeSource(config, read_only=read_only)
     from slurm_idle.metrics.prometheus import PrometheusSource
 
     return PrometheusSource(config)

@@ -3,7 +3,9 @@
 Each signal is ONE instant query for the whole fleet (`sum by (instance) (...)`), never one per
 node, so a tick costs the same number of round trips for 4 or 10,000 replicas (`queries` counts
 them; the tick benchmark reads it). Series are mapped back to replicas by their scrape target
-(`instance` = host:port of the replica URL, or a configured label holding the node name).
+(`instance` = host:port of the replica URL, or a configured label holding the node name) and
+their `model_name`, which must be the replica's model as configured (vLLM's served model name):
+another vLLM on the same node, on another port or serving another model, is not the replica.
 Rates, counter resets and histogram percentiles are Prometheus' own (`rate`,
 `histogram_quantile`); hysteresis and forecast use range subqueries so the agent keeps no state.
 A window's extremes count only when Prometheus holds (nearly) the whole window: each such
@@ -20,8 +22,8 @@ import math
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 from time import monotonic
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import requests
@@ -32,6 +34,7 @@ from slurm_idle.errors import MetricsUnavailable
 from slurm_idle.logs import get_logger
 from slurm_idle.metrics import demand_tokens_per_s, names
 from slurm_idle.metrics.forecast import Peak, forecast_leads, forecasts
+from slurm_idle.metrics.history import WINDOW_COVERAGE
 from slurm_idle.model import ModelLoad, ReplicaLoad
 
 log = get_logger(__name__)
@@ -87,9 +90,10 @@ class Queries:
             f"(rate({hist}_bucket{self._sel()}[{self.rate_window_s}s])))"
         )
 
-    # Per replica (grouped by the scrape target).
+    # Per replica (grouped by the scrape target and the served model: a series of another
+    # model on the same target is not this replica's load, see PrometheusSource._by_node).
     def replica(self) -> dict[str, str]:
-        i = self.instance_label
+        i = f"{self.instance_label}, {names.MODEL_LABEL}"
         awake = f'{names.SLEEP_STATE_LABEL}="{names.SLEEP_AWAKE}"'
         return {
             "running": f"sum by ({i}, {names.ENGINE_LABEL}) ({names.RUNNING}{self._sel()})",
@@ -194,11 +198,6 @@ def _kind(expr: str, kind: str) -> str:
     return f'label_replace({expr}, "kind", "{kind}", "", "")'
 
 
-#: A window counts as covered when its subquery has data at this share of its steps (a scrape
-#: missed here and there is fine; 2 minutes of history for a 15-minute window is not).
-WINDOW_COVERAGE = 0.9
-
-
 def subquery_step(range_s: int, rate_window_s: int) -> int:
     """Resolution of a range subquery: ~10-30 points, never finer than half the rate window."""
     return max(1, min(max(rate_window_s // 2, 1), max(range_s // 10, 1)))
@@ -224,25 +223,41 @@ def queries_for(config: Config) -> Queries:
 _SIMPLE_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([A-Za-z0-9._-]+)(?::([0-9]{1,5}))?(?:[/?#]|$)")
 
 
-def _host_port(url: str) -> tuple[str, int]:
-    """(lower-case host, port or the scheme's default), exactly as urlsplit reads them."""
+def _host_port(url: str) -> tuple[str, int, bool]:
+    """(lower-case host, port or the scheme's default, whether the URL names its port), exactly
+    as urlsplit reads them."""
     simple = _SIMPLE_URL.match(url)
     if simple is not None:
         scheme, host, port_text = simple.groups()
         port = int(port_text) if port_text else 0
         if port <= 65535:
-            return host.lower(), port or (443 if scheme.lower() == "https" else 80)
+            return host.lower(), port or (443 if scheme.lower() == "https" else 80), bool(port_text)
     parts = urlsplit(url)
-    return (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+    named = parts.port
+    default = 443 if parts.scheme == "https" else 80
+    return (parts.hostname or "").lower(), named or default, named is not None
 
 
 def target_keys(replica: ReplicaConfig) -> list[str]:
-    """The label values that identify a replica's series: host:port of its URL, then its node."""
-    host, port = _host_port(replica.url)
+    """The label values that identify a replica's series: host:port of its URL, its node name
+    (an `instance` relabelled to it), the short host:port; and, only for a URL without a port
+    (a proxy on the scheme's port, say), `host:*`: its host on any port.
+
+    A URL with an explicit port matches no other port: gpu01:8001 may be another vLLM on the
+    same node (another model, someone's test), whose load is not this replica's. Sites whose
+    Prometheus scrapes the replica on another port than its URL's relabel `instance` to the node
+    name (or set metrics.instance_label to a label holding it).
+    """
+    host, port, explicit = _host_port(replica.url)
     keys = [f"{host}:{port}", replica.node.lower()]
     short = host.split(".")[0]
-    if short != host and not host.replace(".", "").isdigit():
+    named = short != host and not host.replace(".", "").isdigit()
+    if named:
         keys.append(f"{short}:{port}")
+    if not explicit:
+        keys.append(f"{host}:*")
+        if named:
+            keys.append(f"{short}:*")
     return keys
 
 
@@ -250,7 +265,7 @@ def target_index(replicas: Sequence[tuple[str, ReplicaConfig]]) -> dict[str, str
     """label value -> node name; earlier (more exact) keys win over later ones."""
     index: dict[str, str] = {}
     all_keys = [(target_keys(replica), replica.node) for _, replica in replicas]
-    for rank in range(3):
+    for rank in range(max((len(keys) for keys, _ in all_keys), default=0)):
         for keys, node in all_keys:
             if rank < len(keys):
                 index.setdefault(keys[rank], node)
@@ -258,13 +273,14 @@ def target_index(replicas: Sequence[tuple[str, ReplicaConfig]]) -> dict[str, str
 
 
 def match_target(index: Mapping[str, str], value: str) -> str | None:
+    """The node whose replica a label value names (target_keys), or None."""
     v = value.lower()
     if v in index:
         return index[v]
     host, _, port = v.rpartition(":")
     if host and port.isdigit():
-        short = f"{host.split('.')[0]}:{port}"
-        return index.get(short) or index.get(host) or index.get(host.split(".")[0])
+        short = host.split(".")[0]
+        return index.get(f"{short}:{port}") or index.get(f"{host}:*") or index.get(f"{short}:*")
     return None
 
 
@@ -316,7 +332,8 @@ class PrometheusSource:
         self.q = queries_for(config)
         self.queries = 0
         self.last_engines: dict[str, tuple[str, ...]] = {}  # node -> engine labels seen (for the CLI)
-        self._index: tuple[list[tuple[str, ReplicaConfig]], dict[str, str]] | None = None
+        # the replica list, its target_index, and node -> configured model name
+        self._index: tuple[list[tuple[str, ReplicaConfig]], dict[str, str], dict[str, str]] | None = None
 
     # One round trip, with every failure turned into one MetricsUnavailable line.
     def query(self, promql: str, time: float | None = None) -> _Vector:
@@ -355,15 +372,18 @@ class PrometheusSource:
                 f"unexpected answer from Prometheus at {self.url} to `{promql[:120]}`: {exc}"
             ) from None
 
-    def _target_index(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> dict[str, str]:
-        """target_index, kept while the replica list stays the same (every tick of a daemon)."""
+    def _target_index(
+        self, replicas: Sequence[tuple[str, ReplicaConfig]]
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """(target_index, node -> model), kept while the replica list stays the same (every
+        tick of a daemon)."""
         current = list(replicas)
         if self._index is None or self._index[0] != current:
-            self._index = (current, target_index(current))
-        return self._index[1]
+            self._index = (current, target_index(current), {r.node: m for m, r in current})
+        return self._index[1], self._index[2]
 
     def replica_loads(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> list[ReplicaLoad]:
-        index = self._target_index(replicas)
+        index, model_of = self._target_index(replicas)
         # label value -> node, memoised across the queries; the index's own (lower-case) keys
         # are what match_target returns for them, so they seed it.
         matched: dict[str, str | None] = dict(index)
@@ -372,7 +392,7 @@ class PrometheusSource:
         for signal, promql in self.q.replica().items():
             vec = self.query(promql)
             try:
-                signals[signal] = self._by_node(vec.result, index, matched, signal, engines)
+                signals[signal] = self._by_node(vec.result, index, matched, model_of, signal, engines)
             except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
                 raise MetricsUnavailable(
                     f"unexpected answer from Prometheus at {self.url} to `{promql[:100]}`: {exc!r}"
@@ -389,15 +409,22 @@ class PrometheusSource:
         result: list[dict[str, Any]],
         index: Mapping[str, str],
         matched: dict[str, str | None],
+        model_of: Mapping[str, str],
         signal: str,
         engines: dict[str, str | set[str]],
     ) -> dict[str, float]:
         """node -> value of one signal; several series on one node are summed or the worst kept.
 
+        A series whose `model_name` is not the replica's configured model name is another
+        server's (a second vLLM on the node) and skipped. The config's model name must be the
+        served model name anyway (`model_loads` reads the fleet's demand by it); a series
+        without the label (relabelled away) is taken on its target alone.
+
         The hot loop of a tick (one pass per signal over every replica's series), hence written
         with subscripts and `in` rather than helper calls.
         """
         label = self.config.metrics.instance_label
+        model_label = names.MODEL_LABEL
         summed = signal in _SUMMED
         running = signal == "running"
         engine_label = names.ENGINE_LABEL
@@ -410,6 +437,9 @@ class PrometheusSource:
                 target = labels.get(label, "")
                 node = matched[target] = match_target(index, target)
             if node is None:
+                continue
+            served = labels.get(model_label)
+            if served is not None and served != model_of[node]:
                 continue
             value = float(item["value"][1])
             if running:

@@ -8,6 +8,11 @@ the kept scrape is older than `metrics.staleness_s`, each replica is scraped twi
 `metrics.scrape_interval_s` apart within the tick: rates are then noisy and the window fields
 and the queue's recent minimum stay None (no history), which the planner reads as "do not lend
 on this" and "no sustained queue" (token demand, KV cache and latency still scale up).
+The history's rules (metrics/history.py): a window counts only when the kept readings cover
+it, as the Prometheus source's `count_over_time` check does, and a tick whose model reading is
+unknown (no replica answered, or one that was busy went dark) is kept as a hole, not skipped.
+Writers of the state file hold the agent's lock (ticks, admin commands); `read_only` sources
+(`status`, `tick --dry-run`) read it and never write it.
 The forecast uses the same history: the demand's trend over the scale-down window,
 extrapolated over the lead (`metrics.forecast`, as the simulator does). The day-old and
 week-old peaks that Prometheus provides are not kept here: that would make the state file a
@@ -17,15 +22,16 @@ forecast use the Prometheus source. The HTTP client, clock and sleep are injecte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -33,7 +39,9 @@ from urllib.parse import urlsplit, urlunsplit
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable
 from slurm_idle.metrics import demand_tokens_per_s
-from slurm_idle.metrics.forecast import forecast_leads, forecasts, slope_per_s
+from slurm_idle.metrics import history as kept
+from slurm_idle.metrics.forecast import forecast_leads, forecasts
+from slurm_idle.metrics.history import Reading
 from slurm_idle.metrics.parse import (
     EngineReading,
     EngineSnapshot,
@@ -146,7 +154,7 @@ class ScrapeState:
     """The previous scrape of each URL and a short per-model history of demand and queue."""
 
     scrapes: dict[str, tuple[float, list[EngineSnapshot]]]
-    history: list[tuple[float, str, float, float]]  # (t, model, demand tokens/s, waiting)
+    history: list[Reading]  # (t, model, demand tokens/s, waiting); None: unknown (history.py)
 
     @classmethod
     def load(cls, path: Path | None) -> ScrapeState:
@@ -160,7 +168,10 @@ class ScrapeState:
                 url: (float(v["t"]), [_snap_from_json(e) for e in v["engines"]])
                 for url, v in doc["scrapes"].items()
             }
-            history = [(float(t), str(m), float(d), float(w)) for t, m, d, w in doc["history"]]
+            history: list[Reading] = [
+                (float(t), str(m), None if d is None else float(d), None if w is None else float(w))
+                for t, m, d, w in doc["history"]
+            ]
             return cls(scrapes, history)
         except (OSError, ValueError, KeyError, TypeError):
             return cls({}, [])  # a lost or corrupt state only costs one double scrape
@@ -177,9 +188,18 @@ class ScrapeState:
             "history": [list(h) for h in self.history],
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        # A temp name of its own (not a shared `.tmp`): two writers never rename each other's
+        # file away, and a reader sees the old state or the new one, never half a file.
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, 0o644)  # as before mkstemp's 0600: `status` as another user reads it
+            with os.fdopen(fd, "w") as out:
+                out.write(json.dumps(doc))
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
 
 # --- the source ---------------------------------------------------------------------------------
@@ -196,8 +216,12 @@ class ScrapeSource:
         sleep: Callable[[float], None] = time.sleep,
         state_path: str | os.PathLike[str] | None = None,
         max_workers: int = 16,
+        read_only: bool = False,
     ) -> None:
+        """`read_only`: use the state file but never write it (`status`, `tick --dry-run`: they
+        run without the agent's lock and must not move the next tick's rates or history)."""
         self.config = config
+        self.read_only = read_only
         self.http = http
         self.clock = clock
         self.sleep = sleep
@@ -207,6 +231,7 @@ class ScrapeSource:
         self.requests = 0
         self.errors: dict[str, str] = {}  # url -> why it was unknown at the last tick
         self._last: dict[str, tuple[str, ServerReading | None]] = {}  # node -> (model, reading)
+        self._dark: set[str] = set()  # nodes busy at their last answer that did not answer now
 
     def _fetch_all(self, urls: Sequence[str]) -> dict[str, list[EngineSnapshot] | MetricsUnavailable]:
         timeout = self.config.metrics.scrape_timeout_s
@@ -228,6 +253,12 @@ class ScrapeSource:
         urls = sorted({r.url for _, r in replicas})
         t1 = self.clock()
         first = self._fetch_all(urls)
+        # each URL's last answer before this tick's final one: the kept scrape, or this tick's
+        # first round when it is scraped twice (see _went_dark)
+        last_answer = dict(state.scrapes)
+        for url, got in first.items():
+            if not isinstance(got, MetricsUnavailable):
+                last_answer[url] = (t1, got)
         readings: dict[str, list[EngineReading] | MetricsUnavailable] = {}
         again = []
         for url in urls:
@@ -255,14 +286,20 @@ class ScrapeSource:
             r = readings[url]
             if not isinstance(r, MetricsUnavailable):
                 state.scrapes[url] = (t_now if url in again else t1, [e.snapshot for e in r])
-        state.save(self.state_path)
+        if not self.read_only:
+            state.save(self.state_path)
 
         self.errors = {u: str(r) for u, r in readings.items() if isinstance(r, MetricsUnavailable)}
         loads = []
+        self._dark = set()
         for model, replica in replicas:
             r = readings[replica.url]
             server = None if isinstance(r, MetricsUnavailable) else sum_engines(r)
             self._last[replica.node] = (model, server)
+            if (server is None or not server.complete) and _went_dark(
+                last_answer.get(replica.url), t1, self.config.metrics.staleness_s
+            ):
+                self._dark.add(replica.node)
             loads.append(_replica_load(model, replica, server))
         return loads
 
@@ -274,11 +311,19 @@ class ScrapeSource:
         state = ScrapeState.load(self.state_path) if self.state_path else None
         leads = forecast_leads(self.config, models)
         out = []
+        staleness = self.config.metrics.staleness_s
         for m in models:
             servers = [s for r in m.replicas if (s := self._last[r.node][1]) is not None and s.complete]
             if not servers:
                 out.append(ModelLoad(model=m.name, known=False))
+                if state is not None:
+                    state.history.append((now, m.name, None, None))  # an outage stays a hole
                 continue
+            # Demand and queue are the sums of the replicas that answered, as Prometheus' `sum by
+            # (model_name)`; the planner lends nothing while a serving replica is unknown. A
+            # replica that was busy and went dark makes the sum too low: this tick's reading is
+            # then unknown in the history and the window is not read from it.
+            dark = any(r.node in self._dark for r in m.replicas)
             gen = sum(s.generation_tokens_per_s or 0.0 for s in servers)
             prompt = sum(s.prompt_tokens_per_s or 0.0 for s in servers)
             waiting = sum(s.waiting for s in servers)
@@ -288,15 +333,16 @@ class ScrapeSource:
             forecast: tuple[float | None, float | None] = (None, None)
             recent = waiting if policy.queue_sustain_s == 0 else None
             if state is not None:
-                state.history.append((now, m.name, demand, waiting))
-                window = _window(state.history, m.name, now, policy.scale_down_window_s,
-                                 self.config.metrics.staleness_s)
+                history = state.history
+                history.append((now, m.name, None, None) if dark else (now, m.name, demand, waiting))
+                window_s = policy.scale_down_window_s
+                if not dark:
+                    window = kept.window(history, m.name, now, window_s, staleness)
                 if policy.queue_sustain_s > 0:
-                    recent = _recent_min(state.history, m.name, now, policy.queue_sustain_s,
-                                         self.config.metrics.staleness_s)
+                    recent = kept.recent_min(history, m.name, now, policy.queue_sustain_s, staleness)
                 if policy.forecast:
                     # Only the trend: the state keeps no day-old history (see the module doc).
-                    trend = _trend(state.history, m.name, now, policy.scale_down_window_s)
+                    trend = kept.trend(history, m.name, now, window_s)
                     forecast = forecasts(demand, (), trend, leads[m.name], policy.scale_down_window_s)
             out.append(
                 ModelLoad(
@@ -320,51 +366,21 @@ class ScrapeSource:
             kept_s = max(policy.scale_down_window_s, policy.queue_sustain_s)
             horizon = now - kept_s - 2 * self.config.metrics.staleness_s
             state.history = [h for h in state.history if h[0] >= horizon]
-            state.save(self.state_path)
+            if not self.read_only:
+                state.save(self.state_path)
         self._last = {}  # the next tick scrapes afresh
+        self._dark = set()
         return out
 
 
-def _window(
-    history: Sequence[tuple[float, str, float, float]], model: str, now: float, window_s: float, slack_s: float
-) -> tuple[float | None, float | None, float | None]:
-    """(max demand, max waiting, min waiting) over the window, or Nones if history is too short."""
-    points = [(t, d, w) for t, m, d, w in history if m == model and now - window_s - slack_s <= t <= now]
-    if not points or min(t for t, _, _ in points) > now - window_s + slack_s:
-        return (None, None, None)
-    inside = [(d, w) for t, d, w in points if t >= now - window_s] or [(points[-1][1], points[-1][2])]
-    return (max(d for d, _ in inside), max(w for _, w in inside), min(w for _, w in inside))
-
-
-def _recent_min(
-    history: Sequence[tuple[float, str, float, float]],
-    model: str,
-    now: float,
-    span_s: float,
-    max_gap_s: float,
-) -> float | None:
-    """Min of the model's queue over [now - span_s, now]: the readings inside and the last one at
-    or before the span's start (the queue it began with). None without such a reading or when
-    two consecutive readings are more than max_gap_s apart (ticks missed: nothing known between)."""
-    points = sorted((t, w) for t, m, _, w in history if m == model and t <= now)
-    start = now - span_s
-    before = [p for p in points if p[0] <= start]
-    if not before:
-        return None
-    span = [before[-1], *(p for p in points if p[0] > start)]
-    if any(b[0] - a[0] > max_gap_s for a, b in pairwise(span)):
-        return None
-    return min(w for _, w in span)
-
-
-def _trend(
-    history: Sequence[tuple[float, str, float, float]], model: str, now: float, window_s: float
-) -> float | None:
-    """Least-squares slope of the demand over the scale-down window, per second (as PromQL
-    `deriv(...[window])`: points in (now - window, now]); None without two points or window."""
-    if window_s <= 0:
-        return None
-    return slope_per_s([(t, d) for t, m, d, _ in history if m == model and now - window_s < t <= now])
+def _went_dark(last: tuple[float, list[EngineSnapshot]] | None, now: float, staleness_s: float) -> bool:
+    """A replica without a (complete) answer now whose last answer, within staleness_s, showed
+    requests running or queued: its share of the demand is missing from the model's sum. A
+    replica drained for lending answered idle before its engine was stopped, and one silent for
+    longer than staleness_s is no news: neither counts."""
+    if last is None or now - last[0] > staleness_s:
+        return False
+    return any((e.running or 0.0) + (e.waiting or 0.0) > 0 for e in last[1])
 
 
 def _replica_load(model: str, replica: ReplicaConfig, s: ServerReading | None) -> ReplicaLoad:

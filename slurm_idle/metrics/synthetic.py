@@ -26,6 +26,9 @@ class SyntheticPrometheus:
 
     A per-model key `signal:kind` answers, within that signal's query, the series labelled
     `kind` (`demand_max:points`, `waiting:recent_min`); a dict value, the forecast's kinds.
+    `served` gives a target's series a `model_name` label (none without); a `#suffix` of a
+    target key is not part of its instance, so one instance can carry several tables (two
+    models on one server).
     """
 
     queries: Queries
@@ -33,6 +36,7 @@ class SyntheticPrometheus:
     forecast_leads: Collection[int] | None  # the models' lead times (forecast_leads(...).values())
     targets: dict[str, dict[str, Value]] = field(default_factory=dict)  # instance -> signal -> v
     models: dict[str, dict[str, Value]] = field(default_factory=dict)  # model -> signal -> v
+    served: dict[str, str] = field(default_factory=dict)  # target key -> its model_name label
     eval_ts: float = 1_700_000_000.0
     calls: int = 0
     seen: list[str] = field(default_factory=list)
@@ -62,15 +66,18 @@ class SyntheticPrometheus:
         out: list[dict[str, Any]] = []
         if query in self._replica:
             signal = self._replica[query]
-            for instance, signals in self.targets.items():
+            for key, signals in self.targets.items():
                 value = _exception(signal, signals, ts, self.queries.staleness_s)
                 if value is None:
                     continue
+                target = {label: key.split("#")[0]}
+                if key in self.served:
+                    target[names.MODEL_LABEL] = self.served[key]
                 if isinstance(value, dict):
                     for engine, v in value.items():
-                        out.append(_item({label: instance, names.ENGINE_LABEL: engine}, ts, v))
+                        out.append(_item({**target, names.ENGINE_LABEL: engine}, ts, v))
                 else:
-                    labels = {label: instance}
+                    labels = dict(target)
                     if signal == "running":
                         labels[names.ENGINE_LABEL] = "0"
                     out.append(_item(labels, ts, value))

@@ -7,6 +7,8 @@ Per model: count supply by phase, compute the need (capacity.py), then
 - scale down only when the need over the whole scale-down window is below what serves, the
   metrics are known, no scale-up is under way, inside the lending windows, above the floor and
   under the lent-fraction cap; at most `max_transitions_per_tick` LENDs per tick, pool-wide;
+- outside the lending windows need every node back (needed = total), whether the metrics
+  are known or not: the window's end is a promise to the jobs, kept through a metrics outage;
 - carry every other transitional node one step on (CONTINUE; the agent checks the conditions);
 - adopt unmanaged pool nodes into serving; never name an ADMIN node.
 A replica in a serving phase whose engine reports sleeping serves nothing: it is not counted as
@@ -96,25 +98,30 @@ def _examine(
         len(by_phase.get(p, [])) for p in (Phase.STARTING, Phase.RECLAIMING)
     ) + len(adoptable)
     floor = min(model.min_serving_replicas, total)
+    # The window rule needs no metrics: outside every window all nodes come back, known load or
+    # not (jobs rely on the window's end; a Prometheus outage must not extend their loan).
+    window_ok = in_windows(now, policy.lending_windows, policy.timezone)
+    outside = f"outside lending windows {', '.join(policy.lending_windows)} ({policy.timezone})"
 
     if load is None or not load.known:
         need = Need(up=0, down=None, reason=why_unknown)
-        if policy.reclaim_on_unknown_metrics:
+        if not window_ok:
+            needed, reason = total, f"{why_unknown}; {outside}: reclaiming everything"
+        elif policy.reclaim_on_unknown_metrics:
             needed, reason = total, f"{why_unknown}: reclaiming everything (reclaim_on_unknown_metrics)"
         else:
             needed = max(floor, min(supply, total))
             reason = f"{why_unknown}: holding {needed} (nothing lent on unknown load)"
-        return _Model(model, by_phase, adoptable, total, False, True, need, needed, reason)
+        return _Model(model, by_phase, adoptable, total, False, window_ok, need, needed, reason)
 
     replicas = [n.replica for n in awake if n.replica is not None]
     need = assess_need(model, policy, load, replicas, len(awake), total)
     needed, reason = need.up, need.reason
     if not known:
         reason += f"; {why_unknown}: nothing lent"
-    window_ok = in_windows(now, policy.lending_windows, policy.timezone)
     if not window_ok:
         needed = total
-        reason += f"; outside lending windows {', '.join(policy.lending_windows)} ({policy.timezone})"
+        reason += f"; {outside}"
     return _Model(model, by_phase, adoptable, total, known, window_ok, need, needed, reason)
 
 

@@ -11,6 +11,7 @@ that the engine applies with the same latencies as the real planner's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slurm_idle.model import Action, ActionKind, Phase
@@ -18,8 +19,12 @@ from slurm_idle.policy.windows import in_windows
 from slurm_idle.sim.engine import SimNode, Simulation
 
 
-def _lend(nodes: list[SimNode], count: int, reason: str) -> list[Action]:
+def _lend(
+    nodes: list[SimNode], count: int, reason: str, also: Sequence[SimNode] = ()
+) -> list[Action]:
+    """Lend up to `count` serving nodes; `also`: nodes that will be serving when it applies."""
     serving = sorted((n for n in nodes if n.phase is Phase.SERVING), key=lambda n: n.name, reverse=True)
+    serving += also
     return [
         Action(ActionKind.LEND, n.name, n.model, Phase.SERVING, Phase.RETIRING, reason)
         for n in serving[: max(0, count)]
@@ -128,9 +133,16 @@ class Oracle:
             serving = _count(nodes, Phase.SERVING)
             coming = _count(nodes, Phase.STARTING, Phase.RECLAIMING)
             short = at(minute + reclaim) - (serving + coming)
-            if short > 0:
-                actions += _bring_back(nodes, short, "oracle: needed in time")
-                continue
+            back = _bring_back(nodes, short, "oracle: needed in time") if short > 0 else []
+            # A reclaim of zero minutes serves this very minute: the nodes brought back count as
+            # serving and may be lent again at once (drained during this minute) when the next
+            # minute does not need them. With any reclaim time the window below covers
+            # minute + reclaim, which is short: nothing is lent alongside a reclaim.
+            instant = [] if reclaim else [
+                sim.by_name[a.node] for a in back if a.kind is ActionKind.RECLAIM
+            ]
             soon = max(at(m) for m in range(minute + drain, minute + drain + reclaim + 1))
-            actions += _lend(nodes, serving - soon, "oracle: not needed soon")
+            actions += back + _lend(
+                nodes, serving + len(back) - soon, "oracle: not needed soon", also=instant
+            )
         return actions

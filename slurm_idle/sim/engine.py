@@ -133,19 +133,43 @@ class SimResult:
         }
 
 
-def node_names(model: str, replicas: int) -> list[str]:
-    slug = "".join(c if c.isalnum() else "-" for c in model.split("/")[-1]).strip("-").lower()
-    return [f"{slug or 'm'}-{i:03d}" for i in range(replicas)]
+def _slug(model: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in model).strip("-").lower() or "m"
+
+
+def fleet_node_names(fleet: Sequence[FleetModel]) -> dict[str, list[str]]:
+    """Simulated node names per model, unique across the fleet.
+
+    The whole model name is slugged (org1/llama -> org1-llama-000): the part after the last
+    '/' alone made org1/llama and org2/llama share nodes. Names that still collide after
+    slugging (Org/Llama and org-llama) get a numeric suffix.
+    """
+    taken: set[str] = set()
+    out: dict[str, list[str]] = {}
+    for f in fleet:
+        base = _slug(f.name)
+        slug, k = base, 2
+        while any(f"{slug}-{i:03d}" in taken for i in range(f.replicas)):
+            slug, k = f"{base}-{k}", k + 1
+        out[f.name] = [f"{slug}-{i:03d}" for i in range(f.replicas)]
+        taken.update(out[f.name])
+    return out
 
 
 class Simulation:
     """A fleet replaying a trace under one policy."""
 
     def __init__(self, trace: Trace, fleet: Sequence[FleetModel], params: SimParams) -> None:
+        from slurm_idle.errors import ConfigError
+
+        names = [f.name for f in fleet]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ConfigError(
+                f"fleet model(s) {', '.join(repeated)} given more than once: one --fleet per model"
+            )
         missing = [f.name for f in fleet if f.name not in trace.series]
         if missing:
-            from slurm_idle.errors import ConfigError
-
             raise ConfigError(
                 f"fleet model(s) {', '.join(missing)} not in the trace (trace has: "
                 f"{', '.join(trace.models)})"
@@ -167,8 +191,9 @@ class Simulation:
                 min(f.replicas, max(floor, replicas_for(d, f.tokens_per_s, params.utilisation)))
                 for d in demand
             ]
+        names_of = fleet_node_names(fleet)
         self.nodes: dict[str, list[SimNode]] = {
-            f.name: [SimNode(n, f.name, since=trace.start) for n in node_names(f.name, f.replicas)]
+            f.name: [SimNode(n, f.name, since=trace.start) for n in names_of[f.name]]
             for f in fleet
         }
         self.by_name = {n.name: n for nodes in self.nodes.values() for n in nodes}

@@ -35,7 +35,7 @@ from slurm_idle.model import (
     SlurmNode,
 )
 from slurm_idle.policy import default_forecast_lead_s, forecast_demand, plan
-from slurm_idle.sim.engine import FleetModel, SimNode, SimParams, Simulation, node_names
+from slurm_idle.sim.engine import FleetModel, SimNode, SimParams, Simulation, fleet_node_names
 
 #: The planner knobs the benchmarks run with (see docs/benchmarks.md): the defaults, except
 #: that replicas are planned at 78% instead of 80% busy, a 2.5% margin against minute-to-minute
@@ -69,13 +69,16 @@ def fleet_config(fleet: Sequence[FleetModel], params: SimParams, policy: PolicyC
         "expected_start_s": params.engine_start_s,
     })
     slurm = SlurmConfig.model_validate({"requeue_grace_s": params.grace_s})
+    names_of = fleet_node_names(fleet)
     models = tuple(
         ModelConfig(
             name=f.name,
             gpus_per_replica=f.gpus_per_replica,
             tokens_per_s_per_replica=f.tokens_per_s,
             min_serving_replicas=min(params.floor, f.replicas),
-            replicas=tuple(ReplicaConfig(node=n, url=f"http://{n}:8000") for n in node_names(f.name, f.replicas)),
+            replicas=tuple(
+                ReplicaConfig(node=n, url=f"http://{n}:8000") for n in names_of[f.name]
+            ),
         )
         for f in fleet
     )

@@ -419,3 +419,36 @@ def test_a_surge_reclaim_shares_its_job_queries_and_starts_each_engine_once(tmp_
     # At most one queue read per poll interval, shared by the three node threads.
     assert asked_at and all(b - a >= POLL_S for a, b in zip(asked_at, asked_at[1:])), asked_at
     assert sorted(n for kind, n in engine.log if kind == "start") == nodes
+
+
+def test_actions_run_on_a_bounded_pool(tmp_path: Path) -> None:
+    """Acting on many nodes uses at most `max_workers` threads at once (default 32), not one
+    per node: hundreds of nodes must not fork hundreds of scontrol/engine commands together."""
+    import threading
+    import time
+
+    from slurm_idle.agent import MAX_ACTION_WORKERS
+
+    assert MAX_ACTION_WORKERS == 32
+    agent, slurm, engine, _, _ = make_agent(tmp_path, planner=continue_all)
+    agent.max_workers = 2
+    for n in ("gpu1", "gpu2", "gpu3"):
+        slurm.node_map[n] = slurm.node_map[n].__class__(
+            name=n, state="idle", flags=frozenset({"DRAIN"}),
+            reason=format_reason("slurm-idle", Phase.LENDING, T0))
+    lock, busy, most = threading.Lock(), [0], [0]
+    real_stop = engine.stop
+
+    def counted_stop(replica: object) -> None:
+        with lock:
+            busy[0] += 1
+            most[0] = max(most[0], busy[0])
+        time.sleep(0.1)  # real time: the three threads would overlap without the cap
+        with lock:
+            busy[0] -= 1
+        real_stop(replica)
+
+    engine.stop = counted_stop  # type: ignore[method-assign]
+    agent.tick()
+    assert set(phases(agent).values()) == {Phase.LENT}
+    assert most[0] == 2

@@ -111,6 +111,17 @@ def test_duplicate_node_rejected() -> None:
         ("", "is empty"),
         (MINIMAL + "bogus: 1\n", "unknown key 'bogus'"),
         (MINIMAL + "timeouts: {start_s: soon}\n", "timeouts.start_s"),
+        (MINIMAL.replace(":8000", ":{port}"), "models.0: url template 'http://{node}:{port}': unknown placeholder {port}"),
+        (MINIMAL.replace('"http://{node}:8000"', "8000"), "models.0: url must be a text template"),
+        (MINIMAL.replace("nodes: gpu[1-2]", "nodes:"), "models.0: nodes must be a Slurm hostlist"),
+        (MINIMAL.replace("nodes: gpu[1-2]", 'nodes: ""'), "models.0: nodes must be a Slurm hostlist"),
+        (MINIMAL.replace(":8000", ":{0}"), "models.0: url template"),
+        (MINIMAL + "timeouts: {start_s: 1e400}\n", "timeouts.start_s: Input should be a finite number"),
+        (MINIMAL.replace("name: m", "name: m\n    min_serving_replicas: 0"),
+         "models.0.min_serving_replicas: must be at least 1"),
+        (MINIMAL + "  - name: m\n    nodes: gpu3\n", "models: model 'm' is listed twice"),
+        ("engine: {kind: http-sleep, sleep_level: 2}\nmodels: [{name: m, nodes: gpu1}]\n",
+         "engine.sleep_level: sleep_level must be 1"),
     ],
 )
 def test_cli_config_check_bad_input_exits_2(tmp_path: Path, content: str, expected: str) -> None:
@@ -161,3 +172,42 @@ def test_non_utf8_config_is_one_line(tmp_path: Path) -> None:
     path.write_bytes(b"\xff\xfe\x00bad")
     proc = run_cli("config", "check", str(path))
     assert proc.returncode == 2 and "UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_unknown_key_in_a_model_is_one_error_not_two() -> None:
+    """An unknown key under models.N is the only error reported (not also `models` too short)."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(MINIMAL + "    bogus: 1\n")
+    assert str(err.value) == "<config>: unknown key 'models.0.bogus'"
+
+
+def test_non_finite_numbers_are_refused_everywhere() -> None:
+    """`.inf`/`.nan` in any number field is a config error (e.g. a timeout that never fires)."""
+    for extra in ("timeouts: {reclaim_s: .inf}", "policy: {target_utilisation: .nan}",
+                  "slurm: {requeue_grace_s: .inf}", "report: {price_per_gpu_hour: .inf}"):
+        with pytest.raises(ConfigError, match="finite number"):
+            parse_config(MINIMAL + extra + "\n")
+
+
+def test_a_serving_floor_of_zero_is_only_for_the_simulator() -> None:
+    """A config file needs min_serving_replicas >= 1 (zero replicas give no metrics to bring the
+    model back); the simulator builds models in code and may still plan with a floor of 0."""
+    from slurm_idle.config import ModelConfig
+
+    with pytest.raises(ConfigError, match="no metrics"):
+        parse_config(MINIMAL.replace("name: m", "name: m\n    min_serving_replicas: 0"))
+    assert ModelConfig(name="m", min_serving_replicas=0).min_serving_replicas == 0
+
+
+def test_example_config_mentions_every_key() -> None:
+    """etc/slurm-idle.yaml names every config key, set or commented out with its default."""
+    import re
+
+    from slurm_idle import config as c
+
+    text = EXAMPLE.read_text()
+    sections = (c.SlurmConfig, c.MetricsConfig, c.EngineConfig, c.ModelConfig, c.PolicyConfig,
+                c.TimeoutsConfig, c.PathsConfig, c.ReportConfig)
+    missing = [f"{cls.__name__}.{name}" for cls in sections for name in cls.model_fields
+               if not re.search(rf"^[ #-]*\{{?{name}:", text, re.MULTILINE)]
+    assert not missing

@@ -14,9 +14,14 @@ import pytest
 from slurm_idle.config import EngineConfig, ReplicaConfig
 from slurm_idle.engine import (
     CommandEngine,
+    DockerEngine,
+    EngineDeadline,
     EngineHealth,
+    HttpResponse,
     HttpSleepEngine,
+    HttpTimeout,
     UrllibClient,
+    call_engine,
     container_name,
     format_command,
     make_engine,
@@ -398,3 +403,174 @@ def test_wait_until_serving() -> None:
     assert clock.now == 3.0
     clock = FakeClock()
     assert not wait_until_serving(ScriptedEngine(running=[0], up=False), REPLICA, 4, clock, clock.sleep)
+
+
+# --- waiting requests are in flight too ------------------------------------------------------------
+
+
+class RouteHttp:
+    """An in-memory HttpClient: (method, path) -> a response or an exception; records calls."""
+
+    def __init__(self, routes: dict[tuple[str, str], Any]) -> None:
+        self.routes = routes
+        self.calls: list[tuple[str, str, float]] = []
+
+    def request(self, method: str, url: str, timeout: float) -> HttpResponse:
+        from urllib.parse import urlsplit
+
+        path = urlsplit(url).path
+        self.calls.append((method, path, timeout))
+        answer = self.routes.get((method, path), HttpResponse(404, b""))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+QUEUED = b"""\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 1.0
+"""
+
+
+def test_parse_metrics_reads_waiting_requests() -> None:
+    """Waiting requests are summed over engines and count as in flight with the running ones."""
+    reading = parse_metrics(QUEUED.decode())
+    assert reading.running == 0.0 and reading.waiting == 3.0 and reading.in_flight == 3.0
+    assert parse_metrics(METRICS % ("1.0", "0.0")).in_flight == 3.0  # no waiting gauge: running
+    assert parse_metrics("# TYPE up gauge\nup 1\n").in_flight is None
+
+
+def test_a_queued_request_keeps_the_replica_from_idling() -> None:
+    """Nothing running but requests waiting in the queue: not idle, the retire keeps waiting."""
+    http = RouteHttp({("GET", "/metrics"): HttpResponse(200, QUEUED), ("GET", "/health"): HttpResponse(200, b"")})
+    engine = CommandEngine(command_config(), runner=Recorder(), http=http)
+    assert engine.in_flight(REPLICA) == 3.0
+    clock = FakeClock()
+    assert not wait_until_idle(engine, REPLICA, 5, clock, clock.sleep)
+
+
+# --- start/stop bounded by the caller's time ----------------------------------------------------
+
+
+class TimingOutRunner(Recorder):
+    def run(self, argv: Any, input: str | None = None, timeout: float | None = None) -> CompletedResult:
+        self.argvs.append(list(argv))
+        self.timeouts.append(timeout)
+        raise CommandError(argv, -1, f"timed out after {timeout:g} s")
+
+
+def test_command_engine_waits_no_longer_than_the_caller_gives() -> None:
+    """A start/stop command gets min(own timeout, caller's time); killed at the caller's
+    deadline it is an EngineDeadline (ask again later), at its own timeout an EngineError."""
+    runner = TimingOutRunner()
+    engine = CommandEngine(command_config(), runner=runner)  # start 9 s, stop 4+30 s
+    replica = closed_port_replica()
+    with pytest.raises(EngineDeadline, match="still running after 3 s"):
+        engine.stop(replica, timeout_s=3)
+    with pytest.raises(EngineDeadline):
+        engine.start(replica, timeout_s=2)
+    with pytest.raises(EngineError) as own:
+        engine.start(replica, timeout_s=100)
+    assert not isinstance(own.value, EngineDeadline)
+    assert runner.timeouts == [3, 2, 9]
+
+
+def sleepy_routes() -> dict[tuple[str, str], Any]:
+    return {("GET", "/health"): HttpResponse(200, b""),
+            ("GET", "/is_sleeping"): HttpResponse(200, b'{"is_sleeping": false}'),
+            ("POST", "/sleep"): HttpResponse(200, b""), ("POST", "/wake_up"): HttpResponse(200, b"")}
+
+
+def test_sleep_stop_waits_no_longer_than_the_caller_gives() -> None:
+    """POST /sleep and the wait for asleep share the caller's time (not drain+stop = 180 s)."""
+    clock = FakeClock()
+    http = RouteHttp(sleepy_routes())  # the server never reports asleep
+    engine = HttpSleepEngine(EngineConfig(kind="http-sleep", drain_timeout_s=120, stop_timeout_s=60),
+                             http=http, clock=clock, sleep=clock.sleep)
+    with pytest.raises(EngineDeadline, match="next tick"):
+        engine.stop(REPLICA, timeout_s=3)
+    assert clock.now <= 3.0
+    assert [t for m, p, t in http.calls if m == "POST"] == [3]
+    clock.now = 0.0
+    with pytest.raises(EngineError) as own:
+        engine.stop(REPLICA)
+    assert not isinstance(own.value, EngineDeadline) and clock.now == 60.0
+
+
+def test_an_unanswered_post_at_the_deadline_is_carried_over() -> None:
+    """A wake_up/sleep the server has not answered by the caller's deadline may still be under
+    way: EngineDeadline when the caller's time ran out, a plain error at the engine's own timeout."""
+    clock = FakeClock()
+    routes = sleepy_routes()
+    routes[("POST", "/wake_up")] = HttpTimeout("POST /wake_up: no answer")
+    routes[("GET", "/is_sleeping")] = HttpResponse(200, b'{"is_sleeping": true}')
+    engine = HttpSleepEngine(EngineConfig(kind="http-sleep", start_timeout_s=60),
+                             http=RouteHttp(routes), clock=clock, sleep=clock.sleep)
+    with pytest.raises(EngineDeadline):
+        engine.start(REPLICA, timeout_s=5)
+    with pytest.raises(HttpTimeout):
+        engine.start(REPLICA)
+
+
+def test_urllib_client_names_a_timeout() -> None:
+    """A server that accepts but never answers raises HttpTimeout (an EngineError)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    try:
+        with pytest.raises(HttpTimeout, match="no answer within"):
+            UrllibClient().request("GET", f"http://127.0.0.1:{listener.getsockname()[1]}/health", 0.2)
+    finally:
+        listener.close()
+
+
+class FakeContainer:
+    name = "vllm-gpu1"
+    status = "running"
+
+    def __init__(self) -> None:
+        self.stops: list[int] = []
+
+    def stop(self, timeout: int) -> None:
+        self.stops.append(timeout)
+
+
+class FakeDocker:
+    def __init__(self, container: FakeContainer) -> None:
+        self.containers = self
+        self._container = container
+
+    def get(self, name: str) -> FakeContainer:
+        return self._container
+
+
+def test_docker_stop_grace_is_cut_to_the_callers_time() -> None:
+    """SIGTERM-to-SIGKILL grace is stop_timeout_s, or the caller's time left if shorter."""
+    container = FakeContainer()
+    engine = DockerEngine(EngineConfig(kind="docker", stop_timeout_s=60), client=FakeDocker(container))
+    engine.stop(REPLICA)
+    engine.stop(REPLICA, timeout_s=12.5)
+    engine.stop(REPLICA, timeout_s=600)
+    assert container.stops == [60, 12, 60]
+
+
+def test_call_engine_passes_timeout_only_to_engines_that_take_it() -> None:
+    """A site's own engine written before `timeout_s` is called as before."""
+    seen: list[tuple[str, float | None]] = []
+
+    class Old:
+        def stop(self, replica: ReplicaConfig) -> None:
+            seen.append(("old", None))
+
+    class New:
+        def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
+            seen.append(("new", timeout_s))
+
+    call_engine(Old().stop, REPLICA, 7.0)
+    call_engine(New().stop, REPLICA, 7.0)
+    assert seen == [("old", None), ("new", 7.0)]

@@ -110,10 +110,15 @@ def conf_lines(text: str) -> list[str]:
     return [ln.split("#", 1)[0].strip() for ln in text.splitlines() if ln.split("#", 1)[0].strip()]
 
 
-def test_slurm_conf_snippet_is_what_the_sandbox_runs(tmp_path: Path) -> None:
-    """Every setting the snippet tells a site to add is in the sandbox's generated slurm.conf
-    (the one all contract and e2e tests run on), except the site-specific values: node lists,
-    the sandbox's shorter GraceTime, and AuthInfo's other options."""
+#: Settings the sandbox needs for fast tests, shipped commented out: cluster-wide values a site
+#: must not paste (SchedulerParameters replaces the whole list; KillWait binds every job).
+SANDBOX_ONLY = ("SchedulerParameters", "KillWait")
+#: Partition attributes a site chooses: node lists, the grace time, and the default partition
+#: (the sandbox makes `idle` the default so that a job submitted without -p is tested too).
+SITE_ATTRS = ("Nodes=", "GraceTime=", "Default=")
+
+
+def sandbox_conf(tmp_path: Path) -> tuple[dict[str, str], dict[str, set[str]]]:
     from slurm_idle.testing.sandboxconf import Layout, slurm_conf
 
     lay = Layout(root=tmp_path, base_port=20000, slurm_version="22.05.8", hostname="h",
@@ -121,16 +126,45 @@ def test_slurm_conf_snippet_is_what_the_sandbox_runs(tmp_path: Path) -> None:
     sandbox = conf_lines(slurm_conf(lay))
     settings = {ln.split("=", 1)[0]: ln.split("=", 1)[1] for ln in sandbox if not ln.startswith("PartitionName")}
     partitions = {ln.split()[0]: set(ln.split()[1:]) for ln in sandbox if ln.startswith("PartitionName")}
+    return settings, partitions
+
+
+def test_slurm_conf_snippet_is_what_the_sandbox_runs(tmp_path: Path) -> None:
+    """Every setting the snippet tells a site to add is in the sandbox's generated slurm.conf
+    (the one all contract and e2e tests run on), except the site-specific values: node lists,
+    the sandbox's shorter GraceTime, the default partition, and AuthInfo's other options."""
+    settings, partitions = sandbox_conf(tmp_path)
     snippet = conf_lines((ETC / "slurm.conf.snippet").read_text())
     assert "AccountingStorageType=accounting_storage/slurmdbd" in snippet  # report needs sacct
     for line in snippet:
         key, value = line.split("=", 1)
+        assert key not in SANDBOX_ONLY, f"{line}: sandbox-only, must stay commented out"
         if key == "PartitionName":
             name, *attrs = line.split()
-            site = ("Nodes=", "GraceTime=")
-            assert {a for a in attrs if not a.startswith(site)} == {
-                a for a in partitions[name] if not a.startswith(site)}, name
+            assert {a for a in attrs if not a.startswith(SITE_ATTRS)} == {
+                a for a in partitions[name] if not a.startswith(SITE_ATTRS)}, name
         elif key == "AuthInfo":
             assert value in settings["AuthInfo"].split(","), line
         else:
             assert settings.get(key) == value, f"{line} vs sandbox {key}={settings.get(key)}"
+
+
+def test_slurm_conf_snippet_shows_the_sandbox_only_values_commented_out(tmp_path: Path) -> None:
+    """The sandbox's timing values appear in the snippet, commented out under a SANDBOX ONLY
+    warning, with the values the sandbox really runs."""
+    settings, _ = sandbox_conf(tmp_path)
+    text = (ETC / "slurm.conf.snippet").read_text()
+    for key in SANDBOX_ONLY:
+        match = re.search(rf"^#{key}=(\S+)$", text, re.MULTILINE)
+        assert match, key
+        assert match.group(1) == settings[key], key
+        before = text[: match.start()].rsplit("\n\n", 1)[-1]
+        assert "SANDBOX ONLY" in before, key
+
+
+def test_slurm_conf_snippet_does_not_make_idle_the_default_partition() -> None:
+    """A site pasting the snippet keeps its own default partition: `idle` has Default=NO, so
+    jobs submitted without -p never become preemptible (the sandbox may differ: SITE_ATTRS)."""
+    snippet = conf_lines((ETC / "slurm.conf.snippet").read_text())
+    idle = next(ln for ln in snippet if ln.startswith("PartitionName=idle "))
+    assert "Default=NO" in idle.split()

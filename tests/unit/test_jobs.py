@@ -112,6 +112,13 @@ def test_comment_round_trip_and_foreign_comments() -> None:
         ({"mounts": {"checkpoint": {"source": "/run/podman", "target": "/c"}}}, "engine socket"),
         ({"network": "bridge"}, "network"),
         ({"gpus": -1}, "gpus"),
+        # a warning due at the start would requeue every run at once
+        ({"time": "2", "warn_s": 120}, "warn_s 120 is not below the time limit (time '2' = 120 s)"),
+        ({"time": "1:30", "warn_s": 300}, "time '1:30' = 90 s"),
+        # the checkpoint after the warning must end before the limit does
+        ({"warn_s": 20, "grace_s": 30}, "warn_s 20 must exceed grace_s 30"),
+        ({"params": {"lr": 1, "LR": 2}}, "params 'lr' and 'LR' both become PARAM_LR"),
+        ({"env": {"PARAM_LR": "1"}, "params": {"lr": 2}}, "env PARAM_LR collides with params.lr"),
     ],
 )
 def test_bad_specs_fail_with_one_clear_line(over: dict[str, object], words: str) -> None:
@@ -214,3 +221,47 @@ def test_job_id_placeholder_in_mount_sources() -> None:
     assert resolved.mounts.checkpoint.source == "/ck/77"
     assert resolved.mounts.outputs[0].source == "/out/77/x"
     assert resolved.mounts.checkpoint.target == "/ck"
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    ("30", 1800), ("1:30", 90), ("2:00:00", 7200), ("1-12", 129600), ("1-12:30", 131400),
+    ("1-00:00:01", 86401), ("0", 0),
+])
+def test_time_limit_seconds_follow_slurm_syntax(value: str, seconds: int) -> None:
+    """M, M:S, H:M:S, D-H, D-H:M and D-H:M:S, as sbatch --time reads them."""
+    from slurm_idle.jobs import time_limit_s
+
+    assert time_limit_s(value) == seconds
+
+
+def test_warning_checks_allow_what_makes_sense() -> None:
+    """warn_s below the limit, no time limit, time 0 (none) or warn_s 0 (no warning) are fine,
+    and an env PARAM_* name is free when params only go to the file."""
+    parse_job_spec(minimal(time="1", warn_s=55, grace_s=5))  # the e2e time-limit job
+    parse_job_spec(minimal(warn_s=120))
+    parse_job_spec(minimal(time="0", warn_s=600))
+    parse_job_spec(minimal(time="1", warn_s=0, grace_s=90))
+    parse_job_spec(minimal(env={"PARAM_LR": "1"}, params={"lr": 2}, params_as=["file"]))
+
+
+def test_grace_longer_than_the_site_requeue_grace_is_refused() -> None:
+    """With the site's slurm.requeue_grace_s known, a grace_s that cannot fit is rejected at
+    render time (submit, dry run, pipelines); without it nothing is assumed."""
+    spec = parse_job_spec(minimal(grace_s=50))
+    with pytest.raises(ConfigError, match=r"grace_s 50 does not fit .*requeue_grace_s 30.*e.g. 25"):
+        render_script(spec, SubmitOptions(requeue_grace_s=30))
+    with pytest.raises(ConfigError, match="grace_s 30 does not fit"):
+        sbatch_args(parse_job_spec(minimal(grace_s=30)), SubmitOptions(requeue_grace_s=30))
+    assert "--grace-s 50" in render_script(spec)
+    sbatch_args(parse_job_spec(minimal(grace_s=25)), SubmitOptions(requeue_grace_s=30))
+    sbatch_args(parse_job_spec(minimal(grace_s=0)), SubmitOptions(requeue_grace_s=0))
+
+
+def test_examples_fit_the_shipped_site_config() -> None:
+    """Every example job's grace_s fits the requeue_grace_s of etc/slurm-idle.yaml."""
+    from slurm_idle.jobs import read_yaml
+
+    site = read_yaml(ROOT / "etc" / "slurm-idle.yaml")["slurm"]["requeue_grace_s"]
+    for example in ("demo-job.yaml", "train-job.yaml"):
+        spec = load_job_spec(EXAMPLES / example)
+        sbatch_args(spec, SubmitOptions(requeue_grace_s=float(site)))

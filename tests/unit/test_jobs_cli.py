@@ -61,3 +61,19 @@ def test_bad_spec_is_one_line_and_exit_2(tmp_path: Path) -> None:
     r = cli("submit", "--dry-run", str(bad))
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "unknown key 'bogus'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_submit_warns_when_grace_outlasts_the_sites_requeue_grace(tmp_path: Path) -> None:
+    """A grace_s the reclaim will not wait for is named on stderr; the dry run still renders."""
+    from click.testing import CliRunner
+
+    from slurm_idle.cli import main as cli_main
+
+    cfg = tmp_path / "site.yaml"
+    cfg.write_text(Path("etc/slurm-idle.yaml").read_text().replace(
+        "requeue_grace_s: 30", "requeue_grace_s: 10"))
+    res = CliRunner().invoke(cli_main, ["--config", str(cfg), "submit", "--dry-run",
+                                        "etc/examples/train-job.yaml"])
+    assert res.exit_code == 0, res.output
+    assert "warning" in res.stderr and "grace_s 25" in res.stderr and "10" in res.stderr
+    assert "#SBATCH" in res.stdout

@@ -84,3 +84,19 @@ def test_modify_to_no_requeue_is_refused_on_idle_only() -> None:
     assert run_lua(None, 0, modify=True)[0] == -1
     assert run_lua(None, 0, modify=True, record_partition="inference")[0] == 0
     assert run_lua(None, NO_VAL16, modify=True)[0] == 0
+
+
+def test_moving_a_job_onto_idle_makes_it_requeueable() -> None:
+    """`scontrol update job=N partition=idle` of a job from elsewhere (perhaps --no-requeue:
+    the lua API does not show the record's flag) sets requeue=1 in the same update."""
+    assert run_lua("idle", NO_VAL16, modify=True, record_partition="inference")[:2] == (0, "1")
+    assert run_lua("inference,idle", NO_VAL16, modify=True,
+                   record_partition="inference")[:2] == (0, "1")
+    rc, _, msg = run_lua("idle", 0, modify=True, record_partition="inference")
+    assert rc == -1 and "--no-requeue is not allowed" in msg
+
+
+def test_other_updates_leave_the_requeue_flag_alone() -> None:
+    """An update that does not change the partition, or moves a job off idle, sets nothing."""
+    assert run_lua(None, NO_VAL16, modify=True)[:2] == (0, str(NO_VAL16))
+    assert run_lua("inference", NO_VAL16, modify=True)[:2] == (0, str(NO_VAL16))

@@ -91,3 +91,15 @@ def test_not_responding_right_after_resume_is_still_lent() -> None:
     node = SlurmNode(name="gpu1", state="idle", flags=frozenset({"NOT_RESPONDING"}),
                      comment=format_lent_comment(TAG, T0))
     assert derive_phase(node, TAG).phase is Phase.LENT
+
+
+def test_admin_text_kept_after_our_lent_comment_is_not_read_as_ours() -> None:
+    """An admin's Comment kept after ours ('<ours> | <theirs>') cannot pin the node."""
+    from slurm_idle.lifecycle import derive_phase
+    from slurm_idle.model import SlurmNode
+
+    node = SlurmNode(name="gpu1", state="IDLE", flags=frozenset(), reason="",
+                     comment="slurm-idle:lent since=2026-12-02T10:00:00Z | psu pinned by vendor",
+                     gpus_total=4, gpus_used=0, partitions=("idle",))
+    info = derive_phase(node, "slurm-idle")
+    assert info.phase.value == "lent" and info.pinned is False

@@ -425,8 +425,48 @@ def test_target_matching_prefers_exact_host_port() -> None:
     assert match_target(index, "GPU2.x.y:8000") == "gpu2"
     assert match_target(index, "gpu2:8000") == "gpu2"
     assert match_target(index, "gpu2") == "gpu2"
-    assert match_target(index, "gpu1:9999") == "gpu1"  # same host: the node's own vLLM
     assert match_target(index, "gpu7:8000") is None
+
+
+def test_a_url_with_a_port_matches_no_other_port() -> None:
+    """gpu1:8001 is not the replica at http://gpu1:8000 (another vLLM may run there); only a
+    URL without a port (a proxy on the scheme's port) takes its host's series on any port."""
+    reps = [("m", ReplicaConfig(node="gpu1", url="http://gpu1:8000")),
+            ("m", ReplicaConfig(node="gpu3", url="http://gpu3.x.y/")),
+            ("m", ReplicaConfig(node="gpu4", url="https://10.0.0.4"))]
+    index = target_index(reps)
+    assert match_target(index, "gpu1:8001") is None
+    assert match_target(index, "gpu1.x.y:8001") is None
+    assert match_target(index, "gpu1") == "gpu1"  # instance relabelled to the node name
+    assert match_target(index, "gpu3.x.y:80") == "gpu3"
+    assert match_target(index, "gpu3.x.y:8000") == "gpu3"
+    assert match_target(index, "gpu3:8000") == "gpu3"
+    assert match_target(index, "10.0.0.4:443") == "gpu4"
+    assert match_target(index, "10.0.0.4:8000") == "gpu4"
+    assert match_target(index, "10.0.0.5:8000") is None
+
+
+def test_series_of_another_vllm_on_the_node_are_not_the_replicas_load() -> None:
+    """A foreign vLLM on gpu1.cluster:8001 (model_name "other") and a series of another model
+    on the replica's own target do not add to gpu1's load; its own model's series do, and a
+    series without model_name is taken on its target alone."""
+    ts = 1_700_000_000.0
+    src, _ = make(
+        targets={
+            "gpu1.cluster:8000": {"running": 3.0, "fresh": ts, **FULL},
+            "gpu1.cluster:8000#other": {"running": 50.0, "fresh": ts, **FULL, "waiting": 40.0},
+            "gpu1.cluster:8001": {"running": 99.0, "fresh": ts, **FULL, "waiting": 30.0},
+            "gpu2.cluster:8001": {"running": 99.0, "fresh": ts, **FULL},
+            "gpu3.cluster:8000": {"running": 2.0, "fresh": ts, **FULL},
+        },
+        served={"gpu1.cluster:8000": "llama", "gpu1.cluster:8000#other": "other",
+                "gpu1.cluster:8001": "other", "gpu2.cluster:8001": "llama"},
+        eval_ts=ts,
+    )
+    loads = {l.node: l for l in src.replica_loads(pairs(src.config))}
+    assert loads["gpu1"].known and loads["gpu1"].running == 3.0 and loads["gpu1"].waiting == 1.0
+    assert not loads["gpu2"].known  # its model, but on another port than its URL's
+    assert loads["gpu3"].known and loads["gpu3"].running == 2.0  # no model_name label
 
 
 class Failing:

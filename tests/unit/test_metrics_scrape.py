@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -125,7 +126,8 @@ def test_counter_reset_between_ticks(tmp_path: Path) -> None:
 
 
 def test_model_loads_sum_replicas_and_window_needs_history(tmp_path: Path) -> None:
-    """Fleet load sums known replicas; window fields stay None until history spans the window."""
+    """Fleet load sums known replicas; window fields stay None until history covers the window
+    (known readings at 90% of its ticks, none more than staleness_s apart)."""
     state = tmp_path / "scrape.json"
     web = Web({"http://a:8000/metrics": [page("v1_recent"), page("v1_recent_10s_later")],
                "http://b:8000/metrics": [page("v1_sleeping")]})
@@ -137,15 +139,16 @@ def test_model_loads_sum_replicas_and_window_needs_history(tmp_path: Path) -> No
     assert m.demand_tokens_per_s_max_window is None  # one point of history, window is 300 s
     first_demand = 1150.0 + 0.1 * 2400.0
     maxima = []
-    for _ in range(7):  # a tick every 70 s; the pages stop changing, so demand drops to 0
+    for _ in range(7):  # a tick a minute; the pages stop changing, so demand drops to 0
         clock.t += 60.0
         src.replica_loads(pairs(cfg))
         [m] = src.model_loads(cfg.models, clock())
         maxima.append(m.demand_tokens_per_s_max_window)
-    # history spans the window from the 3rd tick on; the first busy tick then ages out of it
-    assert maxima[:2] == [None, None]
-    assert maxima[2] == pytest.approx(first_demand)
-    assert maxima[-1] == 0.0
+    # 300 s at a tick a minute is 5 ticks: 4 readings (at 1000..1190) are not enough, the 5th
+    # (1250) covers the window; the first busy tick then ages out of it
+    assert maxima[:3] == [None, None, None]
+    assert maxima[3] == pytest.approx(first_demand)
+    assert maxima[4:] == [0.0, 0.0, 0.0]
     assert m.waiting_min_window == 1.0 and m.waiting_max_window == 1.0
 
 
@@ -262,3 +265,121 @@ def test_metrics_url_appends_the_path() -> None:
     assert metrics_url("http://a:8000/") == "http://a:8000/metrics"
     assert metrics_url("a:8000") == "http://a:8000/metrics"
     assert metrics_url("http://a:8000/custom/metrics") == "http://a:8000/custom/metrics"
+
+
+# --- coverage of the kept history, outages, replicas gone dark ---------------------------------
+
+NAME = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def idle(text: str) -> str:
+    """The page with no request running or queued (a replica drained before lending)."""
+    return re.sub(r"^(vllm:num_requests_(?:running|waiting)\{[^}]*\}) \S+", r"\1 0.0", text, flags=re.MULTILINE)
+
+
+def quiet_history(now: float) -> ScrapeState:
+    """Ten minutes of known, quiet readings a minute apart up to the minute before `now`."""
+    return ScrapeState({}, [(now - 60.0 * k, NAME, 100.0, 0.0) for k in range(10, 0, -1)])
+
+
+def test_an_unknown_model_is_kept_as_a_hole_in_the_history(tmp_path: Path) -> None:
+    """A tick where no replica answers records an unknown reading, so the outage breaks the
+    window instead of vanishing between the readings around it."""
+    state = tmp_path / "scrape.json"
+    now = 10_000.0
+    quiet_history(now).save(state)
+    web = Web({"http://a:8000/metrics": [None], "http://b:8000/metrics": [None]})
+    src, cfg = source(web, Clock(now), state)
+    [m] = src.model_loads(cfg.models, now)
+    assert not m.known
+    assert ScrapeState.load(state).history[-1] == (now, NAME, None, None)
+    # back a minute later: the window holds a hole, so it is not known yet
+    web.pages = {"http://a:8000/metrics": [page("v1_sleeping")], "http://b:8000/metrics": [page("v1_sleeping")]}
+    src, cfg = source(web, Clock(now + 60.0), state)
+    [m] = src.model_loads(cfg.models, now + 60.0)
+    assert m.known and m.demand_tokens_per_s_max_window is None
+
+
+def test_a_busy_replica_going_dark_makes_the_reading_unknown(tmp_path: Path) -> None:
+    """When a replica that was busy at its last answer stops answering, the model's sum lacks
+    its share: the load stays known (the planner holds lending on the unknown replica and can
+    still scale up), but the tick's reading is unknown and the window is not read."""
+    state = tmp_path / "scrape.json"
+    now = 10_000.0
+    quiet_history(now).save(state)
+    web = Web({"http://a:8000/metrics": [page("v1_recent"), page("v1_recent_10s_later"), None],
+               "http://b:8000/metrics": [page("v1_sleeping")]})
+    clock = Clock(now)
+    src, cfg = source(web, clock, state)
+    [m] = src.model_loads(cfg.models, now)
+    assert m.demand_tokens_per_s_max_window is not None  # both answered: covered
+    clock.t = now + 60.0
+    a, _ = src.replica_loads(pairs(cfg))
+    [m] = src.model_loads(cfg.models, now + 60.0)
+    assert not a.known
+    assert m.known and m.running == 0.0  # b alone
+    assert m.demand_tokens_per_s_max_window is None and m.waiting_max_window is None
+    assert ScrapeState.load(state).history[-1] == (now + 60.0, NAME, None, None)
+
+
+def test_a_replica_stopped_idle_for_lending_does_not_break_the_window(tmp_path: Path) -> None:
+    """A replica whose last answer was idle (drained, then its engine stopped for lending) is
+    not missing demand: the window stays readable."""
+    state = tmp_path / "scrape.json"
+    now = 10_000.0
+    quiet_history(now).save(state)
+    quiet = idle(page("v1_recent_10s_later"))
+    web = Web({"http://a:8000/metrics": [quiet, quiet, None], "http://b:8000/metrics": [page("v1_sleeping")]})
+    clock = Clock(now)
+    src, cfg = source(web, clock, state)
+    src.model_loads(cfg.models, now)
+    clock.t = now + 60.0
+    a, _ = src.replica_loads(pairs(cfg))
+    [m] = src.model_loads(cfg.models, now + 60.0)
+    assert not a.known
+    assert m.known and m.demand_tokens_per_s_max_window is not None
+
+
+# --- the state file: atomic, private temp names, read-only users ------------------------------
+
+
+def test_read_only_source_never_writes_the_state(tmp_path: Path) -> None:
+    """status and tick --dry-run read the kept scrape and history but leave the file alone."""
+    state = tmp_path / "scrape.json"
+    web = Web({"http://a:8000/metrics": [page("v1_recent")], "http://b:8000/metrics": [page("v1_recent")]})
+    cfg = parse_config(CONFIG)
+    clock = Clock(10_000.0)
+    look = ScrapeSource(cfg, http=web, clock=clock, sleep=clock.sleep, state_path=state, read_only=True)
+    look.replica_loads(pairs(cfg))
+    look.model_loads(cfg.models, clock())
+    assert not state.exists()
+    quiet_history(10_000.0).save(state)
+    before = state.read_bytes()
+    [m] = look.model_loads(cfg.models, clock())
+    assert m.known and state.read_bytes() == before
+    assert list(tmp_path.iterdir()) == [state]
+
+
+def test_concurrent_saves_never_collide(tmp_path: Path) -> None:
+    """Two writers saving at once each use their own temp file: no FileNotFoundError, no
+    leftover temp file, and the file is always one whole state."""
+    import threading
+
+    state = tmp_path / "scrape.json"
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        try:
+            for i in range(150):
+                ScrapeState({}, [(float(i), f"m{k}", 1.0, 0.0)] * 50).save(state)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert [p.name for p in tmp_path.iterdir()] == ["scrape.json"]
+    assert len(ScrapeState.load(state).history) == 50

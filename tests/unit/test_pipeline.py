@@ -177,3 +177,45 @@ def test_state_dir_precedence() -> None:
     assert state_dir({"SLURM_IDLE_STATE_DIR": "/x"}) == Path("/x")
     assert state_dir({"XDG_STATE_HOME": "/s"}) == Path("/s/slurm-idle")
     assert str(state_dir({})).endswith(".local/state/slurm-idle")
+
+
+@pytest.mark.parametrize("job", [{"env": None}, {"params": None}, {"mounts": ["x"]}])
+def test_a_null_or_list_override_is_one_clear_line(job: dict[str, object]) -> None:
+    """Regression: `job: {env: null}` crashed with TypeError; now it names file, step and key."""
+    base = {"name": "p", "defaults": {"image": "img:1", "env": {"A": "1"}, "params": {"a": 1},
+                                      "mounts": {}}}
+    key = next(iter(job))
+    with pytest.raises(ConfigError, match=rf"^p.yaml: step 'a': {key} must be a mapping") as err:
+        parse_pipeline({**base, "steps": [{"name": "a", "job": job}]}, "p.yaml")
+    assert "\n" not in str(err.value)
+
+
+def test_a_referenced_file_with_a_null_env_names_the_file() -> None:
+    """A step's job spec file with `env: null` is reported with the pipeline, step and file."""
+    data = {"name": "p", "defaults": {"image": "img:1", "env": {"A": "1"}},
+            "steps": [{"name": "a", "file": "job.yaml"}]}
+    with pytest.raises(ConfigError, match=r"^p.yaml: step 'a': job.yaml: env must be a mapping"):
+        parse_pipeline(data, "p.yaml", load_file=lambda f: {"env": None})
+
+
+def test_long_names_cut_to_63_characters_stay_unique() -> None:
+    """Steps whose `<pipeline>.<step>` names agree on their first 63 characters get distinct
+    Slurm job names (a hash of the step), still valid and at most 63 characters."""
+    from slurm_idle.jobs import NAME_RE
+
+    long = "p" * 60
+    data = {"name": long, "defaults": {"image": "img:1"},
+            "steps": [{"name": "stage-a"}, {"name": "stage-b"}, {"name": "x"}]}
+    p = parse_pipeline(data, "p.yaml")
+    names = [s.job_name for s in p.steps]
+    assert len(set(names)) == 3 and all(len(n) <= 63 and NAME_RE.match(n) for n in names)
+    assert p.step("x").job_name == f"{long}.x"  # unique already: kept as it was
+    assert names == [s.spec.name for s in p.steps]
+
+
+def test_step_options_carry_the_site_requeue_grace() -> None:
+    """Pipelines check every step's grace_s against the site's requeue grace too."""
+    data = {"name": "p", "defaults": {"image": "img:1", "grace_s": 40},
+            "steps": [{"name": "a"}]}
+    with pytest.raises(ConfigError, match="grace_s 40 does not fit"):
+        dry_run(parse_pipeline(data, "p.yaml"), SubmitOptions(requeue_grace_s=30))

@@ -134,6 +134,21 @@ def test_no_lend_while_a_serving_engine_sleeps(scenario: tuple[Observation, Conf
     assert not set(sleepers.values()) & {a.model for a in actions if a.kind is ActionKind.LEND}
 
 
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_outside_the_lending_windows_nothing_stays_lent(scenario: tuple[Observation, Config]) -> None:
+    """Outside every lending window no node is lent and every LENT node is reclaimed, whether
+    the metrics are known or not."""
+    obs, cfg = scenario
+    from slurm_idle.policy import in_windows
+
+    if in_windows(NOW, cfg.policy.lending_windows, cfg.policy.timezone):
+        return
+    actions = plan(obs, cfg, NOW)
+    assert not [a for a in actions if a.kind is ActionKind.LEND]
+    assert not [n for n in apply_actions(obs, actions).nodes if n.phase is Phase.LENT]
+
+
 @settings(max_examples=200, deadline=None)
 @given(scenarios())
 def test_plan_is_deterministic_and_order_free(scenario: tuple[Observation, Config]) -> None:

@@ -213,6 +213,23 @@ def test_lending_windows_gate_lends_and_bring_nodes_back_outside() -> None:
     assert kinds(plan(lent, outside, NOW), ActionKind.RECLAIM) == ["m0-n1"]
 
 
+def test_window_end_brings_lent_nodes_back_even_on_unknown_metrics() -> None:
+    """At the end of a lending window lent nodes come back while the metrics are unknown too
+    (Prometheus down, or no load at all); inside the window unknown metrics only hold."""
+    # NOW is 09:20 UTC: outside 20:00-08:00, inside 08:00-10:00
+    outside = config(lending_windows=("20:00-08:00",))
+    inside = config(lending_windows=("08:00-10:00",))
+    lent = (node("m0-n0"), node("m0-n1", Phase.LENT), node("m0-n2", Phase.LENDING))
+    for loads in ((load(0.0, known=False),), ()):
+        obs = observation(*lent, loads=loads)
+        actions = plan(obs, outside, NOW)
+        assert kinds(actions, ActionKind.RECLAIM) == ["m0-n2", "m0-n1"]
+        assert "outside lending windows 20:00-08:00" in assess(obs, outside, NOW)[0].reason
+        assert assess(obs, outside, NOW)[0].needed_replicas == 3
+        # inside: the lend under way stops (unknown metrics), the lent node stays lent
+        assert kinds(plan(obs, inside, NOW), ActionKind.RECLAIM) == ["m0-n2"]
+
+
 def test_windows_parse_and_wrap_midnight() -> None:
     """HH:MM-HH:MM windows wrap over midnight and respect the time zone; bad text is refused."""
     assert parse_window("20:00-08:00") == (1200, 480)

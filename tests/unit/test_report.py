@@ -176,13 +176,65 @@ def test_reclaim_latency_p95_over_several_nodes() -> None:
 def test_failed_steps_change_no_phase_and_count_nothing() -> None:
     """An errored lend step is neither a lend nor a phase change."""
     journal = [
-        step("gpu1", "serving", "retiring", "2026-12-01T10:00:00", outcome="error"),
-        step("gpu2", "serving", "retiring", "2026-12-01T11:00:00"),
+        step("gpu1", "lending", "lent", "2026-12-01T10:00:00", outcome="error"),
+        step("gpu2", "lending", "lent", "2026-12-01T11:00:00"),
     ]
     facts = journal_facts(journal, since=ts("2026-12-01T00:00:00"),
                           until=ts("2026-12-02T00:00:00"), now=ts("2026-12-05T00:00:00"))
     assert facts.lends == 1
     assert {iv.node for iv in facts.intervals} == {"gpu2"}
+
+
+def facts_of(journal: list[dict[str, Any]]) -> Any:
+    return journal_facts(journal, since=ts("2026-12-01T00:00:00"),
+                         until=ts("2026-12-02T00:00:00"), now=ts("2026-12-05T00:00:00"))
+
+
+def test_a_lend_is_a_node_that_reached_lent() -> None:
+    """A retirement called off (retiring -> serving) lends nothing; the full
+    serving -> retiring -> lending -> lent chain is one lend."""
+    journal = [
+        step("gpu1", "serving", "retiring", "2026-12-01T10:00:00"),
+        step("gpu1", "retiring", "serving", "2026-12-01T10:01:00"),
+        step("gpu2", "serving", "retiring", "2026-12-01T10:00:00"),
+        step("gpu2", "retiring", "lending", "2026-12-01T10:01:00"),
+        step("gpu2", "lending", "lent", "2026-12-01T10:02:00"),
+    ]
+    assert facts_of(journal).lends == 1
+
+
+def test_an_abandoned_reclaim_does_not_stretch_the_next_latency() -> None:
+    """A reclaim that never reached serving (the node went lending -> starting, say) is
+    dropped; the next reclaim's latency starts at its own lent -> reclaiming step."""
+    journal = [
+        step("gpu1", "lent", "reclaiming", "2026-12-01T08:00:00"),
+        step("gpu1", "reclaiming", "starting", "2026-12-01T08:01:00"),
+        # the start failed for hours; the admin lent it again by hand, then a new reclaim
+        step("gpu1", "starting", "serving", "2026-12-01T08:05:00", outcome="error"),
+        step("gpu1", "serving", "retiring", "2026-12-01T09:00:00"),
+        step("gpu1", "retiring", "lending", "2026-12-01T09:01:00"),
+        step("gpu1", "lending", "lent", "2026-12-01T09:02:00"),
+        step("gpu1", "lent", "reclaiming", "2026-12-01T10:00:00"),
+        step("gpu1", "reclaiming", "starting", "2026-12-01T10:00:30"),
+        step("gpu1", "starting", "serving", "2026-12-01T10:01:30"),
+    ]
+    facts = facts_of(journal)
+    assert facts.reclaim_latencies_s == (90.0,)
+    assert facts.reclaims == 2
+    # The node put back to lent by hand (no journaled step): the newer reclaim still counts.
+    gap = [journal[0], *journal[6:]]
+    assert facts_of(gap).reclaim_latencies_s == (90.0,)
+
+
+def test_a_reclaim_left_by_lending_to_starting_is_abandoned() -> None:
+    """lent -> reclaiming, then (journal gap) lending -> starting -> serving: no latency, as the
+    node left the reclaim chain before reaching serving."""
+    journal = [
+        step("gpu1", "lent", "reclaiming", "2026-12-01T08:00:00"),
+        step("gpu1", "lending", "starting", "2026-12-01T09:00:00"),
+        step("gpu1", "starting", "serving", "2026-12-01T09:01:00"),
+    ]
+    assert facts_of(journal).reclaim_latencies_s == ()
 
 
 def test_phase_hours_and_lent_gpu_hours_follow_the_node_timeline() -> None:
@@ -280,6 +332,80 @@ def test_a_run_requeued_at_its_time_limit_is_not_a_preemption() -> None:
     assert r.preemptions == 1 and r.per_job[0].preemptions == 1
     assert r.lost_gpu_hours == pytest.approx(2 * 20 / 60)
     assert r.gpu_hours == pytest.approx(2 * (58 + 20 + 30) / 60)
+
+
+def limited(job_id: int, start: str, end: str, limit_s: float, state: str = "REQUEUED",
+            nodes: tuple[str, ...] = ("gpu1",), gpus: int = 4) -> AcctJob:
+    from dataclasses import replace
+
+    return replace(run(job_id, start, end, gpus=gpus, state=state), time_limit_s=limit_s,
+                   nodes=nodes)
+
+
+def test_a_reclaim_in_the_journal_makes_a_requeue_a_preemption_whatever_the_limit() -> None:
+    """A 1-day job requeued at 23:36 by the agent's reclaim of its node is a preemption with
+    its work lost, although it ran 98% of its limit; the same run with no reclaim journaled
+    on its node ended 24 min early: an admin's requeue, a preemption too."""
+    day = 86400.0
+    job = limited(7, "2026-12-01T00:00:00", "2026-12-01T23:36:40", day)  # 85000 s
+    journal = [
+        step("gpu1", "lent", "reclaiming", "2026-12-01T23:36:00", duration_s=30.0),
+        step("gpu1", "reclaiming", "starting", "2026-12-01T23:37:00"),
+    ]
+    r = report([job], journal)
+    assert r.preemptions == 1
+    assert r.lost_gpu_hours == pytest.approx(4 * 85000 / H)
+    assert report([job]).preemptions == 1  # 1400 s before the limit: not its own requeue
+
+
+def test_a_short_job_requeued_by_a_reclaim_is_a_preemption() -> None:
+    """A 10-minute job requeued after 9 min by the agent's reclaim was preempted; without a
+    reclaim journaled on its node the same run is taken for a time-limit requeue."""
+    job = limited(8, "2026-12-01T10:00:00", "2026-12-01T10:09:00", 600.0)
+    reclaim = [step("gpu1", "lent", "reclaiming", "2026-12-01T10:08:50", duration_s=5.0)]
+    assert report([job], reclaim).preemptions == 1
+    assert report([job]).preemptions == 0
+
+
+def test_a_reclaim_on_another_node_or_at_another_time_explains_nothing() -> None:
+    """Only a reclaim step on the run's own node, from its start to a minute after its end,
+    counts: the job that requeued itself 2 min before its limit stays a time-limit requeue."""
+    job = limited(9, "2026-12-01T10:00:00", "2026-12-01T10:58:00", 3600.0)
+    elsewhere = [step("gpu2", "lent", "reclaiming", "2026-12-01T10:57:50")]
+    later = [step("gpu1", "lent", "reclaiming", "2026-12-01T11:00:00")]
+    before = [step("gpu1", "lent", "reclaiming", "2026-12-01T09:00:00", duration_s=60.0)]
+    for journal in (elsewhere, later, before):
+        assert report([job], journal).preemptions == 0
+    # a dry run or skipped step requeued nothing; an errored one may have
+    dry = [step("gpu1", "lent", "reclaiming", "2026-12-01T10:57:50", outcome="dry-run")]
+    failed = [step("gpu1", "lent", "reclaiming", "2026-12-01T10:57:50", outcome="error")]
+    assert report([job], dry).preemptions == 0
+    assert report([job], failed).preemptions == 1
+
+
+def test_the_time_limit_window_is_the_warning_plus_slurms_early_signal() -> None:
+    """Without a journaled reclaim, a requeue at most 3 min (120 s warning + 60 s) before the
+    limit is the job's own; 4 min before it is a preemption, however long the limit."""
+    day = 86400.0
+    own = limited(1, "2026-12-01T00:00:00", "2026-12-01T23:57:00", day)
+    early = limited(2, "2026-12-01T00:00:00", "2026-12-01T23:56:00", day)
+    r = report([own, early])
+    assert {j.job_id: j.preemptions for j in r.per_job} == {1: 0, 2: 1}
+
+
+def test_the_default_warning_is_the_submit_default() -> None:
+    """The report's time-limit window follows `slurm-idle submit`'s default --signal=USR1@warn_s."""
+    from slurm_idle.jobs import JobSpec
+    from slurm_idle.report import DEFAULT_WARN_S
+
+    assert JobSpec.model_fields["warn_s"].default == DEFAULT_WARN_S
+
+
+def test_report_json_names_the_journal_it_read() -> None:
+    """`journal` in --json is the journal's path, or null when there was none."""
+    assert report([]).to_json()["journal"] is None
+    assert report([], journal_path="/var/lib/slurm-idle/journal.jsonl").to_json()["journal"] == (
+        "/var/lib/slurm-idle/journal.jsonl")
 
 
 def test_sacct_time_limits_of_both_releases_are_read() -> None:

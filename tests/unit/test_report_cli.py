@@ -76,3 +76,48 @@ def test_errors_are_one_clear_line(tmp_path: Path, args: list[str], body: str, r
     assert r.returncode == rc
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_journal_is_a_warning_and_null_in_json(tmp_path: Path) -> None:
+    """Without the journal (report run off the tick's host) stderr says lends are not counted
+    and --json carries `"journal": null`; with it, `journal` is its path and no warning."""
+    config = setup(tmp_path, f'cat {DATA / "sacct-XD.json"}\n')
+    r = cli(config, "--since", "2026-12-02", "--until", "2026-12-03", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["journal"] is None
+    assert "warning: no journal at" in r.stderr and "lends" in r.stderr
+    journal = tmp_path / "journal.jsonl"
+    journal.write_text('{"event": "tick", "ts": 1796169600.0, "errors": 0}\n')
+    r = cli(config, "--since", "2026-12-02", "--until", "2026-12-03", "--json")
+    assert json.loads(r.stdout)["journal"] == str(journal)
+    assert "warning" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("plot", "message"),
+    [("nonexist/x.png", "no such directory"), ("x.txt", "must end in .png"), (".", "is a directory")],
+)
+def test_a_bad_plot_path_fails_first_in_one_line(tmp_path: Path, plot: str, message: str) -> None:
+    """`--plot` into a missing directory or with an unknown suffix is exit 2 before sacct runs
+    and before the CSV is written."""
+    config = setup(tmp_path, f'touch {tmp_path}/sacct-ran\ncat {DATA / "sacct-XD.json"}\n')
+    csv_path = tmp_path / "r.csv"
+    r = cli(config, "--csv", str(csv_path), "--plot", str(tmp_path / plot))
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not csv_path.exists() and not (tmp_path / "sacct-ran").exists()
+
+
+def test_a_bad_csv_path_is_one_line(tmp_path: Path) -> None:
+    """`--csv` into a missing directory is exit 2 naming it."""
+    config = setup(tmp_path, f'cat {DATA / "sacct-XD.json"}\n')
+    r = cli(config, "--csv", str(tmp_path / "nope" / "r.csv"))
+    assert r.returncode == 2 and "no such directory" in r.stderr
+
+
+def test_help_states_the_preemption_rule() -> None:
+    """`report --help` says how a requeue is told from a time-limit requeue."""
+    r = subprocess.run([sys.executable, "-m", "slurm_idle.cli", "report", "--help"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert "journal shows the agent" in r.stdout and "time limit" in r.stdout

@@ -129,3 +129,36 @@ def test_plot_is_a_png(tmp_path: Path) -> None:
     path = tmp_path / "r.png"
     write_plot(r, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_savefig_errors_are_slurm_idle_errors(tmp_path: Path) -> None:
+    """A plot that cannot be written (its directory vanished) is one clear error."""
+    pytest.importorskip("matplotlib")
+    from slurm_idle.report_io import write_plot
+
+    r = make_report(parse_config(CONFIG), 0.0, 3600.0, 3600.0, [],
+                    journal_path=str(tmp_path / "none.jsonl"))
+    with pytest.raises(SlurmIdleError, match="cannot write"):
+        write_plot(r, str(tmp_path / "gone" / "r.png"))
+
+
+def test_output_paths_are_checked_up_front(tmp_path: Path) -> None:
+    """Suffix, directory and writability are checked before anything is produced."""
+    from slurm_idle.report_io import PLOT_SUFFIXES, check_output_path
+
+    check_output_path(str(tmp_path / "r.png"), "--plot", PLOT_SUFFIXES)
+    check_output_path(str(tmp_path / "R.PNG"), "--plot", PLOT_SUFFIXES)
+    with pytest.raises(ConfigError, match="must end in .png or .svg or .pdf"):
+        check_output_path(str(tmp_path / "r.jpeg"), "--plot", PLOT_SUFFIXES)
+    with pytest.raises(ConfigError, match="no such directory"):
+        check_output_path(str(tmp_path / "a" / "r.csv"), "--csv")
+
+
+def test_make_report_says_whether_it_had_a_journal(tmp_path: Path) -> None:
+    """`journal` is the path read, or None when the file does not exist."""
+    config = parse_config(CONFIG)
+    missing = make_report(config, 0.0, 3600.0, 3600.0, [], journal_path=str(tmp_path / "no.jsonl"))
+    assert missing.journal is None
+    Journal(tmp_path / "j.jsonl").append({"event": "tick", "ts": 1.0})
+    found = make_report(config, 0.0, 3600.0, 3600.0, [], journal_path=str(tmp_path / "j.jsonl"))
+    assert found.journal == str(tmp_path / "j.jsonl")

@@ -136,13 +136,18 @@ CTX = SlurmContext(job_id="42", restart_count=1, gpus=("2", "3"), cuda_visible_d
 
 
 def run(client: FakeClient, sp: Any, signals: Signals | None = None, ctx: SlurmContext = CTX,
-        grace_s: float = 1.0, early: list[str] | None = None) -> tuple[int, str]:
+        grace_s: float = 1.0, early: list[str] | None = None,
+        job_ending: Callable[[], bool] | None = None,
+        urgent_wait_s: float = 0.2) -> tuple[int, str]:
     out = io.BytesIO()
     calls = early if early is not None else []
+    settings = RunSettings(grace_s=grace_s, uid=1000, gid=1000, poll_s=0.01,
+                           urgent_wait_s=urgent_wait_s)
     code = run_container(
-        client, sp, ctx, RunSettings(grace_s=grace_s, uid=1000, gid=1000, poll_s=0.01),
+        client, sp, ctx, settings,
         signals or Signals(), Reporter(out, clock=lambda: 0.0),
         early_requeue=lambda: calls.append("early") or "requeued early",
+        job_ending=job_ending,
     )
     return code, out.getvalue().decode()
 
@@ -202,7 +207,9 @@ def test_gpus_as_device_requests_only_with_an_nvidia_runtime(tmp_path: Path) -> 
     kw = container_kwargs(sp, CTX, uid=0, gid=0, use_device_requests=True, params_file=None)
     (req,) = kw["device_requests"]
     assert req["DeviceIDs"] == ["2", "3"] and req["Driver"] == "nvidia"
-    assert "NVIDIA_VISIBLE_DEVICES" not in kw["environment"]
+    # the same GPUs in the variable the runtime reads; CUDA numbers the container's GPUs from 0
+    assert kw["environment"]["NVIDIA_VISIBLE_DEVICES"] == "2,3"
+    assert kw["environment"]["CUDA_VISIBLE_DEVICES"] == "0,1"
     kw = container_kwargs(sp, CTX, uid=0, gid=0, use_device_requests=False, params_file=None)
     assert "device_requests" not in kw
     assert kw["environment"]["NVIDIA_VISIBLE_DEVICES"] == "2,3"
@@ -432,8 +439,8 @@ def test_main_settles_its_signals_whatever_the_outcome(monkeypatch: pytest.Monke
 def test_a_mount_above_the_real_engine_socket_is_refused(tmp_path: Path) -> None:
     """The socket the runner really uses (DOCKER_HOST, anywhere) never shows in a container,
     through its directory, a parent, or a symlink to either; the container is not created."""
-    from slurm_idle.runner import check_no_engine_socket, engine_sockets
     from slurm_idle.errors import SlurmIdleError
+    from slurm_idle.runner import check_no_engine_socket, engine_sockets
 
     engine_dir = tmp_path / "engine" / "run"
     engine_dir.mkdir(parents=True)
