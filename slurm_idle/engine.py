@@ -18,7 +18,6 @@ own timeout, ran out: the operation may still be under way and is asked again la
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 import shlex
@@ -207,8 +206,7 @@ class HttpProbe:
 class EngineControl(Protocol):
     """Start/stop one replica and read its health; start and stop are idempotent.
 
-    `timeout_s` bounds the call's waits (see the module docstring); an engine written before
-    it existed (a site's own, the shipped fakes) is still called without it: `call_engine`.
+    `timeout_s` bounds the call's waits (see the module docstring).
     """
 
     def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
@@ -479,19 +477,6 @@ def make_engine(
     if config.kind == "docker":
         return DockerEngine(config, model, client=docker_client, http=http)
     return HttpSleepEngine(config, http=http)
-
-
-def call_engine(method: Callable[..., None], replica: ReplicaConfig, timeout_s: float) -> None:
-    """Call an engine's `start` or `stop` with `timeout_s`, or without it for an engine
-    written before the parameter existed (it then waits as long as it always did)."""
-    try:
-        params = list(inspect.signature(method).parameters.values())
-    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
-        params = []
-    if any(p.name == "timeout_s" or p.kind is p.VAR_KEYWORD for p in params):
-        method(replica, timeout_s=timeout_s)
-    else:
-        method(replica)
 
 
 # --- waiting helpers for the agent ---------------------------------------------------------

@@ -97,6 +97,10 @@ def format_reason(tag: str, phase: Phase, since: float, pinned: bool = False) ->
     return f"{tag}:{phase.value} since={iso(since)}" + (" pinned" if pinned else "")
 
 
+#: Between our lent marker and an admin's own text in a node's Comment (see transitions).
+COMMENT_SEP = " | "
+
+
 def format_lent_comment(tag: str, since: float) -> str:
     """The Comment we write on a node we lend."""
     return f"{tag}:lent since={iso(since)}"
@@ -127,7 +131,7 @@ def derive_phase(node: SlurmNode, tag: str) -> PhaseInfo:
         return PhaseInfo(phase, since, pinned)
     # A lend keeps an admin's Comment after ours (`<ours> | <theirs>`): read only our part, so
     # their text can never look like our "pinned" or "since=".
-    comment = node.comment.strip().split(" | ", 1)[0]
+    comment = node.comment.strip().split(COMMENT_SEP, 1)[0]
     if is_ours(comment, tag) and comment[len(tag) + 1 :].startswith("lent"):
         return PhaseInfo(Phase.LENT, _parse_since(comment), " pinned" in comment)
     return PhaseInfo(Phase.UNKNOWN)

@@ -28,6 +28,7 @@ from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.jobs import parse_job_comment
 from slurm_idle.lifecycle import (
+    COMMENT_SEP,
     check_transition,
     derive_phase,
     format_lent_comment,
@@ -51,9 +52,6 @@ POLL_S = 1.0
 #: past), so a quick one (an emulator's, well under a second) still completes in the tick that
 #: asked; a tick overruns its budget by at most this much.
 MIN_ENGINE_CALL_S = 5.0
-
-#: Between our lent marker and an admin's own text in a node's Comment.
-COMMENT_SEP = " | "
 
 
 class Superseded(SlurmIdleError):
@@ -292,10 +290,8 @@ class NodeDriver:
 
     def _call_engine(self, op: str, view: NodeView, deadline: float) -> None:
         """Engine start/stop, given the tick's time left (at least MIN_ENGINE_CALL_S)."""
-        from slurm_idle.engine import call_engine
-
         method = getattr(self._engine(view), op)
-        call_engine(method, self._replica(view), max(MIN_ENGINE_CALL_S, deadline - self.clock()))
+        method(self._replica(view), timeout_s=max(MIN_ENGINE_CALL_S, deadline - self.clock()))
 
     def _stop_engine_and_resume(self, view: NodeView, deadline: float) -> bool:
         from slurm_idle.engine import EngineDeadline

@@ -94,13 +94,13 @@ class FakeEngine:
     log: list[tuple[str, str]] = field(default_factory=list)
     _pending: dict[str, int] = field(default_factory=dict)
 
-    def start(self, replica: ReplicaConfig) -> None:
+    def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
         self.log.append(("start", replica.node))
         if not self.up.get(replica.node):
             self._pending[replica.node] = self.start_delay_polls
         self.up[replica.node] = True
 
-    def stop(self, replica: ReplicaConfig) -> None:
+    def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
         self.log.append(("stop", replica.node))
         self.up[replica.node] = False
 

@@ -303,7 +303,7 @@ def test_unexpected_exception_becomes_an_error_outcome(tmp_path: Path) -> None:
     """A bug-class exception in an effector is journaled as an error; the tick still completes."""
     agent, _slurm, engine, _, _ = make_agent(tmp_path, planner=continue_all)
 
-    def broken_start(replica: object) -> None:
+    def broken_start(replica: object, timeout_s: float | None = None) -> None:
         raise ConnectionError("engine socket vanished")
 
     engine.start = broken_start  # type: ignore[method-assign]
@@ -360,7 +360,7 @@ def test_admin_drain_during_the_engine_stop_is_respected(tmp_path: Path) -> None
     agent.tick()
     real_stop = engine.stop
 
-    def slow_stop_while_admin_drains(replica: object) -> None:
+    def slow_stop_while_admin_drains(replica: object, timeout_s: float | None = None) -> None:
         node = slurm.node_map["gpu2"]
         slurm.node_map["gpu2"] = node.__class__(name="gpu2", state="idle", flags=frozenset({"DRAIN"}),
                                                 reason="admin: disk check")
@@ -439,7 +439,7 @@ def test_actions_run_on_a_bounded_pool(tmp_path: Path) -> None:
     lock, busy, most = threading.Lock(), [0], [0]
     real_stop = engine.stop
 
-    def counted_stop(replica: object) -> None:
+    def counted_stop(replica: object, timeout_s: float | None = None) -> None:
         with lock:
             busy[0] += 1
             most[0] = max(most[0], busy[0])

@@ -21,7 +21,6 @@ from slurm_idle.engine import (
     HttpSleepEngine,
     HttpTimeout,
     UrllibClient,
-    call_engine,
     container_name,
     format_command,
     make_engine,
@@ -349,9 +348,9 @@ class ScriptedEngine:
         self.polls += 1
         return EngineHealth(up=self.up, awake=self.polls > self.serving_after)
 
-    def start(self, replica: ReplicaConfig) -> None: ...
+    def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
 
-    def stop(self, replica: ReplicaConfig) -> None: ...
+    def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
 
 
 class FakeClock:
@@ -557,20 +556,3 @@ def test_docker_stop_grace_is_cut_to_the_callers_time() -> None:
     engine.stop(REPLICA, timeout_s=12.5)
     engine.stop(REPLICA, timeout_s=600)
     assert container.stops == [60, 12, 60]
-
-
-def test_call_engine_passes_timeout_only_to_engines_that_take_it() -> None:
-    """A site's own engine written before `timeout_s` is called as before."""
-    seen: list[tuple[str, float | None]] = []
-
-    class Old:
-        def stop(self, replica: ReplicaConfig) -> None:
-            seen.append(("old", None))
-
-    class New:
-        def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
-            seen.append(("new", timeout_s))
-
-    call_engine(Old().stop, REPLICA, 7.0)
-    call_engine(New().stop, REPLICA, 7.0)
-    assert seen == [("old", None), ("new", 7.0)]
