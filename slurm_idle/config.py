@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    PrivateAttr,
     Field,
     ValidationError,
     ValidationInfo,
@@ -24,15 +25,15 @@ from pydantic import (
     model_validator,
 )
 
+from slurm_idle import fleetspec
 from slurm_idle.errors import ConfigError
-from slurm_idle.hostlist import expand_hostlist
 from slurm_idle.yamlfile import parse_yaml, read_text
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-idle/slurm-idle.yaml"
 CONFIG_ENV = "SLURM_IDLE_CONFIG"
 #: Validation context of a config file (parse_config): rules that only a real pool needs.
 FILE_CONTEXT = {"config_file": True}
-DEFAULT_REPLICA_URL = "http://{node}:8000"
+DEFAULT_REPLICA_URL = fleetspec.DEFAULT_REPLICA_URL
 
 
 class _Strict(BaseModel):
@@ -125,17 +126,40 @@ class EngineConfig(_Strict):
 
 
 class ReplicaConfig(_Strict):
-    """One vLLM replica: the Slurm node it runs on and its HTTP endpoint."""
+    """One vLLM replica: the GPUs it runs on (a node, part of one, or several) and its endpoint.
+
+    `node` is its head (where `url` points and where per-node commands aim); `nodes` every node
+    it spans (default: just `node`); `gpus` its GPU indexes on each node (None: the whole
+    node); `index` its position among the replicas on its head node (`{index}` in templates);
+    `name` unique in the config (the node for a whole-node replica, else `node:port`).
+    """
 
     node: str
     url: str
+    nodes: tuple[str, ...] = ()
+    gpus: tuple[int, ...] | None = None
+    port: int | None = None
+    index: int = Field(0, ge=0)
+    name: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalise(cls, data: Any) -> Any:
+        return fleetspec.replica_fields(data)
+
+    @property
+    def gpus_text(self) -> str:
+        return fleetspec.format_gpus(self.gpus)
 
 
 class ModelConfig(_Strict):
-    """One served model and the replicas (nodes) of the pool that serve it."""
+    """One served model and its replicas (see fleetspec.py for the forms a config may use)."""
 
     name: str
     gpus_per_replica: int = Field(4, ge=1)
+    # GPUs each node of this model has (optional): checked against the replicas' GPUs here and
+    # against Slurm's gres at run time.
+    gpus_per_node: int | None = Field(None, ge=1)
     tokens_per_s_per_replica: float = Field(2000.0, gt=0)
     min_serving_replicas: int = Field(1, ge=0)
     replicas: tuple[ReplicaConfig, ...] = ()
@@ -144,17 +168,33 @@ class ModelConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _expand_nodes(cls, data: Any) -> Any:
-        # `nodes: gpu[1-4]` + `url: http://{node}:8000` is shorthand for a replica list.
-        # Errors are ValueErrors, so they come out as `models.N: ...` with exit 2.
-        if isinstance(data, Mapping) and "nodes" in data:
-            data = dict(data)
-            names = _node_names(data.pop("nodes"))
-            data["replicas"] = [
-                {"node": n, "url": _replica_url(data.get("url", DEFAULT_REPLICA_URL), n)}
-                for n in names
-            ]
-            data.pop("url", None)
+        # `nodes: gpu[1-4]` + `url: http://{node}:8000` (+ `replicas_per_node`, `ports`) is
+        # shorthand for a replica list. Errors are ValueErrors: `models.N: ...`, exit 2.
+        if isinstance(data, Mapping):
+            return fleetspec.expand_model(dict(data))
         return data
+
+    @model_validator(mode="after")
+    def _gpus_fit(self) -> ModelConfig:
+        for i, r in enumerate(self.replicas):
+            if r.gpus is not None and self.gpus_per_node is not None and max(r.gpus) >= self.gpus_per_node:
+                raise ValueError(
+                    f"replicas.{i}.gpus: GPU {max(r.gpus)} of {r.node} is beyond gpus_per_node "
+                    f"{self.gpus_per_node} (indexes run 0-{self.gpus_per_node - 1})"
+                )
+        if self.gpus_per_node is not None:
+            per_node: dict[str, int] = {}
+            for r in self.replicas:
+                for n in r.nodes:
+                    per_node[n] = per_node.get(n, 0) + (
+                        len(r.gpus) if r.gpus is not None else self.gpus_per_replica // len(r.nodes))
+            over = sorted(n for n, g in per_node.items() if g > self.gpus_per_node)
+            if over:
+                raise ValueError(
+                    f"gpus_per_node: {over[0]} carries {per_node[over[0]]} GPUs of replicas, more "
+                    f"than its {self.gpus_per_node} (gpus_per_replica x replicas_per_node)"
+                )
+        return self
 
     @field_validator("min_serving_replicas")
     @classmethod
@@ -172,30 +212,7 @@ class ModelConfig(_Strict):
 
 def _node_names(nodes: Any) -> list[str]:
     """The `nodes:` shorthand (a Slurm hostlist or a list of names) as node names."""
-    if isinstance(nodes, str) and nodes.strip():
-        return expand_hostlist(nodes, strict=True)
-    if isinstance(nodes, list | tuple) and nodes and all(isinstance(n, str) and n for n in nodes):
-        return list(nodes)
-    raise ValueError(
-        f"nodes must be a Slurm hostlist like gpu[1-4] or a non-empty list of node names "
-        f"(got {nodes!r})"
-    )
-
-
-def _replica_url(url: Any, node: str) -> str:
-    """One replica's URL from the `url:` template; `{node}` is its only placeholder."""
-    if not isinstance(url, str):  # ValueError: pydantic turns only that into a field error
-        raise ValueError(  # noqa: TRY004
-            f"url must be a text template like {DEFAULT_REPLICA_URL!r} (got {url!r})"
-        )
-    try:
-        return url.format(node=node)
-    except (KeyError, IndexError, ValueError) as exc:
-        detail = f"unknown placeholder {{{exc.args[0]}}}" if isinstance(exc, KeyError) else str(exc)
-        raise ValueError(
-            f"url template {url!r}: {detail}; the only placeholder is {{node}} "
-            "(write the port itself, e.g. http://{node}:8000)"
-        ) from None
+    return fleetspec.node_names(nodes)
 
 
 class PolicyConfig(_Strict):
@@ -282,6 +299,9 @@ class Config(_Strict):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     paths: PathsConfig = PathsConfig()
     report: ReportConfig = ReportConfig()
+    # Derived once per Config (topology.lend_groups): the fleet's lend groups and node index.
+    _groups: Any = PrivateAttr(default=None)
+    _group_of: Any = PrivateAttr(default=None)
 
     @field_validator("models")
     @classmethod
@@ -293,16 +313,11 @@ class Config(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _nodes_unique_and_engines_known(self) -> Config:
-        seen: dict[str, str] = {}
+    def _replicas_fit_and_engines_known(self) -> Config:
+        from slurm_idle.topology import check_topology
+
+        check_topology(self)
         for model in self.models:
-            for replica in model.replicas:
-                if replica.node in seen:
-                    raise ValueError(
-                        f"node {replica.node!r} is listed under both {seen[replica.node]!r} "
-                        f"and {model.name!r}"
-                    )
-                seen[replica.node] = model.name
             if model.engine is None and self.engine is None:
                 raise ValueError(f"model {model.name!r} has no engine and there is no top-level engine")
         return self
@@ -320,21 +335,28 @@ class Config(_Strict):
         raise ConfigError(f"no model named {name!r} in the config")
 
     def model_of_node(self, node: str) -> ModelConfig | None:
+        """The model of the first replica on `node` (a node may carry replicas of several)."""
         for m in self.models:
-            if any(r.node == node for r in m.replicas):
+            if any(node in r.nodes for r in m.replicas):
                 return m
         return None
 
     def replica(self, node: str) -> ReplicaConfig | None:
+        """The first replica headed on `node` (the only one in a one-replica-per-node pool)."""
         for m in self.models:
             for r in m.replicas:
                 if r.node == node:
                     return r
         return None
 
+    def replicas_on(self, node: str) -> list[tuple[str, ReplicaConfig]]:
+        """(model, replica) of every replica with a GPU on `node`."""
+        return [(m.name, r) for m in self.models for r in m.replicas if node in r.nodes]
+
     @property
     def pool_nodes(self) -> tuple[str, ...]:
-        return tuple(r.node for m in self.models for r in m.replicas)
+        """Every node that carries a replica, once, in config order."""
+        return tuple(dict.fromkeys(n for m in self.models for r in m.replicas for n in r.nodes))
 
 
 def resolve_config_path(path: str | None) -> str:

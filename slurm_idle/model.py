@@ -29,6 +29,46 @@ TRANSITIONAL = frozenset({Phase.RETIRING, Phase.LENDING, Phase.RECLAIMING, Phase
 
 
 @dataclass(frozen=True)
+class Replica:
+    """One vLLM endpoint on a set of GPUs: part of a node, a node, or several nodes.
+
+    `nodes[0]` is the head (where `url` points). `gpus` are its GPU indexes on each node, None
+    for whole nodes. The planner decides replicas per model; Slurm lends whole nodes, so a
+    replica leaves and comes back with its `LendGroup`.
+    """
+
+    name: str
+    model: str
+    nodes: tuple[str, ...]
+    url: str
+    gpus: tuple[int, ...] | None = None
+    port: int | None = None
+    index: int = 0  # position among the replicas on its head node
+
+    @property
+    def node(self) -> str:
+        return self.nodes[0]
+
+
+@dataclass(frozen=True)
+class LendGroup:
+    """The unit Slurm can lend: the nodes joined by replicas (a node with two replicas, or the
+    two nodes of a replica that spans both). Lent only when every replica on it is retired;
+    its phase lives on every one of its nodes."""
+
+    nodes: tuple[str, ...]
+    replicas: tuple[Replica, ...]
+
+    @property
+    def name(self) -> str:
+        """The group's key node: actions and journal lines name the group by it."""
+        return self.nodes[0]
+
+    def models(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.model for r in self.replicas))
+
+
+@dataclass(frozen=True)
 class SlurmNode:
     """One node as Slurm reports it, version differences already parsed away."""
 

@@ -7,6 +7,7 @@ import click
 from slurm_idle.cli import main
 from slurm_idle.cli.common import Context, echo_json, pass_ctx
 from slurm_idle.config import load_config
+from slurm_idle.topology import lend_groups
 
 
 @main.group()
@@ -26,4 +27,7 @@ def check(ctx: Context, file: str | None, as_json: bool) -> None:
         echo_json(cfg.model_dump(mode="json"))
         return
     nodes = len(cfg.pool_nodes)
-    click.echo(f"{path}: OK ({len(cfg.models)} model(s), {nodes} pool node(s))")
+    replicas = sum(len(m.replicas) for m in cfg.models)
+    groups = len(lend_groups(cfg))
+    click.echo(f"{path}: OK ({len(cfg.models)} model(s), {nodes} pool node(s), {replicas} "
+               f"replica(s), {groups} lend group(s))")
