@@ -15,11 +15,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from slurm_idle.config import Config
+from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
 from slurm_idle.journal import Journal
 from slurm_idle.lifecycle import PhaseInfo, derive_phase
@@ -36,6 +36,7 @@ from slurm_idle.model import (
     SlurmJob,
     SlurmNode,
 )
+from slurm_idle.topology import group_views
 from slurm_idle.transitions import ACTIVE_JOB_STATES, NodeDriver, StepResult
 
 log = get_logger(__name__)
@@ -62,11 +63,12 @@ def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation
         nodes = {node.name: node for node in slurm.nodes()}
         errors: list[str] = []
         replicas = [(m.name, r) for m in config.models for r in m.replicas]
-        replica_loads: dict[str, ReplicaLoad] = {}
+        loads_by_key: dict[str, ReplicaLoad] = {}
         model_loads: tuple[ModelLoad, ...]
         try:
             for load in metrics.replica_loads(replicas):
-                replica_loads[load.node] = load
+                loads_by_key[load.url or load.node] = load
+                loads_by_key.setdefault(load.node, load)
             model_loads = tuple(metrics.model_loads(config.models, now))
         except MetricsUnavailable as exc:
             errors.append(f"metrics unavailable: {exc}")
@@ -76,10 +78,15 @@ def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation
             if job.state in ACTIVE_JOB_STATES:
                 for name in job.nodes:
                     jobs_by_node.setdefault(name, []).append(job)
+        headed: dict[str, list[tuple[str, ReplicaConfig]]] = {}
+        model_of: dict[str, str] = {}
+        for model_name, replica in replicas:
+            headed.setdefault(replica.node, []).append((model_name, replica))
+            for n in replica.nodes:
+                model_of.setdefault(n, model_name)
         tag = config.slurm.tag
         views = []
-        for model_name, replica in replicas:
-            name = replica.node
+        for name, model_name in model_of.items():
             node = nodes.get(name)
             if node is None:
                 errors.append(f"pool node {name} is not known to Slurm (check the config)")
@@ -88,6 +95,8 @@ def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation
             else:
                 info = derive_phase(node, tag)
             node_jobs = jobs_by_node.get(name)
+            here = headed.get(name, [])
+            loads = _loads_of(here, loads_by_key)
             views.append(
                 NodeView(
                     node=node,
@@ -96,13 +105,31 @@ def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation
                     phase_since=info.since,
                     pinned=info.pinned,
                     jobs=tuple(node_jobs) if node_jobs else (),
-                    replica=replica_loads.get(name),
+                    replica=loads[0] if loads else None,
+                    replicas=loads if len(here) > 1 else (),
                 )
             )
         return Observation(now=now, nodes=tuple(views), models=model_loads, errors=tuple(errors))
     finally:
         if collecting:
             gc.enable()
+
+
+def _loads_of(
+    here: list[tuple[str, ReplicaConfig]], loads: dict[str, ReplicaLoad]
+) -> tuple[ReplicaLoad, ...]:
+    """The loads of the replicas headed on one node, found by url (or, for the one replica of
+    a node, by node name), named after their replica when the node has several."""
+    if len(here) == 1:
+        _, replica = here[0]
+        load = loads.get(replica.url) or loads.get(replica.node)
+        return (load,) if load is not None else ()
+    out = []
+    for _, replica in here:
+        load = loads.get(replica.url)
+        if load is not None:
+            out.append(replace(load, name=replica.name))
+    return tuple(out)
 
 
 def _log_observation(obs: Observation) -> None:
@@ -205,8 +232,8 @@ class Agent:
         driver = NodeDriver(
             self.config, self.slurm, self.engine_for, self.clock, self.sleep, on_step=self._journal_step
         )
-        views = {v.name: v for v in observation.nodes}
-        todo = [(views[a.node], a) for a in actions if a.node in views]
+        groups = {g.name: g for g in group_views(observation, self.config)}
+        todo = [(groups[a.node], a) for a in actions if a.node in groups]
         if not todo:
             return []
         # A thread per node up to the cap: a surge must start reclaims now, not after the waits
@@ -275,6 +302,7 @@ def phase_counts(result: TickResult) -> dict[str, int]:
     final: dict[str, Phase] = {v.name: v.phase for v in result.observation.nodes}
     for step in result.steps:
         if step.outcome == "ok":
-            final[step.node] = step.to_phase
+            for node in step.nodes or (step.node,):
+                final[node] = step.to_phase
     counts.update(p.value for p in final.values())
     return dict(counts)

@@ -78,8 +78,10 @@ class MetricsConfig(_Strict):
 class EngineConfig(_Strict):
     """How a vLLM replica is stopped and started on a node.
 
-    `command`: admin-supplied shell commands with `{node}`, `{url}`, `{model}` placeholders.
-    `docker`: a named container per node via the docker SDK (`container` is a template).
+    `command`: admin-supplied shell commands with `{node}`, `{url}`, `{model}`, `{port}`,
+    `{index}` placeholders, run once per replica.
+    `docker`: a named container per replica via the docker SDK (`container` is a template with
+    `{node}`, `{model}`, `{index}`, `{port}`).
     `http-sleep`: vLLM sleep mode (`POST /sleep?level=..&mode=wait`, `POST /wake_up`).
     """
 

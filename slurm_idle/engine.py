@@ -2,8 +2,9 @@
 
 The agent retires a replica before lending its node and brings it back on reclaim; how is
 site policy, chosen by `engine.kind`:
-- `command`: admin commands with `{node}`, `{url}`, `{model}` placeholders (shell-quoted values);
-- `docker`: a named container per node via the docker SDK (`stop(timeout=stop_timeout_s)`);
+- `command`: admin commands with `{node}`, `{url}`, `{model}`, `{port}`, `{index}` placeholders
+  (shell-quoted values; one call per replica, so a node with two replicas gets two);
+- `docker`: a named container per replica (`{index}`/`{port}` tell a node's replicas apart) via the docker SDK (`stop(timeout=stop_timeout_s)`);
 - `http-sleep`: vLLM sleep mode (`POST /sleep?level=N&mode=wait`, `POST /wake_up`), fastest.
 Health is the same for all: `GET /health` 200, awake per `GET /is_sleeping` (dev mode) or the
 `vllm:engine_sleep_state` gauge, in-flight requests from `vllm:num_requests_running` plus
@@ -233,12 +234,17 @@ class _HttpHealth:
         return reading.in_flight if reading else None
 
 
-_PLACEHOLDER = re.compile(r"\{(node|url|model)\}")
+_PLACEHOLDER = re.compile(r"\{(node|url|model|port|index|name)\}")
 
 
-def format_command(template: str, node: str, url: str, model: str) -> str:
-    """Fill `{node}`, `{url}`, `{model}` with shell-quoted values; other braces stay as they are."""
-    values = {"node": node, "url": url, "model": model}
+def format_command(
+    template: str, node: str, url: str, model: str, port: int | None = None, index: int = 0,
+    name: str = "",
+) -> str:
+    """Fill `{node}`, `{url}`, `{model}`, `{port}`, `{index}`, `{name}` (the replica's) with
+    shell-quoted values; other braces stay as they are."""
+    values = {"node": node, "url": url, "model": model, "port": "" if port is None else str(port),
+              "index": str(index), "name": name or node}
     return _PLACEHOLDER.sub(lambda m: shlex.quote(values[m.group(1)]), template)
 
 
@@ -262,7 +268,8 @@ class CommandEngine(_HttpHealth):
     def _shell(
         self, what: str, template: str, replica: ReplicaConfig, own_s: float, given_s: float | None
     ) -> None:
-        command = format_command(template, replica.node, replica.url, self.model)
+        command = format_command(template, replica.node, replica.url, self.model, replica.port,
+                                 replica.index, replica.name)
         limit, cut = _limit(own_s, given_s)
         try:
             self.runner.run(["sh", "-c", command], timeout=limit)
@@ -289,10 +296,14 @@ class CommandEngine(_HttpHealth):
         self._shell("stop", self.config.stop_command, replica, self.config.stop_timeout_s + 30, timeout_s)
 
 
-def container_name(template: str, node: str, model: str = "") -> str:
-    """The container of a node: `{node}` and `{model}` (made name-safe) filled in."""
+def container_name(
+    template: str, node: str, model: str = "", index: int = 0, port: int | None = None
+) -> str:
+    """The container of a replica: `{node}`, `{model}` (made name-safe), `{index}` and `{port}`
+    (for several replicas on one node) filled in."""
     safe_model = re.sub(r"[^a-zA-Z0-9_.-]", "-", model)
-    return template.replace("{node}", node).replace("{model}", safe_model)
+    return (template.replace("{node}", node).replace("{model}", safe_model)
+            .replace("{index}", str(index)).replace("{port}", "" if port is None else str(port)))
 
 
 class DockerEngine(_HttpHealth):
@@ -328,7 +339,8 @@ class DockerEngine(_HttpHealth):
     def container(self, replica: ReplicaConfig) -> Any:
         import docker
 
-        name = container_name(self.config.container, replica.node, self.model)
+        name = container_name(self.config.container, replica.node, self.model, replica.index,
+                              replica.port)
         try:
             container = self.client.containers.get(name)
         except docker.errors.NotFound:

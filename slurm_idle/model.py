@@ -136,6 +136,7 @@ class ReplicaLoad:
     ttft_p95_s: float | None = None
     queue_time_p95_s: float | None = None
     healthy: bool | None = None  # /health answered 200 (None: not checked this tick)
+    name: str = ""  # the replica's name (Replica.name); "" in one-replica-per-node setups
 
 
 @dataclass(frozen=True)
@@ -177,11 +178,57 @@ class NodeView:
     phase_since: float | None = None  # unix seconds the current phase started, if known
     pinned: bool = False
     jobs: tuple[SlurmJob, ...] = ()
-    replica: ReplicaLoad | None = None
+    replica: ReplicaLoad | None = None  # the (first) replica headed on this node
+    replicas: tuple[ReplicaLoad, ...] = ()  # every replica headed on it, when there are several
 
     @property
     def name(self) -> str:
         return self.node.name
+
+    def loads(self) -> tuple[ReplicaLoad, ...]:
+        """The loads of the replicas headed on this node."""
+        if self.replicas:
+            return self.replicas
+        return (self.replica,) if self.replica is not None else ()
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """One lend group as the planner and the node driver see it: its nodes' views and the one
+    phase they share (topology.group_phase says how a group whose nodes disagree is read)."""
+
+    group: LendGroup
+    nodes: tuple[NodeView, ...]
+    phase: Phase
+    phase_since: float | None = None
+    pinned: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.group.name
+
+    @property
+    def jobs(self) -> tuple[SlurmJob, ...]:
+        return tuple(j for v in self.nodes for j in v.jobs)
+
+    @property
+    def gpus_total(self) -> int:
+        return sum(v.node.gpus_total for v in self.nodes)
+
+    def load(self, replica: Replica) -> ReplicaLoad | None:
+        """The replica's load, found on its head node's view (by name, url, or as its only one)."""
+        head = next((v for v in self.nodes if v.name == replica.node), None)
+        if head is None:
+            return None
+        loads = head.loads()
+        for load in loads:
+            if (load.name and load.name == replica.name) or (load.url and load.url == replica.url):
+                return load
+        if len(loads) == 1 and not loads[0].name and not loads[0].url:
+            return loads[0]
+        if len(loads) == 1 and sum(1 for r in self.group.replicas if r.node == replica.node) == 1:
+            return loads[0]
+        return None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from slurm_idle.model import LendGroup, Replica
+from slurm_idle.model import GroupView, LendGroup, NodeView, Observation, Phase, Replica
 
 if TYPE_CHECKING:
     from slurm_idle.config import Config
@@ -139,3 +139,56 @@ def _check_containers(config: Config) -> None:
                 raise ValueError(
                     f"engine.container {template!r} names one container per node, but {r.node} "
                     "runs several replicas: add {index} or {port} (e.g. vllm-{node}-{index})")
+
+
+#: Between two transitional phases of one group, the later edge's target wins (a tick killed
+#: while writing it left the other nodes one step behind): the driver re-applies that step to
+#: every node, idempotently.
+_TRANSITIONAL_ORDER = (Phase.RETIRING, Phase.LENDING, Phase.RECLAIMING, Phase.STARTING)
+
+
+def group_phase(views: tuple[NodeView, ...]) -> tuple[Phase, float | None, bool]:
+    """(phase, since, pinned) of a group from its nodes' phases.
+
+    An admin's node makes the whole group the admin's (never touched). Nodes that agree give
+    their phase. A transitional phase beats a settled one (a step under way is carried on over
+    every node). Settled phases that disagree (a node added to the group, an odd manual
+    change) read as RECLAIMING: the group is brought back to serving, service first.
+    """
+    pinned = any(v.pinned for v in views)
+    phases = {v.phase for v in views}
+    if Phase.ADMIN in phases:
+        return Phase.ADMIN, None, pinned
+    if len(phases) == 1:
+        (phase,) = phases
+    else:
+        moving = [p for p in _TRANSITIONAL_ORDER if p in phases]
+        phase = moving[-1] if moving else Phase.RECLAIMING
+    sinces = [v.phase_since for v in views if v.phase is phase and v.phase_since is not None]
+    return phase, (min(sinces) if sinces else None), pinned
+
+
+def group_views(observation: Observation, config: Config) -> list[GroupView]:
+    """The observation's nodes as lend groups, in observation order. A node the config does not
+    know is a group of its own with one replica named after it (as before groups existed); a
+    group with a node missing from the observation is left out (nothing to act on)."""
+    index = group_index(config)
+    by_name = {v.name: v for v in observation.nodes}
+    seen: set[str] = set()
+    out: list[GroupView] = []
+    for view in observation.nodes:
+        group = index.get(view.name)
+        if group is None:
+            group = LendGroup((view.name,), (Replica(view.name, view.model, (view.name,), ""),))
+        if group.name in seen:
+            continue
+        seen.add(group.name)
+        if len(group.nodes) == 1:
+            out.append(GroupView(group, (view,), view.phase, view.phase_since, view.pinned))
+            continue
+        members = tuple(by_name[n] for n in group.nodes if n in by_name)
+        if len(members) != len(group.nodes):
+            continue
+        phase, since, pinned = group_phase(members)
+        out.append(GroupView(group, members, phase, since, pinned))
+    return out

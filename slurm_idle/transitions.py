@@ -1,4 +1,9 @@
-"""The effectors: drive one node along its lifecycle, one allowed edge at a time.
+"""The effectors: drive one lend group along its lifecycle, one allowed edge at a time.
+
+A group (topology.py) is one node in a one-replica-per-node pool, a node with several replicas,
+or the nodes a replica spans. Its phase is written on every one of its nodes, each engine step
+is taken for every replica of it (each with its own `{port}`/`{index}`, container or url), and
+the group serves only once all its replicas are healthy.
 
 `NodeDriver.drive` is the single function that applies transitions. Every step is idempotent
 (draining a drained node, stopping a stopped engine, resuming a resumed node are no-ops), and
@@ -37,7 +42,8 @@ from slurm_idle.lifecycle import (
     next_phase,
 )
 from slurm_idle.logs import get_logger
-from slurm_idle.model import Action, ActionKind, NodeView, Phase
+from slurm_idle.model import Action, ActionKind, GroupView, LendGroup, NodeView, Phase
+from slurm_idle.topology import group_index
 
 log = get_logger(__name__)
 
@@ -115,6 +121,7 @@ class StepResult:
     duration_s: float
     error: str | None = None
     detail: str | None = None  # why a step is still waiting (carried over to the next tick)
+    nodes: tuple[str, ...] = ()  # every node of a multi-node lend group (`node` is its key)
 
     def record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {
@@ -133,6 +140,8 @@ class StepResult:
             rec["error"] = self.error
         if self.detail:
             rec["detail"] = self.detail
+        if self.nodes:
+            rec["nodes"] = list(self.nodes)
         return rec
 
 
@@ -150,10 +159,11 @@ class NodeDriver:
     def __post_init__(self) -> None:
         self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
         self._nodes_poll = SharedPoll(self.slurm.nodes, POLL_S, self.clock)
-        # Per node, touched only by that node's thread: jobs already requeued, and whether
-        # this process already started the node's engine (never start it twice in a tick).
+        # Per node, touched only by its group's thread: jobs already requeued; per replica,
+        # whether this process already started its engine (never start it twice in a tick).
         self._requeued: dict[str, set[int]] = {}
         self._started: set[str] = set()
+        self._replica_configs = {r.name: (m.name, r) for m in self.config.models for r in m.replicas}
 
     @property
     def tag(self) -> str:
@@ -161,20 +171,36 @@ class NodeDriver:
 
     # -- public -------------------------------------------------------------------------------
 
-    def drive(self, view: NodeView, action: Action, deadline: float) -> list[StepResult]:
-        """Carry `view`'s node from its phase toward where `action` leads, until settled,
-        blocked on a condition at `deadline`, or failed. Returns every step attempted."""
+    def group_of(self, view: NodeView | GroupView) -> GroupView:
+        """A node's view as its lend group; a node of a multi-node group needs the group's view
+        (the agent builds it from the whole observation)."""
+        if isinstance(view, GroupView):
+            return view
+        group = group_index(self.config).get(view.name)
+        if group is None:
+            group = LendGroup((view.name,), ())
+        if len(group.nodes) > 1:
+            raise SlurmIdleError(f"{view.name} is one node of lend group {', '.join(group.nodes)}: "
+                                 "act on the whole group")
+        return GroupView(group, (view,), view.phase, view.phase_since, view.pinned)
+
+    def drive(self, view: NodeView | GroupView, action: Action, deadline: float) -> list[StepResult]:
+        """Carry `view`'s group (or lone node) from its phase toward where `action` leads, until
+        settled, blocked on a condition at `deadline`, or failed. Returns every step attempted."""
         results: list[StepResult] = []
         target: Phase | None = action.to_phase
         reason = action.reason
-        current = view
+        current = self.group_of(view)
+        model = action.model
         while target is not None:
-            result = self._step(current, target, action.kind.value, reason, deadline)
+            result = self._step(current, model, target, action.kind.value, reason, deadline)
             results.append(result)
             self.on_step(result)
             if result.outcome != "ok":
                 break
-            current = replace(current, phase=target, phase_since=result.started + result.duration_s)
+            since = result.started + result.duration_s
+            current = replace(current, phase=target, phase_since=since,
+                              nodes=tuple(replace(v, phase=target, phase_since=since) for v in current.nodes))
             target = next_phase(current.phase)
             if target is not None:
                 reason = check_transition(current.phase, target)
@@ -183,7 +209,7 @@ class NodeDriver:
     # -- the steps, one per edge ----------------------------------------------------------------
 
     def _step(
-        self, view: NodeView, to_phase: Phase, action: str, reason: str, deadline: float
+        self, view: GroupView, model: str, to_phase: Phase, action: str, reason: str, deadline: float
     ) -> StepResult:
         started = self.clock()
         outcome, error, detail = "ok", None, None
@@ -207,7 +233,7 @@ class NodeDriver:
                 f"; {detail}" if detail else "")
         result = StepResult(
             node=view.name,
-            model=view.model,
+            model=model,
             action=action,
             from_phase=view.phase,
             to_phase=to_phase,
@@ -217,16 +243,17 @@ class NodeDriver:
             duration_s=self.clock() - started,
             error=error,
             detail=detail,
+            nodes=tuple(view.group.nodes) if len(view.nodes) > 1 else (),
         )
         level = log.info if outcome == "ok" else log.warning
         level(
             "%s %s -> %s: %s [%s%s]",
-            view.name, view.phase.value, to_phase.value, reason, outcome,
+            ",".join(v.name for v in view.nodes), view.phase.value, to_phase.value, reason, outcome,
             f": {error or detail}" if error or detail else "",
         )
         return result
 
-    def _handlers(self) -> dict[tuple[Phase, Phase], Callable[[NodeView, float], bool]]:
+    def _handlers(self) -> dict[tuple[Phase, Phase], Callable[[GroupView, float], bool]]:
         return {
             (Phase.SERVING, Phase.RETIRING): self._retire,
             (Phase.RETIRING, Phase.SERVING): self._back_to_serving,
@@ -239,109 +266,124 @@ class NodeDriver:
             (Phase.STARTING, Phase.SERVING): self._wait_serving,
         }
 
-    def _still_ours(self, view: NodeView, fresh: bool = False) -> None:
-        """Raise Superseded if an admin drained (or downed) the node since we observed it.
+    def _still_ours(self, view: GroupView, fresh: bool = False) -> None:
+        """Raise Superseded if an admin drained (or downed) a node of the group since we
+        observed it: the whole group is then left alone.
 
         The shared poll is at most POLL_S old; `fresh` reads Slurm now, for the step that
         follows a long wait (an engine stop) and would otherwise undo an admin's drain.
         """
+        names = {v.name for v in view.nodes}
         for node in self.slurm.nodes() if fresh else self._nodes_poll.get():
-            if node.name == view.name:
-                if derive_phase(node, self.tag).phase is Phase.ADMIN:
-                    raise Superseded(f"{view.name} was taken by an admin ({node.reason!r}); leaving it alone")
-                return
+            if node.name in names and derive_phase(node, self.tag).phase is Phase.ADMIN:
+                raise Superseded(f"{node.name} was taken by an admin ({node.reason!r}); leaving it alone")
 
-    def _mark(self, view: NodeView, phase: Phase) -> None:
+    def _mark(self, view: GroupView, phase: Phase) -> None:
+        """Write the group's phase on every one of its nodes (each write idempotent)."""
         self._still_ours(view)
-        self.slurm.drain(view.name, format_reason(self.tag, phase, self.clock(), view.pinned))
+        reason = format_reason(self.tag, phase, self.clock(), view.pinned)
+        for node in view.nodes:
+            self.slurm.drain(node.name, reason)
 
-    def _replica(self, view: NodeView) -> ReplicaConfig:
-        replica = self.config.replica(view.name)
-        if replica is None:  # the planner only hands us pool nodes
+    def _replicas(self, view: GroupView) -> list[tuple[str, ReplicaConfig]]:
+        """(model, replica config) of every replica of the group."""
+        out = []
+        for replica in view.group.replicas:
+            found = self._replica_configs.get(replica.name)
+            if found is None:  # the planner only hands us pool nodes
+                raise SlurmIdleError(f"{view.name} is not a pool node in the config")
+            out.append(found)
+        if not out:
             raise SlurmIdleError(f"{view.name} is not a pool node in the config")
-        return replica
+        return out
 
-    def _engine(self, view: NodeView) -> Any:
-        return self.engine_for(view.model)
-
-    def _retire(self, view: NodeView, deadline: float) -> bool:
+    def _retire(self, view: GroupView, deadline: float) -> bool:
         self._mark(view, Phase.RETIRING)
         return True
 
-    def _back_to_serving(self, view: NodeView, deadline: float) -> bool:
+    def _back_to_serving(self, view: GroupView, deadline: float) -> bool:
         self._mark(view, Phase.SERVING)
         return True
 
-    def _wait_idle_then_lending(self, view: NodeView, deadline: float) -> bool:
+    def _wait_idle_then_lending(self, view: GroupView, deadline: float) -> bool:
         from slurm_idle.engine import wait_until_idle
 
-        engine, replica = self._engine(view), self._replica(view)
-        drain_s = self.config.engine_for(view.model).drain_timeout_s
         since = view.phase_since if view.phase_since is not None else self.clock()
-        give_up_at = since + drain_s
-        wait_s = max(0.0, min(deadline, give_up_at) - self.clock())
-        if not wait_until_idle(engine, replica, wait_s, self.clock, self.sleep, POLL_S):
-            if self.clock() < give_up_at:
-                return False  # still draining at the tick's deadline: the next tick carries on
-            log.warning("%s: requests still running after the %.0fs drain window; stopping anyway",
-                        view.name, drain_s)
+        for model, replica in self._replicas(view):
+            drain_s = self.config.engine_for(model).drain_timeout_s
+            give_up_at = since + drain_s
+            wait_s = max(0.0, min(deadline, give_up_at) - self.clock())
+            if not wait_until_idle(self.engine_for(model), replica, wait_s, self.clock, self.sleep, POLL_S):
+                if self.clock() < give_up_at:
+                    return False  # still draining at the tick's deadline: the next tick carries on
+                log.warning("%s: requests still running after the %.0fs drain window; stopping anyway",
+                            replica.name, drain_s)
         self._mark(view, Phase.LENDING)
         return True
 
-    def _call_engine(self, op: str, view: NodeView, deadline: float) -> None:
+    def _call_engine(self, op: str, model: str, replica: ReplicaConfig, deadline: float) -> None:
         """Engine start/stop, given the tick's time left (at least MIN_ENGINE_CALL_S)."""
-        method = getattr(self._engine(view), op)
-        method(self._replica(view), timeout_s=max(MIN_ENGINE_CALL_S, deadline - self.clock()))
+        method = getattr(self.engine_for(model), op)
+        method(replica, timeout_s=max(MIN_ENGINE_CALL_S, deadline - self.clock()))
 
-    def _stop_engine_and_resume(self, view: NodeView, deadline: float) -> bool:
+    def _stop_engine_and_resume(self, view: GroupView, deadline: float) -> bool:
         from slurm_idle.engine import EngineDeadline
 
         self._still_ours(view)
-        try:
-            self._call_engine("stop", view, deadline)
-        except EngineDeadline as exc:
-            raise CarryOver(f"{exc}; stays lending, carried over to the next tick, which "
-                            "re-issues the stop") from None
-        # Stopping can take minutes: an admin who drained the node meanwhile keeps it (the
+        for model, replica in self._replicas(view):
+            try:
+                self._call_engine("stop", model, replica, deadline)
+            except EngineDeadline as exc:
+                raise CarryOver(f"{exc}; stays lending, carried over to the next tick, which "
+                                "re-issues the stop") from None
+        # Stopping can take minutes: an admin who drained a node meanwhile keeps the group (the
         # RESUME below would clear their drain and reason).
         self._still_ours(view, fresh=True)
-        # Comment first: a tick killed between the two leaves a drained "lending" node, which
-        # the next tick carries on; never an undrained node without our comment.
-        self.slurm.set_comment(view.name, lent_comment(self.tag, self.clock(), view.node.comment))
-        self.slurm.resume(view.name)
+        for node in view.nodes:
+            if node.phase is Phase.LENT:
+                continue  # resumed by a tick killed half-way through the group
+            # Comment first: a tick killed between the two leaves a drained "lending" node,
+            # which the next tick carries on; never an undrained node without our comment.
+            self.slurm.set_comment(node.name, lent_comment(self.tag, self.clock(), node.node.comment))
+            self.slurm.resume(node.name)
         return True
 
-    def _start_engine(self, view: NodeView, deadline: float) -> bool:
+    def _start_engine(self, view: GroupView, deadline: float) -> bool:
         self._mark(view, Phase.STARTING)
         self._restore_comment(view)  # a lend that failed after writing its comment
         self._start(view, deadline)
         return True
 
-    def _restore_comment(self, view: NodeView) -> None:
-        """Take our lent marker off the node's Comment, leaving the admin's text as it was; a
+    def _restore_comment(self, view: GroupView) -> None:
+        """Take our lent marker off the nodes' Comment, leaving the admin's text as it was; a
         Comment that is not ours (or none) is not written at all."""
-        if is_ours(view.node.comment.strip(), self.tag):
-            self.slurm.set_comment(view.name, admin_comment(view.node.comment, self.tag))
+        for node in view.nodes:
+            if is_ours(node.node.comment.strip(), self.tag):
+                self.slurm.set_comment(node.name, admin_comment(node.node.comment, self.tag))
 
-    def _start(self, view: NodeView, deadline: float) -> None:
-        """Start the engine once in this tick. A start still running at the deadline is not an
-        error: the node is STARTING in Slurm, and the next tick re-checks health and re-issues
-        the start (see `_wait_serving`)."""
+    def _start(self, view: GroupView, deadline: float, only: set[str] | None = None) -> None:
+        """Start the group's engines (or those named in `only`), each once in this tick. A start
+        still running at the deadline is not an error: the group is STARTING in Slurm, and the
+        next tick re-checks health and re-issues the start (see `_wait_serving`)."""
         from slurm_idle.engine import EngineDeadline
 
-        self._started.add(view.name)
-        try:
-            self._call_engine("start", view, deadline)
-        except EngineDeadline as exc:
-            log.warning("%s: %s; stays starting, carried over to the next tick", view.name, exc)
+        for model, replica in self._replicas(view):
+            if only is not None and replica.name not in only:
+                continue
+            self._started.add(replica.name)
+            try:
+                self._call_engine("start", model, replica, deadline)
+            except EngineDeadline as exc:
+                log.warning("%s: %s; stays starting, carried over to the next tick", replica.name, exc)
 
     def _jobs_on(self, node: str) -> list[Any]:
         return [j for j in self._jobs_poll.get() if node in j.nodes and j.state in ACTIVE_JOB_STATES]
 
-    def _drain_and_requeue(self, view: NodeView, deadline: float) -> bool:
+    def _drain_and_requeue(self, view: GroupView, deadline: float) -> bool:
         self._mark(view, Phase.RECLAIMING)
         self._restore_comment(view)
-        self._requeue_lent_jobs(view.name)
+        for node in view.nodes:
+            self._requeue_lent_jobs(node.name)
         return True
 
     def _still_on(self, node: str) -> str:
@@ -389,42 +431,55 @@ class NodeDriver:
             # requeue_grace_s, then the requeue turns the job back to PENDING.
             self.slurm.requeue(ours, grace_s=self.config.slurm.requeue_grace_s)
 
-    def _wait_empty_then_start(self, view: NodeView, deadline: float) -> bool:
+    def _wait_empty_then_start(self, view: GroupView, deadline: float) -> bool:
         requeued_again = False
         while True:
             # Also covers a tick killed between the drain and the requeue, and a job that
             # started just before the drain: requeue whatever still runs, once.
-            self._requeue_lent_jobs(view.name)
-            if not self._jobs_on(view.name):
+            for node in view.nodes:
+                self._requeue_lent_jobs(node.name)
+            busy = [node.name for node in view.nodes if self._jobs_on(node.name)]
+            if not busy:
                 break
             now = self.clock()
             if not requeued_again and self._overdue(view, now):
                 # Still not empty long after the requeue: ask again, whatever the state.
-                self._requeue_lent_jobs(view.name, again=True)
+                for name in busy:
+                    self._requeue_lent_jobs(name, again=True)
                 requeued_again = True
             if now >= deadline:
-                raise CarryOver(self._still_on(view.name))
+                raise CarryOver("; ".join(self._still_on(name) if len(view.nodes) == 1
+                                          else f"{name}: {self._still_on(name)}" for name in busy))
             self.sleep(min(POLL_S, max(0.0, deadline - now)))
         self._mark(view, Phase.STARTING)
         self._start(view, deadline)
         return True
 
-    def _wait_serving(self, view: NodeView, deadline: float) -> bool:
+    def _wait_serving(self, view: GroupView, deadline: float) -> bool:
+        """SERVING once every replica of the group is healthy and awake; a replica that does not
+        get there keeps the whole group STARTING, named in the carried-over reason."""
         from slurm_idle.engine import wait_until_serving
 
-        engine, replica = self._engine(view), self._replica(view)
-        if view.name not in self._started and not engine.health(replica).serving:
+        replicas = self._replicas(view)
+        down = {r.name for m, r in replicas
+                if r.name not in self._started and not self.engine_for(m).health(r).serving}
+        if down:
             # Started by an earlier tick (or one killed between writing STARTING and starting
             # the engine): start() is idempotent, issue it again. Never twice in one tick.
-            self._start(view, deadline)
-        wait_s = max(0.0, deadline - self.clock())
-        if not wait_until_serving(engine, replica, wait_s, self.clock, self.sleep, POLL_S):
-            raise CarryOver("engine not serving yet at the tick's deadline; stays starting, carried "
+            self._start(view, deadline, only=down)
+        late = []
+        for model, replica in replicas:
+            wait_s = max(0.0, deadline - self.clock())
+            if not wait_until_serving(self.engine_for(model), replica, wait_s, self.clock, self.sleep, POLL_S):
+                late.append(replica.name)
+        if late:
+            who = f"replica(s) {', '.join(late)}: " if len(replicas) > 1 else ""
+            raise CarryOver(f"{who}engine not serving yet at the tick's deadline; stays starting, carried "
                             "over to the next tick, which re-checks health (and re-issues the start)")
         self._mark(view, Phase.SERVING)
         return True
 
-    def _overdue(self, view: NodeView, now: float) -> bool:
+    def _overdue(self, view: GroupView, now: float) -> bool:
         if view.phase_since is None:
             return False
         t = self.config.timeouts

@@ -124,7 +124,7 @@ def query(ctx: Context, as_json: bool) -> None:
             "url": l.url,
             "node": l.node,
             "model": l.model,
-            "engine": ",".join(source.last_engines.get(l.node, ())),
+            "engine": ",".join(source.last_engines.get(l.url, ())),
             "known": l.known,
             "running": l.running,
             "waiting": l.waiting,

@@ -262,9 +262,10 @@ def target_keys(replica: ReplicaConfig) -> list[str]:
 
 
 def target_index(replicas: Sequence[tuple[str, ReplicaConfig]]) -> dict[str, str]:
-    """label value -> node name; earlier (more exact) keys win over later ones."""
+    """label value -> replica url (a replica's key: unique, where a node may run several);
+    earlier (more exact) keys win over later ones."""
     index: dict[str, str] = {}
-    all_keys = [(target_keys(replica), replica.node) for _, replica in replicas]
+    all_keys = [(target_keys(replica), replica.url) for _, replica in replicas]
     for rank in range(max((len(keys) for keys, _ in all_keys), default=0)):
         for keys, node in all_keys:
             if rank < len(keys):
@@ -331,7 +332,7 @@ class PrometheusSource:
         self.prom = prom if prom is not None else connect_fn(self.url, config.metrics.query_timeout_s)
         self.q = queries_for(config)
         self.queries = 0
-        self.last_engines: dict[str, tuple[str, ...]] = {}  # node -> engine labels seen (for the CLI)
+        self.last_engines: dict[str, tuple[str, ...]] = {}  # url -> engine labels seen (for the CLI)
         # the replica list, its target_index, and node -> configured model name
         self._index: tuple[list[tuple[str, ReplicaConfig]], dict[str, str], dict[str, str]] | None = None
 
@@ -379,7 +380,7 @@ class PrometheusSource:
         tick of a daemon)."""
         current = list(replicas)
         if self._index is None or self._index[0] != current:
-            self._index = (current, target_index(current), {r.node: m for m, r in current})
+            self._index = (current, target_index(current), {r.url: m for m, r in current})
         return self._index[1], self._index[2]
 
     def replica_loads(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> list[ReplicaLoad]:
@@ -480,10 +481,10 @@ class PrometheusSource:
         asleep = signals["asleep"]
         out = []
         for model, replica in replicas:
-            node = replica.node
+            node = replica.url  # the key of the per-signal maps (target_index)
             running = running_of(node)
             if running is None:
-                out.append(ReplicaLoad(model=model, node=node, url=replica.url, known=False))
+                out.append(ReplicaLoad(model=model, node=replica.node, url=replica.url, known=False))
                 continue
             waiting = waiting_of(node)
             prompt = prompt_of(node)
@@ -497,7 +498,7 @@ class PrometheusSource:
             out.append(
                 ReplicaLoad(
                     model=model,
-                    node=node,
+                    node=replica.node,
                     url=replica.url,
                     known=(
                         node not in stale

@@ -230,8 +230,8 @@ class ScrapeSource:
         self.max_workers = max_workers
         self.requests = 0
         self.errors: dict[str, str] = {}  # url -> why it was unknown at the last tick
-        self._last: dict[str, tuple[str, ServerReading | None]] = {}  # node -> (model, reading)
-        self._dark: set[str] = set()  # nodes busy at their last answer that did not answer now
+        self._last: dict[str, tuple[str, ServerReading | None]] = {}  # url -> (model, reading)
+        self._dark: set[str] = set()  # replica urls busy at their last answer, silent now
 
     def _fetch_all(self, urls: Sequence[str]) -> dict[str, list[EngineSnapshot] | MetricsUnavailable]:
         timeout = self.config.metrics.scrape_timeout_s
@@ -295,17 +295,17 @@ class ScrapeSource:
         for model, replica in replicas:
             r = readings[replica.url]
             server = None if isinstance(r, MetricsUnavailable) else sum_engines(r)
-            self._last[replica.node] = (model, server)
+            self._last[replica.url] = (model, server)
             if (server is None or not server.complete) and _went_dark(
                 last_answer.get(replica.url), t1, self.config.metrics.staleness_s
             ):
-                self._dark.add(replica.node)
+                self._dark.add(replica.url)
             loads.append(_replica_load(model, replica, server))
         return loads
 
     def model_loads(self, models: Sequence[ModelConfig], now: float) -> list[ModelLoad]:
         wanted = [(m.name, r) for m in models for r in m.replicas]
-        if any(r.node not in self._last for _, r in wanted):
+        if any(r.url not in self._last for _, r in wanted):
             self.replica_loads(wanted)
         policy = self.config.policy
         state = ScrapeState.load(self.state_path) if self.state_path else None
@@ -313,7 +313,7 @@ class ScrapeSource:
         out = []
         staleness = self.config.metrics.staleness_s
         for m in models:
-            servers = [s for r in m.replicas if (s := self._last[r.node][1]) is not None and s.complete]
+            servers = [s for r in m.replicas if (s := self._last[r.url][1]) is not None and s.complete]
             if not servers:
                 out.append(ModelLoad(model=m.name, known=False))
                 if state is not None:
@@ -323,7 +323,7 @@ class ScrapeSource:
             # (model_name)`; the planner lends nothing while a serving replica is unknown. A
             # replica that was busy and went dark makes the sum too low: this tick's reading is
             # then unknown in the history and the window is not read from it.
-            dark = any(r.node in self._dark for r in m.replicas)
+            dark = any(r.url in self._dark for r in m.replicas)
             gen = sum(s.generation_tokens_per_s or 0.0 for s in servers)
             prompt = sum(s.prompt_tokens_per_s or 0.0 for s in servers)
             waiting = sum(s.waiting for s in servers)

@@ -11,6 +11,12 @@ Per model: count supply by phase, compute the need (capacity.py), then
   are known or not: the window's end is a promise to the jobs, kept through a metrics outage;
 - carry every other transitional node one step on (CONTINUE; the agent checks the conditions);
 - adopt unmanaged pool nodes into serving; never name an ADMIN node.
+Lend groups: the planner decides *replicas* per model, but Slurm lends whole nodes, so what moves
+is a lend group (topology.py): every replica on it retires, is lent and comes back together. A
+scale-up counts the replicas of the model a group brings back; a lend picks groups (the most GPUs
+freed first, idle ones before busy ones) only while every model with a replica on the group keeps
+its need over the window, its floor and its `max_lent_fraction`. A group's replicas always share
+its phase, so no group is ever left half-retired. One-replica-per-node pools are groups of one.
 A replica in a serving phase whose engine reports sleeping serves nothing: it is not counted as
 capacity (a lent node comes back in its place if the need says so), and, as with unknown
 metrics, nothing of the model is lent while it sleeps; the node itself is left alone.
@@ -18,86 +24,137 @@ metrics, nothing of the model is lent while it sleeps; the node itself is left a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 from slurm_idle.config import Config, ModelConfig
 from slurm_idle.lifecycle import next_phase
 from slurm_idle.model import (
     Action,
     ActionKind,
+    GroupView,
     ModelLoad,
     ModelPlan,
-    NodeView,
     Observation,
     Phase,
+    Replica,
+    ReplicaLoad,
 )
 from slurm_idle.policy.capacity import Need, assess_need
 from slurm_idle.policy.windows import in_windows
+from slurm_idle.topology import group_index, group_views
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One group as one model sees it: the group and that model's replicas on it."""
+
+    group: GroupView
+    replicas: tuple[Replica, ...]
+
+    @property
+    def name(self) -> str:
+        return self.group.name
+
+    @property
+    def phase(self) -> Phase:
+        return self.group.phase
+
+    def loads(self) -> list[ReplicaLoad | None]:
+        return [self.group.load(r) for r in self.replicas]
+
+    def capacity(self) -> int:
+        """Replicas that serve: not asleep, not failing their health check."""
+        return sum(1 for load in self.loads() if not _out_of_service(load))
+
+    def running(self) -> float:
+        return sum(load.running for load in self.loads() if load is not None)
+
+    def group_running(self) -> float:
+        """Requests running on every replica of the group, whatever its model."""
+        loads = (self.group.load(r) for r in self.group.group.replicas)
+        return sum(load.running for load in loads if load is not None)
+
+
+def _out_of_service(load: ReplicaLoad | None) -> bool:
+    """Asleep (even on stale metrics: then it may still be) or seen unhealthy."""
+    return load is not None and (load.sleeping or load.healthy is False)
+
+
+def _asleep(unit: _Unit) -> bool:
+    """Every replica of the model on the group is out of service (none of it is capacity)."""
+    return unit.capacity() == 0
 
 
 @dataclass(frozen=True)
 class _Model:
-    """One model's nodes by phase and its verdict: the shared work of plan() and assess()."""
+    """One model's groups by phase and its verdict: the shared work of plan() and assess()."""
 
     config: ModelConfig
-    by_phase: dict[Phase, list[NodeView]]
-    adoptable: list[NodeView]
-    total: int  # non-admin nodes
+    by_phase: dict[Phase, list[_Unit]]
+    adoptable: list[_Unit]
+    total: int  # replicas on non-admin groups
     known: bool  # metrics good enough to lend on
     in_window: bool  # inside the lending windows (always, without windows)
     need: Need
     needed: int  # what supply must reach now
     reason: str
+    arriving: int = 0  # STARTING/RECLAIMING groups not stuck past their timeout
 
-    def nodes(self, *phases: Phase) -> list[NodeView]:
-        return [n for p in phases for n in self.by_phase.get(p, [])]
+    def units(self, *phases: Phase) -> list[_Unit]:
+        return [u for p in phases for u in self.by_phase.get(p, [])]
 
     @property
     def taking_traffic(self) -> int:
-        return sum(1 for n in self.nodes(Phase.SERVING, Phase.RETIRING) if not _asleep(n))
+        return sum(u.capacity() for u in self.units(Phase.SERVING, Phase.RETIRING))
+
+    @property
+    def lendable(self) -> bool:
+        """Load known, in a window, evidence over the window, nothing on its way back."""
+        return (self.known and self.in_window and self.need.down is not None
+                and not self.arriving and not self.adoptable)
 
 
-def _asleep(view: NodeView) -> bool:
-    """The replica's engine reports sleeping (even on stale metrics: then it may still be)."""
-    return view.replica is not None and view.replica.sleeping
-
-
-def _load_known(load: ModelLoad | None, serving: list[NodeView]) -> tuple[bool, str]:
+def _load_known(load: ModelLoad | None, serving: list[_Unit]) -> tuple[bool, str]:
     if load is None:
         return False, "no load metrics for the model"
     if not load.known:
         return False, "model load metrics missing or stale"
-    blind = [n.name for n in serving if n.replica is None or not n.replica.known]
+    blind = [r.name for u in serving for r, ld in zip(u.replicas, u.loads(), strict=True)
+             if ld is None or not ld.known]
     if blind:
         return False, f"metrics unknown for serving replica(s) {', '.join(blind)}"
-    asleep = [n.name for n in serving if _asleep(n)]
+    asleep = [r.name for u in serving for r, ld in zip(u.replicas, u.loads(), strict=True)
+              if ld is not None and ld.sleeping]
     if asleep:
         names = ", ".join(asleep)
         return False, f"engine asleep on serving replica(s) {names} (not counted until it wakes)"
     return True, ""
 
 
-def _examine(
-    obs: Observation, config: Config, model: ModelConfig, now: float, nodes: list[NodeView]
-) -> _Model:
-    """`nodes`: the model's nodes in observation order (grouped once for all models)."""
-    views = sorted(nodes, key=lambda n: n.name)
-    by_phase: dict[Phase, list[NodeView]] = {}
-    for view in views:
-        by_phase.setdefault(view.phase, []).append(view)
-    adoptable = [
-        n for n in by_phase.get(Phase.UNKNOWN, []) if not n.node.drained and not n.node.down
-    ]
-    total = sum(1 for n in views if n.phase is not Phase.ADMIN)
+def _adoptable(group: GroupView) -> bool:
+    return group.phase is Phase.UNKNOWN and not any(v.node.drained or v.node.down for v in group.nodes)
+
+
+def _examine(obs: Observation, config: Config, model: ModelConfig, now: float, units: list[_Unit]) -> _Model:
+    """`units`: the model's groups in observation order (grouped once for all models)."""
+    units = sorted(units, key=lambda u: u.name)
+    by_phase: dict[Phase, list[_Unit]] = {}
+    for unit in units:
+        by_phase.setdefault(unit.phase, []).append(unit)
+    adoptable = [u for u in by_phase.get(Phase.UNKNOWN, []) if _adoptable(u.group)]
+    total = sum(len(u.replicas) for u in units if u.phase is not Phase.ADMIN)
     taking = by_phase.get(Phase.SERVING, []) + by_phase.get(Phase.RETIRING, [])
-    awake = [n for n in taking if not _asleep(n)]
+    awake = sum(u.capacity() for u in taking)
     policy = config.policy
     load = obs.model_load(model.name)
     known, why_unknown = _load_known(load, taking)
-    supply = len(awake) + sum(
-        len(by_phase.get(p, [])) for p in (Phase.STARTING, Phase.RECLAIMING)
-    ) + len(adoptable)
+    supply = awake + sum(
+        len(u.replicas) for p in (Phase.STARTING, Phase.RECLAIMING) for u in by_phase.get(p, [])
+    ) + sum(len(u.replicas) for u in adoptable)
     floor = min(model.min_serving_replicas, total)
+    arriving = sum(1 for p in (Phase.STARTING, Phase.RECLAIMING) for u in by_phase.get(p, [])
+                   if not _stuck(u.group, config, now))
     # The window rule needs no metrics: outside every window all nodes come back, known load or
     # not (jobs rely on the window's end; a Prometheus outage must not extend their loan).
     window_ok = in_windows(now, policy.lending_windows, policy.timezone)
@@ -112,160 +169,244 @@ def _examine(
         else:
             needed = max(floor, min(supply, total))
             reason = f"{why_unknown}: holding {needed} (nothing lent on unknown load)"
-        return _Model(model, by_phase, adoptable, total, False, window_ok, need, needed, reason)
+        return _Model(model, by_phase, adoptable, total, False, window_ok, need, needed, reason,
+                      arriving)
 
-    replicas = [n.replica for n in awake if n.replica is not None]
-    need = assess_need(model, policy, load, replicas, len(awake), total)
+    replicas = [ld for u in taking for ld in u.loads() if ld is not None and not _out_of_service(ld)]
+    need = assess_need(model, policy, load, replicas, awake, total)
     needed, reason = need.up, need.reason
     if not known:
         reason += f"; {why_unknown}: nothing lent"
     if not window_ok:
         needed = total
         reason += f"; {outside}"
-    return _Model(model, by_phase, adoptable, total, known, window_ok, need, needed, reason)
+    return _Model(model, by_phase, adoptable, total, known, window_ok, need, needed, reason, arriving)
 
 
-def _lost_work(view: NodeView, now: float, checkpoint_interval_s: float | None) -> tuple[float, int, str]:
-    """GPU-seconds of work the node's jobs would lose (unknown start: assume the worst).
+def _lost_work(unit: _Unit, now: float, checkpoint_interval_s: float | None) -> tuple[float, int, str]:
+    """GPU-seconds of work the group's jobs would lose (unknown start: assume the worst).
 
     Slurm does not know checkpoints: with `report.checkpoint_interval_s` set, a job is taken
     to have checkpointed at every multiple of it since its start (so it loses `age % interval`);
     without it, all of its run (the youngest job loses least).
     """
     lost = 0.0
-    for job in view.jobs:
+    for job in dict.fromkeys(unit.group.jobs):  # a job on two nodes of the group counts once
         age = now - job.start_time if job.start_time is not None else float("inf")
         if checkpoint_interval_s and age != float("inf"):
             age %= checkpoint_interval_s
         lost += max(1, job.gpus) * max(0.0, age)
-    return lost, view.node.gpus_used, view.name
+    used = sum(v.node.gpus_used for v in unit.group.nodes)
+    return lost, used, unit.name
 
 
-def _running(view: NodeView) -> tuple[float, str]:
-    return (view.replica.running if view.replica is not None else 0.0), view.name
+def _running(unit: _Unit) -> tuple[float, str]:
+    return unit.running(), unit.name
 
 
-def _stuck(view: NodeView, config: Config, now: float) -> bool:
-    """A RECLAIMING/STARTING node older than its timeout (timeouts.reclaim_s / start_s)."""
-    if view.phase_since is None:
+def _lend_order(unit: _Unit) -> tuple[bool, int, float, str]:
+    """Consolidation: groups whose replicas are all idle first, then the most GPUs freed, then
+    the least busy."""
+    running = unit.group_running()
+    return running > 0, -unit.group.gpus_total, running, unit.name
+
+
+def _stuck(group: GroupView, config: Config, now: float) -> bool:
+    """A RECLAIMING/STARTING group older than its timeout (timeouts.reclaim_s / start_s)."""
+    if group.phase_since is None:
         return False
-    limit = config.timeouts.reclaim_s if view.phase is Phase.RECLAIMING else config.timeouts.start_s
-    return now - view.phase_since > limit
+    limit = config.timeouts.reclaim_s if group.phase is Phase.RECLAIMING else config.timeouts.start_s
+    return now - group.phase_since > limit
 
 
-def _act(kind: ActionKind, view: NodeView, to: Phase, reason: str, **details: float | str) -> Action:
-    return Action(kind, view.name, view.model, view.phase, to, reason, dict(details))
+def _act(kind: ActionKind, unit: _Unit, model: str, to: Phase, reason: str,
+         **details: float | str) -> Action:
+    return Action(kind, unit.name, model, unit.phase, to, reason, dict(details))
 
 
-def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list[Action]:
-    policy = config.policy
+@dataclass
+class _Tick:
+    """What this tick has decided so far, across models: a group is acted on once, and a lend
+    for one model takes the replicas of the others on the same group with it."""
+
+    models: dict[str, _Model]
+    budget: int
+    touched: set[str] = field(default_factory=set)
+    returning: set[str] = field(default_factory=set)  # groups an action brings back to serving
+    leaving: set[str] = field(default_factory=set)  # SERVING groups lent this tick
+    lent_out: dict[str, int] = field(default_factory=dict)  # model -> replicas lent this tick
+
+
+def _supply(m: _Model, tick: _Tick, config: Config, now: float) -> int:
+    """Replicas serving or on their way back, with this tick's decisions so far."""
+    n = 0
+    for u in m.units(Phase.SERVING):
+        if u.name not in tick.leaving:
+            n += u.capacity()
+    for u in m.units(Phase.STARTING, Phase.RECLAIMING):
+        # A group stuck past its timeout is still carried on, but no longer counted on:
+        # otherwise one engine that never starts would hold the model below its need forever.
+        if not _stuck(u.group, config, now):
+            n += len(u.replicas)
+    n += sum(len(u.replicas) for u in m.adoptable)
+    for u in m.units(Phase.RETIRING):
+        if u.name in tick.returning:
+            n += u.capacity()
+    for u in m.units(Phase.LENDING, Phase.LENT):
+        if u.name in tick.returning:
+            n += len(u.replicas)
+    return n
+
+
+def _can_lend(unit: _Unit, tick: _Tick, config: Config, serving: dict[str, int],
+              out: dict[str, int]) -> bool:
+    """Every model with a replica on the group keeps its need over the window (and floor) and
+    stays within its max_lent_fraction once the group is lent."""
+    for model in unit.group.group.models():
+        other = tick.models.get(model)
+        if other is None or not other.lendable:
+            return False
+        assert other.need.down is not None
+        theirs = _Unit(unit.group, tuple(r for r in unit.group.group.replicas if r.model == model))
+        max_lent = int(config.policy.max_lent_fraction * other.total + 1e-9)
+        if serving[model] - theirs.capacity() < other.need.down:
+            return False
+        if out[model] + len(theirs.replicas) > max_lent:
+            return False
+    return True
+
+
+def _plan_model(m: _Model, tick: _Tick, config: Config, now: float) -> list[Action]:
     ckpt_s = config.report.checkpoint_interval_s
+    name = m.config.name
     actions: list[Action] = []
-    touched: set[str] = set()
-    serving = [v for v in m.nodes(Phase.SERVING) if not _asleep(v)]  # asleep: not capacity
-    retiring = m.nodes(Phase.RETIRING)
-    lending = m.nodes(Phase.LENDING)
-    lent = m.nodes(Phase.LENT)
-    coming = m.nodes(Phase.STARTING, Phase.RECLAIMING)
-    # A node stuck past its timeout is still carried on, but no longer counted on: otherwise
-    # one engine that never starts would hold the model below its need (and floor) forever.
-    arriving = [v for v in coming if not _stuck(v, config, now)]
+    touched = tick.touched
 
-    for view in m.adoptable:
-        actions.append(_act(ActionKind.ADOPT, view, Phase.RECLAIMING,
-                            "unmanaged pool node: adopting it into serving (service first)"))
-        touched.add(view.name)
+    def act(kind: ActionKind, unit: _Unit, to: Phase, reason: str, back: bool = True,
+            **details: float | str) -> None:
+        actions.append(_act(kind, unit, name, to, reason, **details))
+        touched.add(unit.name)
+        if back:
+            tick.returning.add(unit.name)
 
-    # Pinned nodes are never lent: stop their lend, bring them back from the idle partition.
-    for view in retiring:
-        if view.pinned:
-            actions.append(_act(ActionKind.ABORT_LEND, view, Phase.SERVING, "pinned: keep serving"))
-            touched.add(view.name)
-    for view in lending:
-        if view.pinned:
-            actions.append(_act(ActionKind.RECLAIM, view, Phase.STARTING, "pinned: back to serving"))
-            touched.add(view.name)
-    for view in lent:
-        if view.pinned:
-            actions.append(_act(ActionKind.RECLAIM, view, Phase.RECLAIMING, "pinned: back to serving"))
-            touched.add(view.name)
+    retiring = [u for u in m.units(Phase.RETIRING) if u.name not in touched]
+    lending = [u for u in m.units(Phase.LENDING) if u.name not in touched]
+    lent = [u for u in m.units(Phase.LENT) if u.name not in touched]
 
-    supply = (
-        len(serving) + len(arriving) + len(m.adoptable)
-        + sum(1 for v in retiring if v.pinned and not _asleep(v))
-        + sum(1 for v in lending + lent if v.pinned)
-    )
+    for unit in m.adoptable:
+        if unit.name not in touched:
+            act(ActionKind.ADOPT, unit, Phase.RECLAIMING,
+                "unmanaged pool node: adopting it into serving (service first)")
+
+    # Pinned groups are never lent: stop their lend, bring them back from the idle partition.
+    for unit in retiring:
+        if unit.group.pinned:
+            act(ActionKind.ABORT_LEND, unit, Phase.SERVING, "pinned: keep serving")
+    for unit in lending:
+        if unit.group.pinned:
+            act(ActionKind.RECLAIM, unit, Phase.STARTING, "pinned: back to serving")
+    for unit in lent:
+        if unit.group.pinned:
+            act(ActionKind.RECLAIM, unit, Phase.RECLAIMING, "pinned: back to serving")
+
+    supply = _supply(m, tick, config, now)
     deficit = m.needed - supply
     if deficit > 0:
         up_reason = f"{m.reason}; {supply} serving or coming back"
         candidates = (
-            [(ActionKind.ABORT_LEND, v, Phase.SERVING)
-             for v in sorted(retiring, key=_running, reverse=True) if not _asleep(v)]
-            + [(ActionKind.RECLAIM, v, Phase.STARTING) for v in lending]
-            + [(ActionKind.RECLAIM, v, Phase.RECLAIMING) for v in sorted(lent, key=lambda v: _lost_work(v, now, ckpt_s))]
+            [(ActionKind.ABORT_LEND, u, Phase.SERVING, u.capacity())
+             for u in sorted(retiring, key=_running, reverse=True) if not _asleep(u)]
+            + [(ActionKind.RECLAIM, u, Phase.STARTING, len(u.replicas)) for u in lending]
+            + [(ActionKind.RECLAIM, u, Phase.RECLAIMING, len(u.replicas))
+               for u in sorted(lent, key=lambda u: _lost_work(u, now, ckpt_s))]
         )
-        for kind, view, to in candidates:
+        for kind, unit, to, brings in candidates:
             if deficit <= 0:
                 break
-            if view.name in touched:
+            if unit.name in touched:
                 continue
-            actions.append(_act(kind, view, to, f"{up_reason}: needs {m.needed}",
-                                needed=m.needed, supply=supply))
-            touched.add(view.name)
-            deficit -= 1
-    elif (
-        lend_budget > 0 and m.known and m.in_window and m.need.down is not None
-        and not arriving and not m.adoptable
-    ):
-        max_lent = int(policy.max_lent_fraction * m.total + 1e-9)
-        out = len(retiring) + len(lending) + len(lent)
-        lendable = [v for v in sorted(serving, key=_running) if not v.pinned]
-        count = min(len(serving) - m.need.down, max_lent - out, len(lendable), lend_budget)
-        for view in lendable[: max(0, count)]:
-            actions.append(_act(
-                ActionKind.LEND, view, Phase.RETIRING,
-                f"{m.need.reason}; {len(serving)} serving, needs {m.need.down} over the window: lending",
-                needed=m.need.down, serving=len(serving),
-            ))
-            touched.add(view.name)
+            act(kind, unit, to, f"{up_reason}: needs {m.needed}", needed=m.needed, supply=supply)
+            deficit -= brings
+    elif tick.budget > 0 and m.lendable:
+        assert m.need.down is not None
+        serving = {k: _serving_now(o, tick) for k, o in tick.models.items()}
+        out = {k: _out_now(o, tick) for k, o in tick.models.items()}
+        before = serving[name]
+        candidates = sorted(
+            (u for u in m.units(Phase.SERVING)
+             if not u.group.pinned and u.name not in touched and not _asleep(u)),
+            key=_lend_order,
+        )
+        for unit in candidates:
+            if tick.budget <= 0:
+                break
+            if not _can_lend(unit, tick, config, serving, out):
+                continue
+            act(ActionKind.LEND, unit, Phase.RETIRING,
+                f"{m.need.reason}; {before} serving, needs {m.need.down} over the window: lending",
+                back=False, needed=m.need.down, serving=before)
+            tick.leaving.add(unit.name)
+            tick.budget -= 1
+            for r in unit.group.group.replicas:
+                ld = unit.group.load(r)
+                serving[r.model] -= 0 if _out_of_service(ld) else 1
+                out[r.model] += 1
+                tick.lent_out[r.model] = tick.lent_out.get(r.model, 0) + 1
 
     if not m.known:
         # Never lend on unknown evidence: a lend under way stops where it is and comes back.
-        for view in retiring:
-            if view.name not in touched:
-                actions.append(_act(ActionKind.ABORT_LEND, view, Phase.SERVING,
-                                    f"{m.reason}: not lending on unknown metrics"))
-                touched.add(view.name)
-        for view in lending:
-            if view.name not in touched:
-                actions.append(_act(ActionKind.RECLAIM, view, Phase.STARTING,
-                                    f"{m.reason}: not lending on unknown metrics"))
-                touched.add(view.name)
+        for unit in retiring:
+            if unit.name not in touched:
+                act(ActionKind.ABORT_LEND, unit, Phase.SERVING, f"{m.reason}: not lending on unknown metrics")
+        for unit in lending:
+            if unit.name not in touched:
+                act(ActionKind.RECLAIM, unit, Phase.STARTING, f"{m.reason}: not lending on unknown metrics")
+    return actions
 
-    for view in retiring + lending + coming:
-        if view.name not in touched:
-            nxt = next_phase(view.phase)
+
+def _serving_now(m: _Model, tick: _Tick) -> int:
+    return sum(u.capacity() for u in m.units(Phase.SERVING) if u.name not in tick.leaving)
+
+
+def _out_now(m: _Model, tick: _Tick) -> int:
+    out = sum(len(u.replicas) for u in m.units(Phase.RETIRING, Phase.LENDING, Phase.LENT)
+              if u.name not in tick.returning)
+    return out + tick.lent_out.get(m.config.name, 0)
+
+
+def _carry_on(m: _Model, tick: _Tick) -> list[Action]:
+    """CONTINUE every transitional group of the model no decision of this tick touched."""
+    actions = []
+    for unit in m.units(Phase.RETIRING, Phase.LENDING, Phase.STARTING, Phase.RECLAIMING):
+        if unit.name not in tick.touched:
+            nxt = next_phase(unit.phase)
             assert nxt is not None  # retiring/lending/reclaiming/starting all move on
-            actions.append(_act(ActionKind.CONTINUE, view, nxt,
-                                f"carry on {view.phase.value} -> {nxt.value}"))
+            actions.append(_act(ActionKind.CONTINUE, unit, m.config.name, nxt,
+                                f"carry on {unit.phase.value} -> {nxt.value}"))
+            tick.touched.add(unit.name)
     return actions
 
 
 def _models(obs: Observation, config: Config, now: float) -> list[_Model]:
-    by_model: dict[str, list[NodeView]] = {}
-    for view in obs.nodes:  # one pass, not one per model
-        by_model.setdefault(view.model, []).append(view)
+    by_model: dict[str, list[_Unit]] = {}
+    for group in group_views(obs, config):  # one pass, not one per model
+        mine: dict[str, list[Replica]] = {}
+        for r in group.group.replicas:
+            mine.setdefault(r.model, []).append(r)
+        for model, reps in mine.items():
+            by_model.setdefault(model, []).append(_Unit(group, tuple(reps)))
     return [_examine(obs, config, model, now, by_model.get(model.name, [])) for model in config.models]
 
 
 def plan(observation: Observation, config: Config, now: float) -> list[Action]:
     """The actions of this tick, in model order; deterministic for equal inputs."""
+    models = _models(observation, config, now)
+    tick = _Tick({m.config.name: m for m in models}, config.policy.max_transitions_per_tick)
     actions: list[Action] = []
-    budget = config.policy.max_transitions_per_tick
-    for m in _models(observation, config, now):
-        model_actions = _plan_model(m, config, now, budget)
-        budget -= sum(1 for a in model_actions if a.kind is ActionKind.LEND)
-        actions.extend(model_actions)
+    for m in models:
+        actions.extend(_plan_model(m, tick, config, now))
+    for m in models:
+        actions.extend(_carry_on(m, tick))
     return actions
 
 
@@ -277,9 +418,16 @@ def assess(observation: Observation, config: Config, now: float) -> list[ModelPl
     ]
 
 
-def apply_actions(observation: Observation, actions: list[Action]) -> Observation:
-    """The observation as it would be if every action succeeded (for dry runs and tests)."""
-    moved = {a.node: a.to_phase for a in actions}
+def apply_actions(observation: Observation, actions: Iterable[Action],
+                  config: Config | None = None) -> Observation:
+    """The observation as it would be if every action succeeded (for dry runs and tests); with
+    `config`, an action on a group moves every node of it."""
+    index = group_index(config) if config is not None else {}
+    moved: dict[str, Phase] = {}
+    for a in actions:
+        group = index.get(a.node)
+        for node in group.nodes if group is not None else (a.node,):
+            moved[node] = a.to_phase
     nodes = tuple(
         replace(n, phase=moved[n.name], phase_since=observation.now) if n.name in moved else n
         for n in observation.nodes

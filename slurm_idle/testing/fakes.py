@@ -86,7 +86,7 @@ class FakeHealth:
 
 @dataclass
 class FakeEngine:
-    """Engines per node: up/down, requests in flight; start/stop are instant unless told."""
+    """Engines per replica (keyed by its name: the node in one-replica-per-node pools): up/down, requests in flight; start/stop are instant unless told."""
 
     up: dict[str, bool] = field(default_factory=dict)
     running: dict[str, float] = field(default_factory=dict)
@@ -95,27 +95,27 @@ class FakeEngine:
     _pending: dict[str, int] = field(default_factory=dict)
 
     def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
-        self.log.append(("start", replica.node))
-        if not self.up.get(replica.node):
-            self._pending[replica.node] = self.start_delay_polls
-        self.up[replica.node] = True
+        self.log.append(("start", replica.name))
+        if not self.up.get(replica.name):
+            self._pending[replica.name] = self.start_delay_polls
+        self.up[replica.name] = True
 
     def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
-        self.log.append(("stop", replica.node))
-        self.up[replica.node] = False
+        self.log.append(("stop", replica.name))
+        self.up[replica.name] = False
 
     def in_flight(self, replica: ReplicaConfig) -> float | None:
-        if not self.up.get(replica.node):
+        if not self.up.get(replica.name):
             return None
-        return self.running.get(replica.node, 0.0)
+        return self.running.get(replica.name, 0.0)
 
     def health(self, replica: ReplicaConfig) -> FakeHealth:
-        if not self.up.get(replica.node):
+        if not self.up.get(replica.name):
             return FakeHealth(False, None)
-        if self._pending.get(replica.node, 0) > 0:
-            self._pending[replica.node] -= 1
+        if self._pending.get(replica.name, 0) > 0:
+            self._pending[replica.name] -= 1
             return FakeHealth(False, None)
-        return FakeHealth(True, True, self.running.get(replica.node, 0.0))
+        return FakeHealth(True, True, self.running.get(replica.name, 0.0))
 
 
 @dataclass
@@ -133,7 +133,7 @@ class FakeMetrics:
         self.queries += 1
         if self.fail:
             raise MetricsUnavailable("fake metrics source is down")
-        return [self.replicas[r.node] for _, r in replicas if r.node in self.replicas]
+        return [self.replicas[r.name] for _, r in replicas if r.name in self.replicas]
 
     def model_loads(self, models: Sequence[ModelConfig], now: float) -> list[ModelLoad]:
         from slurm_idle.errors import MetricsUnavailable

@@ -75,7 +75,7 @@ def test_series_map_to_replicas_by_scrape_target() -> None:
     assert loads["gpu1"].known and loads["gpu1"].running == 3.0
     assert loads["gpu1"].generation_tokens_per_s == 40.0 and loads["gpu1"].ttft_p95_s == 0.2
     assert loads["gpu2"].known and loads["gpu2"].running == 7.0  # DP engines summed
-    assert src.last_engines["gpu2"] == ("0", "1")
+    assert src.last_engines[loads["gpu2"].url] == ("0", "1")
     assert not loads["gpu3"].known  # no series at all
     assert loads["inf9"].sleeping and loads["inf9"].model == "qwen"
 
@@ -417,14 +417,14 @@ def test_prometheus_counts_the_window_as_covered_only_when_full(tmp_path: Path) 
 
 
 def test_target_matching_prefers_exact_host_port() -> None:
-    """Exact host:port wins; a node-name label (relabelled instance) also matches."""
+    """Exact host:port wins (a replica is known by its url); a node-name label (relabelled instance) also matches."""
     reps = [("m", ReplicaConfig(node="gpu1", url="http://gpu1:8000")),
             ("m", ReplicaConfig(node="gpu2", url="http://gpu2.x.y:8000"))]
     index = target_index(reps)
-    assert match_target(index, "gpu1:8000") == "gpu1"
-    assert match_target(index, "GPU2.x.y:8000") == "gpu2"
-    assert match_target(index, "gpu2:8000") == "gpu2"
-    assert match_target(index, "gpu2") == "gpu2"
+    assert match_target(index, "gpu1:8000") == "http://gpu1:8000"
+    assert match_target(index, "GPU2.x.y:8000") == "http://gpu2.x.y:8000"
+    assert match_target(index, "gpu2:8000") == "http://gpu2.x.y:8000"
+    assert match_target(index, "gpu2") == "http://gpu2.x.y:8000"
     assert match_target(index, "gpu7:8000") is None
 
 
@@ -437,12 +437,12 @@ def test_a_url_with_a_port_matches_no_other_port() -> None:
     index = target_index(reps)
     assert match_target(index, "gpu1:8001") is None
     assert match_target(index, "gpu1.x.y:8001") is None
-    assert match_target(index, "gpu1") == "gpu1"  # instance relabelled to the node name
-    assert match_target(index, "gpu3.x.y:80") == "gpu3"
-    assert match_target(index, "gpu3.x.y:8000") == "gpu3"
-    assert match_target(index, "gpu3:8000") == "gpu3"
-    assert match_target(index, "10.0.0.4:443") == "gpu4"
-    assert match_target(index, "10.0.0.4:8000") == "gpu4"
+    assert match_target(index, "gpu1") == "http://gpu1:8000"  # instance relabelled to the node name
+    assert match_target(index, "gpu3.x.y:80") == "http://gpu3.x.y/"
+    assert match_target(index, "gpu3.x.y:8000") == "http://gpu3.x.y/"
+    assert match_target(index, "gpu3:8000") == "http://gpu3.x.y/"
+    assert match_target(index, "10.0.0.4:443") == "https://10.0.0.4"
+    assert match_target(index, "10.0.0.4:8000") == "https://10.0.0.4"
     assert match_target(index, "10.0.0.5:8000") is None
 
 
