@@ -17,8 +17,8 @@ from typing import Any, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
-    PrivateAttr,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -316,9 +316,7 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _replicas_fit_and_engines_known(self) -> Config:
-        from slurm_idle.topology import check_topology
-
-        check_topology(self)
+        fleetspec.check_topology(self.models, self.engine)
         for model in self.models:
             if model.engine is None and self.engine is None:
                 raise ValueError(f"model {model.name!r} has no engine and there is no top-level engine")

@@ -10,6 +10,7 @@ pydantic reports them as `models.N...: message` (exit 2).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,7 +35,7 @@ def node_names(nodes: Any, field: str = "nodes") -> list[str]:
 def parse_gpus(value: Any) -> tuple[int, ...]:
     """GPU indexes: `"0-3"`, `"0,2,4-5"`, `[0, 1]` or one number, as a sorted tuple."""
     if isinstance(value, bool):
-        raise ValueError(f"gpus must be GPU indexes like \"0-3\" (got {value!r})")
+        raise ValueError(f"gpus must be GPU indexes like \"0-3\" (got {value!r})")  # noqa: TRY004
     if isinstance(value, int):
         items: list[int] = [value]
     elif isinstance(value, list | tuple) and all(isinstance(v, int) and not isinstance(v, bool)
@@ -195,3 +196,71 @@ def replica_fields(data: Any) -> Any:
         whole = data.get("gpus") is None
         data["name"] = data["node"] if whole else f"{data['node']}:{data.get('port') or data.get('index', 0)}"
     return data
+
+
+def check_topology(models: Sequence[Any], engine: Any) -> None:
+    """Refuse a fleet that cannot exist or cannot be lent (`models`: ModelConfigs, `engine`: the
+    top-level EngineConfig or None); the message names the field."""
+    where: dict[str, str] = {}  # replica name -> field path
+    urls: dict[str, str] = {}
+    on_node: dict[str, list[tuple[str, tuple[int, ...] | None, str]]] = {}
+    spans: dict[str, tuple[str, str]] = {}  # node -> (model, field) of a multi-node replica on it
+    for i, m in enumerate(models):
+        for j, r in enumerate(m.replicas):
+            field = f"models.{i}.replicas.{j}"
+            for n in r.nodes:
+                for other_field, other_gpus, other_model in on_node.get(n, []):
+                    if r.gpus is None or other_gpus is None:
+                        if r.gpus is None and other_gpus is None and other_model != m.name:
+                            raise ValueError(
+                                f"node {n!r} is listed under both {other_model!r} and {m.name!r} "
+                                f"({other_field} and {field} each take the whole node; give each "
+                                "its `gpus:`)")
+                        raise ValueError(
+                            f"{field}.gpus: node {n} is wholly given to {other_field if other_gpus is None else field} "
+                            f"but also carries {field if other_gpus is None else other_field}: a GPU "
+                            "in two replicas (give each replica its `gpus:`)")
+                    shared = sorted(set(r.gpus) & set(other_gpus))
+                    if shared:
+                        raise ValueError(
+                            f"{field}.gpus: GPU {shared[0]} of {n} is also in {other_field}: a GPU "
+                            "in two replicas")
+                on_node.setdefault(n, []).append((field, r.gpus, m.name))
+                if len(r.nodes) > 1:
+                    seen = spans.get(n)
+                    if seen is not None and seen[0] != m.name:
+                        raise ValueError(
+                            f"{field}.nodes: {n} carries multi-node replicas of both {seen[0]!r} "
+                            f"({seen[1]}) and {m.name!r}: their nodes would be lendable only "
+                            "together, across models; keep multi-node replicas of a model on "
+                            "nodes of their own")
+                    spans.setdefault(n, (m.name, field))
+    for i, m in enumerate(models):
+        for j, r in enumerate(m.replicas):
+            field = f"models.{i}.replicas.{j}"
+            if r.name in where:
+                raise ValueError(
+                    f"{field}.name: replica name {r.name!r} is also {where[r.name]}'s; names must be "
+                    "unique (set `name:`)")
+            where[r.name] = field
+            if r.url in urls:
+                raise ValueError(f"{field}.url: {r.url} is also the url of {urls[r.url]}")
+            urls[r.url] = field
+    _check_containers(models, engine)
+
+
+def _check_containers(models: Sequence[Any], default_engine: Any) -> None:
+    """With `docker`, replicas sharing a head node need container names that tell them apart."""
+    heads: dict[tuple[str, str], int] = {}
+    for m in models:
+        engine = m.engine or default_engine
+        if engine is None or engine.kind != "docker":
+            continue
+        template = engine.container
+        for r in m.replicas:
+            key = (template, r.node)
+            heads[key] = heads.get(key, 0) + 1
+            if heads[key] > 1 and not any(p in template for p in ("{index}", "{port}", "{name}")):
+                raise ValueError(
+                    f"engine.container {template!r} names one container per node, but {r.node} "
+                    "runs several replicas: add {index} or {port} (e.g. vllm-{node}-{index})")

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from slurm_idle.model import ModelPlan, Observation, Phase
+from slurm_idle.config import Config
+from slurm_idle.fleetspec import format_gpus
+from slurm_idle.model import ModelPlan, Observation, Phase, ReplicaLoad
+from slurm_idle.topology import group_views
+
+#: Phases in which a replica is meant to be up and serving.
+_UP = frozenset({Phase.SERVING, Phase.RETIRING})
 
 
 def slurm_state(flags: frozenset[str], state: str) -> str:
@@ -34,6 +40,46 @@ def node_rows(obs: Observation) -> list[dict[str, Any]]:
     return rows
 
 
+def _healthy(load: ReplicaLoad | None, phase: Phase) -> bool | None:
+    """Up and serving as far as this tick saw: its health check, else known awake metrics;
+    None where it is not meant to serve (lent, or not checked)."""
+    if load is None:
+        return False if phase in _UP else None
+    if load.healthy is not None:
+        return load.healthy and not load.sleeping
+    return load.known and not load.sleeping
+
+
+def replica_rows(obs: Observation, config: Config) -> list[dict[str, Any]]:
+    """One row per replica; keys name, model, nodes, gpus, url, phase, healthy are a stable
+    interface (`status --json` `replicas`). A replica's phase is its lend group's."""
+    rows = []
+    for g in group_views(obs, config):
+        for r in g.group.replicas:
+            load = g.load(r)
+            rows.append({
+                "name": r.name,
+                "model": r.model,
+                "nodes": list(r.nodes),
+                "gpus": format_gpus(r.gpus),
+                "url": r.url,
+                "phase": g.phase.value,
+                "healthy": _healthy(load, g.phase),
+                "running": load.running if load is not None and load.known else None,
+                "waiting": load.waiting if load is not None and load.known else None,
+            })
+    return rows
+
+
+def group_rows(obs: Observation, config: Config) -> list[dict[str, Any]]:
+    """One row per lend group (`status --json` `groups`): its nodes, phase and replicas."""
+    return [
+        {"nodes": list(g.group.nodes), "phase": g.phase.value,
+         "replicas": [r.name for r in g.group.replicas], "gpus": g.gpus_total}
+        for g in group_views(obs, config)
+    ]
+
+
 def model_rows(obs: Observation, plans: Sequence[ModelPlan]) -> list[dict[str, Any]]:
     """Per model: serving/needed replicas and the load signals behind them."""
     by_model = {p.model: p for p in plans}
@@ -57,14 +103,28 @@ def model_rows(obs: Observation, plans: Sequence[ModelPlan]) -> list[dict[str, A
     return rows
 
 
-def render_status(nodes: list[dict[str, Any]], models: list[dict[str, Any]], errors: Sequence[str]) -> str:
-    """A table for humans."""
+def render_status(
+    nodes: list[dict[str, Any]],
+    models: list[dict[str, Any]],
+    errors: Sequence[str],
+    replicas: Sequence[dict[str, Any]] = (),
+) -> str:
+    """A table for humans; with several replicas on a node (or one spanning nodes), each is
+    listed under its head node."""
     lines = [f"{'NODE':<12} {'PHASE':<11} {'SLURM':<18} {'GPUS':<6} {'JOBS':<12} REASON"]
+    under: dict[str, list[dict[str, Any]]] = {}
+    for r in replicas:
+        under.setdefault(r["nodes"][0], []).append(r)
+    show = any(len(rs) > 1 or len(rs[0]["nodes"]) > 1 for rs in under.values())
     for n in nodes:
         jobs = ",".join(map(str, n["jobs"])) or "-"
         gpus = f"{n['gpus_used']}/{n['gpus']}"
         phase = n["phase"] + ("*" if n["pinned"] else "")
         lines.append(f"{n['name']:<12} {phase:<11} {n['slurm_state']:<18} {gpus:<6} {jobs:<12} {n['reason']}")
+        for r in under.get(n["name"], []) if show else ():
+            health = {True: "healthy", False: "not healthy", None: "-"}[r["healthy"]]
+            span = f" on {','.join(r['nodes'])}" if len(r["nodes"]) > 1 else ""
+            lines.append(f"  └ {r['name']:<20} {r['model']} gpus {r['gpus']}{span} {r['url']} {health}")
     lines.append("")
     lines.append(f"{'MODEL':<28} {'SERVING':>7} {'NEEDED':>6}  LOAD")
     for m in models:

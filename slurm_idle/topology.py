@@ -2,9 +2,8 @@
 
 A lend group is a connected set of nodes: two nodes are in one group when a replica spans both,
 and every replica on a node belongs to that node's group. In node mode (vLLM outside Slurm)
-Slurm lends whole nodes, so a group is lent only when all its replicas are retired. Checks that
-a config describes a fleet that can exist (no GPU in two replicas, no unlendable tangle) live
-here too, raising ValueError for pydantic to report with exit 2.
+Slurm lends whole nodes, so a group is lent only when all its replicas are retired. The checks that a
+config describes a fleet that can exist are fleetspec.check_topology (run by Config itself).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from slurm_idle.model import GroupView, LendGroup, NodeView, Observation, Phase, Replica
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # config.py -> policy (windows) -> planner -> here: no run-time cycle
     from slurm_idle.config import Config
 
 
@@ -72,73 +71,6 @@ def group_index(config: Config) -> dict[str, LendGroup]:
         cached = {n: g for g in lend_groups(config) for n in g.nodes}
         config._group_of = cached
     return cached
-
-
-def check_topology(config: Config) -> None:
-    """Refuse a fleet that cannot exist or cannot be lent; the message names the field."""
-    where: dict[str, str] = {}  # replica name -> field path
-    urls: dict[str, str] = {}
-    on_node: dict[str, list[tuple[str, tuple[int, ...] | None, str]]] = {}
-    spans: dict[str, tuple[str, str]] = {}  # node -> (model, field) of a multi-node replica on it
-    for i, m in enumerate(config.models):
-        for j, r in enumerate(m.replicas):
-            field = f"models.{i}.replicas.{j}"
-            for n in r.nodes:
-                for other_field, other_gpus, other_model in on_node.get(n, []):
-                    if r.gpus is None or other_gpus is None:
-                        if r.gpus is None and other_gpus is None and other_model != m.name:
-                            raise ValueError(
-                                f"node {n!r} is listed under both {other_model!r} and {m.name!r} "
-                                f"({other_field} and {field} each take the whole node; give each "
-                                "its `gpus:`)")
-                        raise ValueError(
-                            f"{field}.gpus: node {n} is wholly given to {other_field if other_gpus is None else field} "
-                            f"but also carries {field if other_gpus is None else other_field}: a GPU "
-                            "in two replicas (give each replica its `gpus:`)")
-                    shared = sorted(set(r.gpus) & set(other_gpus))
-                    if shared:
-                        raise ValueError(
-                            f"{field}.gpus: GPU {shared[0]} of {n} is also in {other_field}: a GPU "
-                            "in two replicas")
-                on_node.setdefault(n, []).append((field, r.gpus, m.name))
-                if len(r.nodes) > 1:
-                    seen = spans.get(n)
-                    if seen is not None and seen[0] != m.name:
-                        raise ValueError(
-                            f"{field}.nodes: {n} carries multi-node replicas of both {seen[0]!r} "
-                            f"({seen[1]}) and {m.name!r}: their nodes would be lendable only "
-                            "together, across models; keep multi-node replicas of a model on "
-                            "nodes of their own")
-                    spans.setdefault(n, (m.name, field))
-    for i, m in enumerate(config.models):
-        for j, r in enumerate(m.replicas):
-            field = f"models.{i}.replicas.{j}"
-            if r.name in where:
-                raise ValueError(
-                    f"{field}.name: replica name {r.name!r} is also {where[r.name]}'s; names must be "
-                    "unique (set `name:`)")
-            where[r.name] = field
-            if r.url in urls:
-                raise ValueError(f"{field}.url: {r.url} is also the url of {urls[r.url]}")
-            urls[r.url] = field
-    _check_containers(config)
-
-
-def _check_containers(config: Config) -> None:
-    """With `docker`, replicas sharing a head node need container names that tell them apart."""
-    heads: dict[tuple[str, str], int] = {}
-    for m in config.models:
-        engine = m.engine or config.engine
-        if engine is None or engine.kind != "docker":
-            continue
-        template = engine.container
-        for r in m.replicas:
-            key = (template, r.node)
-            heads[key] = heads.get(key, 0) + 1
-            if heads[key] > 1 and not any(p in template for p in ("{index}", "{port}", "{name}")):
-                raise ValueError(
-                    f"engine.container {template!r} names one container per node, but {r.node} "
-                    "runs several replicas: add {index} or {port} (e.g. vllm-{node}-{index})")
 
 
 #: Between two transitional phases of one group, the later edge's target wins (a tick killed

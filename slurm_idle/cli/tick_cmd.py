@@ -18,8 +18,9 @@ from slurm_idle.errors import SlurmIdleError
 from slurm_idle.journal import Journal
 from slurm_idle.lifecycle import DRAINED_PHASES, format_reason
 from slurm_idle.lock import lock_holder, try_lock
-from slurm_idle.model import ActionKind, NodeView, Observation, Phase
-from slurm_idle.status import model_rows, node_rows, render_status
+from slurm_idle.model import ActionKind, GroupView, NodeView, Observation, Phase
+from slurm_idle.status import group_rows, model_rows, node_rows, render_status, replica_rows
+from slurm_idle.topology import group_views
 
 
 def _agent(ctx: Context, read_only: bool = False) -> Any:
@@ -75,10 +76,12 @@ def status(ctx: Context, as_json: bool) -> None:
     obs = agent.observe()
     plans = agent.assessor(obs, agent.config, obs.now)
     nodes, models = node_rows(obs), model_rows(obs, plans)
+    replicas = replica_rows(obs, agent.config)
     if as_json:
-        echo_json({"nodes": nodes, "models": models, "errors": list(obs.errors)})
+        echo_json({"nodes": nodes, "models": models, "errors": list(obs.errors),
+                   "replicas": replicas, "groups": group_rows(obs, agent.config)})
     else:
-        click.echo(render_status(nodes, models, obs.errors))
+        click.echo(render_status(nodes, models, obs.errors, replicas))
 
 
 @main.command()
@@ -92,9 +95,9 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
     config = ctx.config()
     records = list(Journal(Path(config.paths.journal)).records())
     transitions = [r for r in records if r.get("event") == "transition"
-                   and (node is None or r.get("node") == node)]
+                   and (node is None or r.get("node") == node or node in r.get("nodes", ()))]
     ticks = [r for r in records if r.get("event") == "tick"]
-    if node is not None and config.replica(node) is None:
+    if node is not None and node not in config.pool_nodes:
         raise SlurmIdleError(f"{node} is not a pool node in {ctx.resolved_config_path}")
     shown = transitions[-last:]
     if as_json:
@@ -110,6 +113,14 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
         t = ticks[-1]
         click.echo(f"last tick {t.get('time')}: needed {t.get('needed')}, serving {t.get('serving')}, "
                    f"{t.get('actions')} action(s), {t.get('errors')} error(s)")
+
+
+def _group(obs: Observation, config: Any, node: str) -> GroupView:
+    """The lend group of `node` (what a lend or reclaim moves: the node and its partners)."""
+    for g in group_views(obs, config):
+        if node in g.group.nodes:
+            return g
+    raise SlurmIdleError(f"{node} is not a pool node")
 
 
 def _view(obs: Observation, node: str) -> NodeView:
@@ -168,13 +179,19 @@ def _force(ctx: Context, node: str, kind: ActionKind, dry_run: bool, as_json: bo
             raise SlurmIdleError(f"{node} is drained by an admin ({view.node.reason!r}); slurm-idle never touches it")
         if kind is ActionKind.LEND and view.pinned:
             raise SlurmIdleError(f"{node} is pinned; `slurm-idle unpin {node}` first")
+        group = _group(obs, agent.config, node)
+        if group.phase is Phase.ADMIN:
+            raise SlurmIdleError(f"{node} is in lend group {','.join(group.group.nodes)}, which an "
+                                 "admin drained; slurm-idle never touches it")
         wanted = Phase.SERVING if kind is ActionKind.LEND else Phase.LENT
-        if view.phase is not wanted and not (kind is ActionKind.RECLAIM and view.phase is Phase.UNKNOWN):
+        if group.phase is not wanted and not (kind is ActionKind.RECLAIM and group.phase is Phase.UNKNOWN):
             raise SlurmIdleError(
-                f"{node} is {view.phase.value}, not {wanted.value}; cannot {kind.value} it now"
+                f"{node} is {group.phase.value}, not {wanted.value}; cannot {kind.value} it now"
                 " (see `slurm-idle status`)"
             )
-        action = action_for_admin(view, kind, f"admin: slurm-idle {kind.value} {node}")
+        # The group moves as one: the action names its key node, from the group's phase.
+        action = replace(action_for_admin(replace(view, phase=group.phase), kind,
+                                          f"admin: slurm-idle {kind.value} {node}"), node=group.name)
         steps = [] if dry_run else agent.run_actions([action], obs)
         _count_transitions(agent.config, steps)
         _print_steps(steps, as_json, dry_run, action)

@@ -332,12 +332,12 @@ def _plan_model(m: _Model, tick: _Tick, config: Config, now: float) -> list[Acti
         serving = {k: _serving_now(o, tick) for k, o in tick.models.items()}
         out = {k: _out_now(o, tick) for k, o in tick.models.items()}
         before = serving[name]
-        candidates = sorted(
+        spare = sorted(
             (u for u in m.units(Phase.SERVING)
              if not u.group.pinned and u.name not in touched and not _asleep(u)),
             key=_lend_order,
         )
-        for unit in candidates:
+        for unit in spare:
             if tick.budget <= 0:
                 break
             if not _can_lend(unit, tick, config, serving, out):

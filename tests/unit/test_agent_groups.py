@@ -1,0 +1,155 @@
+"""A tick on lend groups (fakes): two replicas on one node, a replica spanning two nodes.
+The group's phase goes on every node, engines move per replica, status shows replicas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from slurm_idle.agent import Agent
+from slurm_idle.config import Config
+from slurm_idle.lifecycle import format_reason
+from slurm_idle.model import ModelLoad, Phase, ReplicaLoad, SlurmJob
+from slurm_idle.policy import assess, plan
+from slurm_idle.status import group_rows, node_rows, render_status, replica_rows
+from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
+
+from .test_agent import Clock
+
+REPLICAS = ["gpu5:8000", "gpu5:8001", "gpu6"]
+
+
+def make_config(tmp_path: Path) -> Config:
+    # Floors of 0 (only the simulator's configs may): both groups may go, to see them move.
+    return Config.model_validate(yaml.safe_load(f"""
+engine: {{kind: command, start_command: "true {{node}} {{port}}", stop_command: "true", drain_timeout_s: 5}}
+models:
+  - name: m
+    nodes: gpu5
+    gpus_per_node: 8
+    replicas_per_node: 2
+    ports: [8000, 8001]
+    url: "http://127.0.0.1:{{port}}/{{node}}"
+    min_serving_replicas: 0
+  - name: big
+    gpus_per_replica: 16
+    min_serving_replicas: 0
+    replicas: [{{nodes: "gpu[6-7]", url: "http://127.0.0.1:9000/gpu6"}}]
+paths:
+  journal: {tmp_path}/journal.jsonl
+  lock: {tmp_path}/tick.lock
+policy: {{scale_down_window_s: 0, queue_sustain_s: 0}}
+timeouts:
+  tick_budget_s: 10
+"""))
+
+
+def make_agent(tmp_path: Path, demand: float = 0.0) -> tuple[Agent, FakeSlurm, FakeEngine, Clock]:
+    cfg = make_config(tmp_path)
+    slurm = FakeSlurm.with_nodes(["gpu5", "gpu6", "gpu7"], gpus=8)
+    clock = Clock()
+    serving = format_reason("slurm-idle", Phase.SERVING, clock() - 3600)
+    for n in ("gpu5", "gpu6", "gpu7"):
+        slurm.drain(n, serving)
+    engine = FakeEngine(up=dict.fromkeys(REPLICAS, True))
+    metrics = FakeMetrics(
+        replicas={
+            "gpu5:8000": ReplicaLoad(model="m", node="gpu5", url="http://127.0.0.1:8000/gpu5"),
+            "gpu5:8001": ReplicaLoad(model="m", node="gpu5", url="http://127.0.0.1:8001/gpu5"),
+            "gpu6": ReplicaLoad(model="big", node="gpu6", url="http://127.0.0.1:9000/gpu6"),
+        },
+        models={"m": ModelLoad(model="m", generation_tokens_per_s=demand,
+                               demand_tokens_per_s_max_window=demand, waiting_max_window=0.0,
+                               waiting_min_window=0.0, waiting_min_recent=0.0),
+                "big": ModelLoad(model="big", demand_tokens_per_s_max_window=0.0,
+                                 waiting_max_window=0.0, waiting_min_window=0.0,
+                                 waiting_min_recent=0.0)},
+    )
+    agent = Agent(config=cfg, slurm=slurm, metrics=metrics, engine_for=lambda model: engine,
+                  planner=plan, assessor=assess, clock=clock, sleep=clock.sleep)
+    return agent, slurm, engine, clock
+
+
+def test_low_load_lends_both_groups_whole(tmp_path: Path) -> None:
+    """Both replicas of gpu5 stop and gpu5 is lent as one node; gpu6 and gpu7 go together."""
+    agent, slurm, engine, clock = make_agent(tmp_path)
+    for _ in range(3):
+        agent.tick()
+        clock.t += 60
+    nodes = {v.name: v.phase for v in agent.observe().nodes}
+    assert nodes == {"gpu5": Phase.LENT, "gpu6": Phase.LENT, "gpu7": Phase.LENT}
+    assert ("stop", "gpu5:8000") in engine.log and ("stop", "gpu5:8001") in engine.log
+    assert not engine.up["gpu5:8000"] and not engine.up["gpu5:8001"] and not engine.up["gpu6"]
+    resumed = [e[1] for e in slurm.log if e[0] == "resume"]
+    assert sorted(resumed) == ["gpu5", "gpu6", "gpu7"]
+
+
+def test_high_load_brings_both_replicas_back_and_requeues(tmp_path: Path) -> None:
+    """A lent gpu5 under load: its job is requeued, both replicas start, gpu5 serves again;
+    the group counts as serving only once both replicas are up."""
+    agent, slurm, engine, clock = make_agent(tmp_path)
+    for _ in range(3):
+        agent.tick()
+        clock.t += 60
+    slurm.job_list.append(SlurmJob(job_id=7, name="j", partition="idle", state="RUNNING",
+                                   nodes=("gpu5",), gpus=8, start_time=clock() - 30))
+    agent.metrics.models["m"] = ModelLoad(model="m", generation_tokens_per_s=3000.0,
+                                          demand_tokens_per_s_max_window=3000.0,
+                                          waiting_max_window=0.0, waiting_min_window=0.0,
+                                          waiting_min_recent=0.0)
+    agent.tick()
+    assert 7 in [i for ids, _ in slurm.requeues for i in ids]
+    assert engine.up["gpu5:8000"] and engine.up["gpu5:8001"]
+    assert {v.name: v.phase for v in agent.observe().nodes}["gpu5"] is Phase.SERVING
+    assert {v.name: v.phase for v in agent.observe().nodes}["gpu6"] is Phase.LENT
+
+
+def test_a_replica_that_does_not_start_keeps_the_group_starting(tmp_path: Path) -> None:
+    """One of two replicas never healthy: the node stays STARTING, the journal names it."""
+    agent, slurm, engine, clock = make_agent(tmp_path)
+    starting = format_reason("slurm-idle", Phase.STARTING, clock())
+    slurm.drain("gpu5", starting)
+    engine.up["gpu5:8001"] = False
+
+    original = engine.start
+
+    def start(replica, timeout_s=None):  # the 8001 replica never comes up
+        original(replica, timeout_s)
+        if replica.name == "gpu5:8001":
+            engine.up["gpu5:8001"] = False
+
+    engine.start = start  # type: ignore[method-assign]
+    result = agent.tick()
+    step = next(s for s in result.steps if s.node == "gpu5")
+    assert step.outcome == "waiting" and "gpu5:8001" in (step.detail or "")
+    assert {v.name: v.phase for v in agent.observe().nodes}["gpu5"] is Phase.STARTING
+
+
+def test_an_admin_drain_on_one_node_of_a_group_holds_the_whole_group(tmp_path: Path) -> None:
+    """An admin's drain on gpu7 makes the gpu[6-7] group the admin's: never named in a plan."""
+    agent, slurm, engine, _ = make_agent(tmp_path)
+    slurm.drain("gpu7", "disk replacement")
+    result = agent.tick()
+    assert all(a.node != "gpu6" and a.node != "gpu7" for a in result.actions)
+    assert engine.up["gpu6"]
+
+
+def test_status_json_shows_replicas_and_groups(tmp_path: Path) -> None:
+    """status rows: nodes keep their phase; replicas with model, nodes, gpus, url, phase,
+    healthy; groups with their nodes and replicas; the table lists replicas under nodes."""
+    agent, *_ = make_agent(tmp_path)
+    obs = agent.observe()
+    replicas = replica_rows(obs, agent.config)
+    assert [(r["name"], r["model"], r["nodes"], r["gpus"], r["phase"], r["healthy"]) for r in replicas] == [
+        ("gpu5:8000", "m", ["gpu5"], "0-3", "serving", True),
+        ("gpu5:8001", "m", ["gpu5"], "4-7", "serving", True),
+        ("gpu6", "big", ["gpu6", "gpu7"], "all", "serving", True),
+    ]
+    assert group_rows(obs, agent.config) == [
+        {"nodes": ["gpu5"], "phase": "serving", "replicas": ["gpu5:8000", "gpu5:8001"], "gpus": 8},
+        {"nodes": ["gpu6", "gpu7"], "phase": "serving", "replicas": ["gpu6"], "gpus": 16},
+    ]
+    assert [n["phase"] for n in node_rows(obs)] == ["serving"] * 3
+    table = render_status(node_rows(obs), [], [], replicas)
+    assert "gpu5:8001" in table and "on gpu6,gpu7" in table
