@@ -43,6 +43,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "slurm_idle_needed_replicas": ("gauge", "Replicas the planner says the traffic needs."),
     "slurm_idle_serving_replicas": ("gauge", "Replicas serving after the last tick."),
     "slurm_idle_min_serving_replicas": ("gauge", "Configured floor of serving replicas."),
+    "slurm_idle_replicas": ("gauge", "Replicas per model and lifecycle phase (their lend group's)."),
+    "slurm_idle_groups": ("gauge", "Lend groups (the nodes lent together) per lifecycle phase."),
 }
 
 
@@ -57,8 +59,13 @@ def write_textfile(
     transitions: Iterable[tuple[str, str]],
     tick_error: bool,
     floors: Mapping[str, int] | None = None,
+    replicas: Mapping[tuple[str, str], int] | None = None,
+    groups: Mapping[str, int] | None = None,
 ) -> None:
     """Write the agent's metrics for this tick, carrying the counters over from the last file.
+
+    `replicas`: (model, phase) -> replicas, `groups`: phase -> lend groups, after the tick's
+    steps (no samples when the pool could not be observed).
 
     `transitions` are this tick's successful (from_phase, to_phase) pairs; `floors` (optional)
     is each model's `min_serving_replicas`, for the "serving below floor" alert. `phases` is
@@ -76,6 +83,8 @@ def write_textfile(
         tick_error=tick_error,
         floors=floors or {},
         previous=previous,
+        replicas=replicas,
+        groups=groups,
     )
     atomic_write(target, text)
 
@@ -91,6 +100,8 @@ def render(
     tick_error: bool,
     floors: Mapping[str, int],
     previous: Counters,
+    replicas: Mapping[tuple[str, str], int] | None = None,
+    groups: Mapping[str, int] | None = None,
 ) -> str:
     """The textfile's content (pure): previous counters + this tick's increments."""
     # Every phase appears, so a phase that empties reads 0 rather than vanishing; when the
@@ -111,6 +122,9 @@ def render(
         "slurm_idle_needed_replicas": [({"model": m}, n) for m, n in sorted(needed.items())],
         "slurm_idle_serving_replicas": [({"model": m}, n) for m, n in sorted(serving.items())],
         "slurm_idle_min_serving_replicas": [({"model": m}, n) for m, n in sorted(floors.items())],
+        "slurm_idle_replicas": [({"model": m, "phase": p}, n)
+                                for (m, p), n in sorted((replicas or {}).items())],
+        "slurm_idle_groups": [({"phase": p}, n) for p, n in sorted((groups or {}).items())],
     }
     # HELP/TYPE even without samples: every family is declared in every file.
     lines = [line for name in METRICS for line in _family_lines(name, samples[name])]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -84,15 +84,25 @@ def make_report(
     now: float,
     runs: Sequence[AcctJob],
     journal_path: str | None = None,
+    slurm_gpus: Mapping[str, int] | None = None,
 ) -> Report:
     """The report of [since, until) from accounting runs and the configured journal.
+
+    A lent node's GPU-hours count the GPUs Slurm says it has (`slurm_gpus`, its gres: a lent
+    8-GPU node with two 4-GPU replicas lends 8), else what the config's replicas use on it; a
+    lend group (journaled under its key node) counts the GPUs of all its nodes.
 
     A missing journal (report run on another host than the tick) is no error, but the report
     then knows no lends, reclaims or lent GPU-hours: its `journal` is None so callers can say so.
     """
     path = Path(journal_path or config.paths.journal)
     journal = Journal(path)
-    node_gpus = {r.node: m.gpus_per_replica for m in config.models for r in m.replicas}
+    from slurm_idle.topology import config_node_gpus, lend_groups
+
+    per_node = config_node_gpus(config)
+    per_node.update({n: g for n, g in (slurm_gpus or {}).items() if g > 0 and n in per_node})
+    # The journal names a lend group by its key node: its GPUs are those of all its nodes.
+    node_gpus = {g.name: sum(per_node[n] for n in g.nodes) for g in lend_groups(config)}
     return build_report(
         runs,
         journal.records(),

@@ -124,3 +124,20 @@ def group_views(observation: Observation, config: Config) -> list[GroupView]:
         phase, since, pinned = group_phase(members)
         out.append(GroupView(group, members, phase, since, pinned))
     return out
+
+
+def config_node_gpus(config: Config) -> dict[str, int]:
+    """GPUs per pool node as the config knows them: `gpus_per_node` where set, else the GPUs of
+    the replicas on it (a whole-node replica spanning k nodes: gpus_per_replica / k each). What
+    the report falls back on when Slurm's gres cannot be read."""
+    out: dict[str, int] = {}
+    for m in config.models:
+        for r in m.replicas:
+            share = len(r.gpus) if r.gpus is not None else max(1, m.gpus_per_replica // len(r.nodes))
+            for n in r.nodes:
+                out[n] = out.get(n, 0) + share
+    for m in config.models:
+        if m.gpus_per_node is not None:  # the node's own count, if the replicas leave some free
+            for n in {n for r in m.replicas for n in r.nodes}:
+                out[n] = max(out[n], m.gpus_per_node)
+    return out

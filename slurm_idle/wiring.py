@@ -61,7 +61,7 @@ def _textfile_writer(config: Config) -> Any:
             config.paths.textfile,
             phases=phase_counts(result) if result.observation is not None else None,
             needed={p.model: p.needed_replicas for p in result.plans},
-            serving=serving_after(result),
+            serving=serving_after(result, config),
             tick_duration_s=result.duration_s,
             tick_ts=result.started,
             transitions=[
@@ -69,12 +69,37 @@ def _textfile_writer(config: Config) -> Any:
             ],
             tick_error=result.errors > 0,
             floors={m.name: m.min_serving_replicas for m in config.models},
+            **group_counts(result, config),
         )
 
     return write
 
 
-def serving_after(result: TickResult) -> dict[str, int]:
+def _final_groups(result: TickResult, config: Config) -> list[tuple[Any, Phase, bool]]:
+    """(group view, phase after the tick's steps, moved by a step) of every lend group."""
+    from slurm_idle.topology import group_views
+
+    assert result.observation is not None
+    final = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}
+    return [(g, final.get(g.name, g.phase), g.name in final)
+            for g in group_views(result.observation, config)]
+
+
+def group_counts(result: TickResult, config: Config) -> dict[str, Any]:
+    """`replicas` ((model, phase) -> n) and `groups` (phase -> n) after the tick's steps, every
+    phase present (0 when none); empty without an observation."""
+    if result.observation is None:
+        return {}
+    replicas = {(m.name, p.value): 0 for m in config.models for p in Phase}
+    groups = {p.value: 0 for p in Phase}
+    for g, phase, _ in _final_groups(result, config):
+        groups[phase.value] += 1
+        for r in g.group.replicas:
+            replicas[(r.model, phase.value)] = replicas.get((r.model, phase.value), 0) + 1
+    return {"replicas": replicas, "groups": groups}
+
+
+def serving_after(result: TickResult, config: Config | None = None) -> dict[str, int]:
     """Replicas taking traffic per model after the tick's steps, as `slurm_idle_nodes` counts
     phases: the plans' own count predates the actions, so a reclaim that finished this tick
     (or a lend that began) would show one tick late. A replica whose engine reported sleeping
@@ -84,6 +109,15 @@ def serving_after(result: TickResult) -> dict[str, int]:
     """
     if result.observation is None:
         return {p.model: p.serving_replicas for p in result.plans}
+    if config is not None:  # per replica, on lend groups
+        counts = {p.model: 0 for p in result.plans}
+        for g, phase, moved in _final_groups(result, config):
+            for r in g.group.replicas:
+                load = g.load(r)
+                asleep = not moved and load is not None and load.sleeping
+                if phase in _TAKING_TRAFFIC and not asleep:
+                    counts[r.model] = counts.get(r.model, 0) + 1
+        return counts
     final = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}
     counts = {p.model: 0 for p in result.plans}
     for view in result.observation.nodes:

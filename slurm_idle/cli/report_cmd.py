@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from typing import Any
+
 import click
 
 from slurm_idle.cli import main
@@ -63,7 +65,7 @@ def report(
     if plot:
         check_plot_ready(plot)  # before the CSV is written: all outputs or none
     runs = fetch_runs(config, start, end)
-    result = make_report(config, start, end, now, runs)
+    result = make_report(config, start, end, now, runs, slurm_gpus=_node_gres(config))
     if result.journal is None:
         click.echo(f"slurm-idle: warning: no journal at {config.paths.journal} (paths.journal): "
                    "lends, reclaims, reclaim latency and lent GPU-hours are not counted; run "
@@ -76,3 +78,15 @@ def report(
         echo_json(result.to_json())
     else:
         click.echo(render_text(result))
+
+
+def _node_gres(config: Any) -> dict[str, int]:
+    """GPUs per node from Slurm's gres (what a lent node really lends); {} when Slurm cannot be
+    read: the report then counts the GPUs the config's replicas use."""
+    from slurm_idle.errors import SlurmIdleError
+    from slurm_idle.slurm import make_backend
+
+    try:
+        return {n.name: n.gpus_total for n in make_backend(config).nodes()}
+    except (SlurmIdleError, OSError):
+        return {}

@@ -153,3 +153,24 @@ def test_status_json_shows_replicas_and_groups(tmp_path: Path) -> None:
     assert [n["phase"] for n in node_rows(obs)] == ["serving"] * 3
     table = render_status(node_rows(obs), [], [], replicas)
     assert "gpu5:8001" in table and "on gpu6,gpu7" in table
+
+
+def test_textfile_counts_replicas_and_groups(tmp_path: Path) -> None:
+    """The textfile has replicas per model and phase, and groups per phase, after the tick."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from slurm_idle.wiring import group_counts, serving_after
+
+    agent, *_ = make_agent(tmp_path)
+    result = agent.tick()
+    counts = group_counts(result, agent.config)
+    assert counts["replicas"][("m", "retiring")] + counts["replicas"][("m", "lent")] == 2
+    assert counts["groups"]["serving"] + counts["groups"]["lent"] + counts["groups"]["retiring"] == 2
+    assert sum(serving_after(result, agent.config).values()) <= 3
+    from slurm_idle.agent_metrics import write_textfile
+
+    path = tmp_path / "m.prom"
+    write_textfile(path, phases={}, needed={}, serving={}, tick_duration_s=1, tick_ts=1,
+                   transitions=[], tick_error=False, **counts)
+    names = {s.name for f in text_string_to_metric_families(path.read_text()) for s in f.samples}
+    assert {"slurm_idle_replicas", "slurm_idle_groups"} <= names

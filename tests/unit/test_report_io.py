@@ -107,6 +107,33 @@ def test_make_report_reads_the_journal_and_prices_from_config(tmp_path: Path) ->
     assert (r.currency, r.price_per_gpu_hour) == ("EUR", 3.0)
 
 
+def test_lent_gpu_hours_come_from_the_nodes_gres(tmp_path: Path) -> None:
+    """An 8-GPU node (Slurm's gres) with two 2-GPU replicas lends 8 GPUs, not the 4 its replicas
+    use; a group of two nodes journaled under its key node counts both nodes' GPUs."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    for node in ("gpu5", "gpu6"):
+        journal.append({"event": "transition", "ts": 1000.0, "node": node, "from": "lending",
+                        "to": "lent", "outcome": "ok", "duration_s": 0})
+    config = parse_config("""
+engine: {kind: command, start_command: a, stop_command: b}
+models:
+  - name: m
+    nodes: gpu5
+    gpus_per_replica: 2
+    replicas_per_node: 2
+    url: "http://{node}:800{index}"
+  - name: big
+    gpus_per_replica: 16
+    replicas: [{nodes: "gpu[6-7]", url: "http://gpu6:8000"}]
+""")
+    r = make_report(config, 1000.0, 1000.0 + 3600, 1000.0 + 3600, [],
+                    journal_path=str(journal.path), slurm_gpus={"gpu5": 8, "gpu6": 8, "gpu7": 8})
+    assert r.lent_gpu_hours == pytest.approx(8.0 + 16.0)
+    without_slurm = make_report(config, 1000.0, 1000.0 + 3600, 1000.0 + 3600, [],
+                                journal_path=str(journal.path))
+    assert without_slurm.lent_gpu_hours == pytest.approx(4.0 + 16.0)  # 2 x 2 GPUs; 16 over 2 nodes
+
+
 def test_csv_file_has_header_days_and_total(tmp_path: Path) -> None:
     """The CSV opens in any spreadsheet: a header, one row per day, then the total."""
     config = parse_config(CONFIG)
