@@ -15,8 +15,10 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
 
 @main.command()
 @click.argument("trace", required=False, type=click.Path(dir_okay=False))
-@click.option("--fleet", "fleets", multiple=True, metavar="MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S",
-              help="A simulated model (repeatable). Default: the pool of the config in effect.")
+@click.option("--fleet", "fleets", multiple=True,
+              metavar="MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S[:PER_NODE]",
+              help="A simulated model (repeatable); PER_NODE replicas share a node, which is lent "
+              "only whole (default 1). Default: the pool of the config in effect.")
 @click.option("--config", "config_path", default=None, metavar="PATH",
               help="Take the pool and the policy knobs from this slurm-idle config (like the "
               "global --config). Without either, $SLURM_IDLE_CONFIG or "

@@ -32,31 +32,52 @@ __all__ = [
 
 POLICIES = ("slurm-idle", "reactive", "night-window", "oracle")
 
-_FLEET = re.compile(r"^(?P<model>[^=]+)=(?P<replicas>\d+):(?P<gpus>\d+):(?P<tps>\d+(?:\.\d*)?)$")
+_FLEET = re.compile(
+    r"^(?P<model>[^=]+)=(?P<replicas>\d+):(?P<gpus>\d+):(?P<tps>\d+(?:\.\d*)?)(?::(?P<per>\d+))?$"
+)
 
 
 def parse_fleet(spec: str) -> FleetModel:
-    """`MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S`, e.g. `llama-70b=16:4:2500`."""
+    """`MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S[:PER_NODE]`, e.g. `llama-70b=16:4:2500`, or
+    `llama-70b=16:4:2500:2` for two replicas per (8-GPU) node."""
     match = _FLEET.match(spec.strip())
     if not match:
         raise ConfigError(
-            f"--fleet {spec!r} is not MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S (e.g. llama=16:4:2500)"
+            f"--fleet {spec!r} is not MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S[:PER_NODE] "
+            "(e.g. llama=16:4:2500)"
         )
     fleet = FleetModel(
-        match["model"].strip(), int(match["replicas"]), int(match["gpus"]), float(match["tps"])
+        match["model"].strip(), int(match["replicas"]), int(match["gpus"]), float(match["tps"]),
+        int(match["per"] or 1),
     )
-    if fleet.replicas < 1 or fleet.gpus_per_replica < 1 or fleet.tokens_per_s <= 0:
-        raise ConfigError(f"--fleet {spec!r}: replicas, GPUs and tokens/s must be positive")
+    if fleet.replicas < 1 or fleet.gpus_per_replica < 1 or fleet.tokens_per_s <= 0 or fleet.per_node < 1:
+        raise ConfigError(f"--fleet {spec!r}: replicas, GPUs, tokens/s and per-node must be positive")
+    if fleet.replicas % fleet.per_node:
+        raise ConfigError(f"--fleet {spec!r}: {fleet.replicas} replicas do not fill nodes of "
+                          f"{fleet.per_node}")
     return fleet
 
 
 def fleet_from_config(config: Config) -> list[FleetModel]:
-    """The pool of a slurm-idle config as a simulated fleet."""
-    return [
-        FleetModel(m.name, len(m.replicas), m.gpus_per_replica, m.tokens_per_s_per_replica)
-        for m in config.models
-        if m.replicas
-    ]
+    """The pool of a slurm-idle config as a simulated fleet: replicas per node from its lend
+    groups (a model whose groups differ in size is simulated with the most common one)."""
+    from collections import Counter
+
+    from slurm_idle.topology import lend_groups
+
+    sizes: dict[str, Counter[int]] = {}
+    for g in lend_groups(config):
+        for model in g.models():
+            sizes.setdefault(model, Counter())[sum(1 for r in g.replicas if r.model == model)] += 1
+    out = []
+    for m in config.models:
+        if not m.replicas:
+            continue
+        per_node = sizes[m.name].most_common(1)[0][0] if m.name in sizes else 1
+        replicas = len(m.replicas) - len(m.replicas) % per_node
+        out.append(FleetModel(m.name, replicas, m.gpus_per_replica, m.tokens_per_s_per_replica,
+                              per_node))
+    return out
 
 
 def simulate(

@@ -6,7 +6,8 @@
 - `oracle`: perfect foresight: serves exactly what each minute needs and starts every reclaim
   just early enough. Its harvest is the physical limit (Simulation.oracle_bound).
 All three only see the fleet and the trace; their decisions are plain LEND/RECLAIM actions
-that the engine applies with the same latencies as the real planner's.
+that the engine applies with the same latencies as the real planner's. They count in nodes
+(`Simulation.need_nodes`): with several replicas per node only whole nodes are lent.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Reactive:
         actions: list[Action] = []
         seen = max(0, minute - 1)
         for model, nodes in sim.nodes.items():
-            need = sim.need[model]
+            need = sim.need_nodes[model]
             desired = need[seen]
             supply = _count(nodes, Phase.SERVING, Phase.STARTING, Phase.RECLAIMING)
             if desired > supply:
@@ -91,12 +92,13 @@ class NightWindow:
     def _count_for(self, sim: Simulation, model: str) -> int:
         if self.lend is not None:
             return self.lend
+        nodes = sim.fleet[model].nodes
         nights = [
             need
-            for m, need in enumerate(sim.need[model])
+            for m, need in enumerate(sim.need_nodes[model])
             if in_windows(sim.trace.timestamp(m), (self.window,), self.timezone)
         ]
-        return max(0, sim.fleet[model].replicas - max(nights, default=sim.fleet[model].replicas))
+        return max(0, nodes - max(nights, default=nodes))
 
     def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]:
         if not hasattr(self, "_counts"):
@@ -106,7 +108,8 @@ class NightWindow:
         for model, nodes in sim.nodes.items():
             out = _count(nodes, Phase.RETIRING, Phase.LENDING, Phase.LENT)
             if night:
-                room = _count(nodes, Phase.SERVING) - min(sim.params.floor, len(nodes))
+                floor = -(-sim.params.floor // sim.fleet[model].per_node)
+                room = _count(nodes, Phase.SERVING) - min(floor, len(nodes))
                 actions += _lend(nodes, min(self._counts[model] - out, room), "night window")
             elif out:
                 actions += _bring_back(nodes, out, "night window over")
@@ -125,7 +128,7 @@ class Oracle:
         reclaim, drain, end = p.reclaim_minutes, p.drain_minutes, sim.trace.minutes
         actions: list[Action] = []
         for model, nodes in sim.nodes.items():
-            need = sim.need[model]
+            need = sim.need_nodes[model]
 
             def at(m: int, need: list[int] = need) -> int:
                 return need[m] if m < end else 0

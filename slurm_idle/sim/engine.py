@@ -12,8 +12,10 @@ driven forward within a tick as long as its latencies allow, like the agent's No
 
 Accounting per model and minute: serving = SERVING + RETIRING, lent = LENT + LENDING, starting,
 reclaiming (they always sum to the replicas). A minute violates the SLO when serving is below
-what the trace needs; harvested GPU-hours are LENT node-minutes; every reclaim of a LENT node
-is a preemption that loses the work since the jobs' last checkpoint.
+what the trace needs; harvested GPU-hours are LENT node-minutes times the node's GPUs; every
+reclaim of a LENT node is a preemption that loses the work since the jobs' last checkpoint.
+With `per_node` replicas per node (FleetModel), a SimNode carries that many replicas and moves
+as one lend group; counts and the SLO are in replicas, lending in whole nodes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ class FleetModel:
     replicas: int
     gpus_per_replica: int
     tokens_per_s: float
+    per_node: int = 1  # replicas per node: a node (one lend group) is lent only whole
+
+    @property
+    def nodes(self) -> int:
+        return self.replicas // self.per_node
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.per_node * self.gpus_per_replica
 
 
 @dataclass(frozen=True)
@@ -149,9 +160,9 @@ def fleet_node_names(fleet: Sequence[FleetModel]) -> dict[str, list[str]]:
     for f in fleet:
         base = _slug(f.name)
         slug, k = base, 2
-        while any(f"{slug}-{i:03d}" in taken for i in range(f.replicas)):
+        while any(f"{slug}-{i:03d}" in taken for i in range(f.nodes)):
             slug, k = f"{base}-{k}", k + 1
-        out[f.name] = [f"{slug}-{i:03d}" for i in range(f.replicas)]
+        out[f.name] = [f"{slug}-{i:03d}" for i in range(f.nodes)]
         taken.update(out[f.name])
     return out
 
@@ -179,6 +190,8 @@ class Simulation:
         self.params = params
         self.demand: dict[str, list[float]] = {}
         self.need: dict[str, list[int]] = {}
+        # nodes needed: with several replicas per node only whole nodes move (baselines, oracle)
+        self.need_nodes: dict[str, list[int]] = {}
         for f in fleet:
             s = trace.series[f.name]
             demand = [
@@ -191,6 +204,7 @@ class Simulation:
                 min(f.replicas, max(floor, replicas_for(d, f.tokens_per_s, params.utilisation)))
                 for d in demand
             ]
+            self.need_nodes[f.name] = [-(-n // f.per_node) for n in self.need[f.name]]
         names_of = fleet_node_names(fleet)
         self.nodes: dict[str, list[SimNode]] = {
             f.name: [SimNode(n, f.name, since=trace.start) for n in names_of[f.name]]
@@ -221,7 +235,7 @@ class Simulation:
     def _preempt(self, node: SimNode, now: float) -> None:
         self.preemptions += 1
         lent_for = now - (node.lent_since if node.lent_since is not None else now)
-        gpus = self.fleet[node.model].gpus_per_replica
+        gpus = self.fleet[node.model].gpus_per_node
         self.lost_gpu_hours += gpus * (lent_for % self.params.checkpoint_s) / 3600.0
 
     def _enter(self, node: SimNode, phase: Phase, now: float) -> None:
@@ -250,8 +264,9 @@ class Simulation:
             short = False
             for model, nodes in self.nodes.items():
                 counts = {ph: 0 for ph in Phase}
+                per_node = self.fleet[model].per_node
                 for node in nodes:
-                    counts[node.phase] += 1
+                    counts[node.phase] += per_node  # replicas
                 serving = counts[Phase.SERVING] + counts[Phase.RETIRING]
                 row = (
                     serving,
@@ -261,6 +276,7 @@ class Simulation:
                 )
                 timeline[model].append(row)
                 self.serving[model].append(serving)
+                # LENT replicas x their GPUs: the lent nodes' GPUs (whole nodes are lent)
                 harvested += counts[Phase.LENT] * self.fleet[model].gpus_per_replica / 60.0
                 if serving < self.need[model][minute]:
                     short = True
@@ -278,7 +294,8 @@ class Simulation:
     def oracle_bound(self) -> float:
         """The most GPU-hours any policy can lend without a violation, latencies respected.
 
-        Replicas are interchangeable, so look at each level k (the k-th replica): it is free in
+        Nodes are interchangeable, so look at each level k (the k-th node; with several
+        replicas per node, a node is free only when all of them are): it is free in
         the minutes where the need is below k. A free gap [a, b) can be lent from
         max(a, drain) (the replica drains during the last needed minute; at the start of the
         trace it drains first) until the reclaim that must start `reclaim_minutes` before b;
@@ -287,10 +304,10 @@ class Simulation:
         p = self.params
         total = 0.0
         reclaim, drain, end = p.reclaim_minutes, p.drain_minutes, self.trace.minutes
-        for model, need in self.need.items():
+        for model, need in self.need_nodes.items():  # whole nodes: the grouping bounds it too
             fleet = self.fleet[model]
             minutes = 0
-            for level in range(1, fleet.replicas + 1):
+            for level in range(1, fleet.nodes + 1):
                 m = 0
                 while m < end:
                     if need[m] >= level:
@@ -302,5 +319,5 @@ class Simulation:
                     lend_from = max(a, drain)
                     lend_until = end if m == end else m - reclaim
                     minutes += max(0, lend_until - lend_from)
-            total += minutes * fleet.gpus_per_replica / 60.0
+            total += minutes * fleet.gpus_per_node / 60.0
         return total

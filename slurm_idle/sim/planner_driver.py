@@ -77,7 +77,10 @@ def fleet_config(fleet: Sequence[FleetModel], params: SimParams, policy: PolicyC
             tokens_per_s_per_replica=f.tokens_per_s,
             min_serving_replicas=min(params.floor, f.replicas),
             replicas=tuple(
-                ReplicaConfig(node=n, url=f"http://{n}:8000") for n in names_of[f.name]
+                ReplicaConfig(node=n, url=f"http://{n}:{8000 + i}", index=i, port=8000 + i,
+                              gpus=None if f.per_node == 1 else tuple(
+                                  range(i * f.gpus_per_replica, (i + 1) * f.gpus_per_replica)))
+                for n in names_of[f.name] for i in range(f.per_node)
             ),
         )
         for f in fleet
@@ -196,7 +199,7 @@ class PlannerPolicy:
             ),
         )
 
-    def view(self, node: SimNode, gpus: int) -> NodeView:
+    def view(self, node: SimNode, gpus: int, per_node: int = 1) -> NodeView:
         key = (node.name, node.phase, node.since)
         cached = self._views.get(key)
         if cached is not None:
@@ -208,6 +211,10 @@ class PlannerPolicy:
             if lent else ()
         )
         taking = node.phase in (Phase.SERVING, Phase.RETIRING)
+        loads = tuple(
+            ReplicaLoad(model=node.model, node=node.name, url=f"http://{node.name}:{8000 + i}")
+            for i in range(per_node)
+        ) if taking and per_node > 1 else ()
         view = NodeView(
             node=SlurmNode(
                 name=node.name,
@@ -221,13 +228,14 @@ class PlannerPolicy:
             phase_since=node.since,
             jobs=jobs,
             replica=ReplicaLoad(model=node.model, node=node.name) if taking else None,
+            replicas=loads,
         )
         self._views[key] = view
         return view
 
     def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]:
         views = tuple(
-            self.view(node, sim.fleet[model].gpus_per_replica)
+            self.view(node, sim.fleet[model].gpus_per_node, sim.fleet[model].per_node)
             for model, nodes in sim.nodes.items()
             for node in nodes
         )
