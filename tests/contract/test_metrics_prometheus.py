@@ -69,7 +69,7 @@ def test_prometheus_source_sees_every_emulator(sandbox: Sandbox, config: Config)
     assert (src.queries - before) % 9 == 0  # 9 fleet-wide queries per call, whatever the fleet
     assert sum(l.running for l in loads) > 0
     assert all(0 <= l.kv_cache_usage <= 1 and not l.sleeping for l in loads)
-    assert all(src.last_engines[l.node] == ("0",) for l in loads)
+    assert all(src.last_engines[l.url] == ("0",) for l in loads)  # keyed by replica url
 
 
 def test_demand_follows_the_load_up_and_down(sandbox: Sandbox, config: Config) -> None:
