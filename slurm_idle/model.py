@@ -217,6 +217,9 @@ class GroupView:
 
     def load(self, replica: Replica) -> ReplicaLoad | None:
         """The replica's load, found on its head node's view (by name, url, or as its only one)."""
+        if len(self.nodes) == 1 and len(self.group.replicas) == 1:  # a node, a replica: the fast path
+            only = self.nodes[0]
+            return only.replica if only.replica is not None or not only.replicas else only.replicas[0]
         head = next((v for v in self.nodes if v.name == replica.node), None)
         if head is None:
             return None
