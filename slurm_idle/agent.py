@@ -84,6 +84,7 @@ def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation
             headed.setdefault(replica.node, []).append((model_name, replica))
             for n in replica.nodes:
                 model_of.setdefault(n, model_name)
+        errors.extend(gres_mismatches(config, nodes))
         tag = config.slurm.tag
         views = []
         for name, model_name in model_of.items():
@@ -113,6 +114,21 @@ def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation
     finally:
         if collecting:
             gc.enable()
+
+
+def gres_mismatches(config: Config, nodes: dict[str, SlurmNode]) -> list[str]:
+    """Warnings for nodes whose GPUs in Slurm (gres) differ from the config's gpus_per_node:
+    the replicas' GPU sets, and what a lend is worth, would not be what the config says."""
+    out = []
+    for m in config.models:
+        if m.gpus_per_node is None:
+            continue
+        for n in dict.fromkeys(n for r in m.replicas for n in r.nodes):
+            node = nodes.get(n)
+            if node is not None and node.gpus_total and node.gpus_total != m.gpus_per_node:
+                out.append(f"{n}: Slurm reports {node.gpus_total} GPU(s) (gres), the config says "
+                           f"gpus_per_node {m.gpus_per_node} for {m.name!r}: check the config")
+    return out
 
 
 def _loads_of(

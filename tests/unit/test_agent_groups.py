@@ -174,3 +174,14 @@ def test_textfile_counts_replicas_and_groups(tmp_path: Path) -> None:
                    transitions=[], tick_error=False, **counts)
     names = {s.name for f in text_string_to_metric_families(path.read_text()) for s in f.samples}
     assert {"slurm_idle_replicas", "slurm_idle_groups"} <= names
+
+
+def test_gres_unlike_gpus_per_node_is_warned(tmp_path: Path) -> None:
+    """A node whose gres says 4 GPUs where the config says gpus_per_node 8 is an observation
+    warning naming both numbers."""
+    agent, slurm, *_ = make_agent(tmp_path)
+    from dataclasses import replace
+
+    slurm.node_map["gpu5"] = replace(slurm.node_map["gpu5"], gpus_total=4)
+    errors = agent.observe().errors
+    assert any("gpu5: Slurm reports 4 GPU(s)" in e and "gpus_per_node 8" in e for e in errors)
