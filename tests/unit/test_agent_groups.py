@@ -185,3 +185,29 @@ def test_gres_unlike_gpus_per_node_is_warned(tmp_path: Path) -> None:
     slurm.node_map["gpu5"] = replace(slurm.node_map["gpu5"], gpus_total=4)
     errors = agent.observe().errors
     assert any("gpu5: Slurm reports 4 GPU(s)" in e and "gpus_per_node 8" in e for e in errors)
+
+
+def test_engine_commands_and_containers_are_per_replica() -> None:
+    """`{port}`/`{index}` fill per replica in commands and container names, so the two replicas
+    of a node are started and stopped on their own."""
+    from slurm_idle.config import EngineConfig, ReplicaConfig
+    from slurm_idle.engine import CommandEngine, container_name
+
+    calls: list[list[str]] = []
+
+    class Runner:
+        def run(self, argv: list[str], timeout: float | None = None) -> object:
+            calls.append(argv)
+            return None
+
+    engine = CommandEngine(EngineConfig(kind="command", start_command="up {node} {port} {index} {model}",
+                                        stop_command="down {url}"), model="m", runner=Runner())
+    replica = ReplicaConfig.model_validate({"node": "gpu5", "gpus": "4-7", "index": 1,
+                                            "url": "http://gpu5:8001"})
+    engine.stop(replica)
+    assert calls[-1] == ["sh", "-c", "down http://gpu5:8001"]
+    assert container_name("vllm-{node}-{index}", "gpu5", "m", 1, 8001) == "vllm-gpu5-1"
+    assert container_name("vllm-{node}-{port}", "gpu5", "m", 1, 8001) == "vllm-gpu5-8001"
+    from slurm_idle.engine import format_command
+
+    assert format_command("up {node} {port} {index} {model}", "gpu5", "u", "m", 8001, 1) == "up gpu5 8001 1 m"
