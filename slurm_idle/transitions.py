@@ -25,7 +25,7 @@ node from a Comment that starts with our tag, so recovering the phase from Slurm
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -382,8 +382,7 @@ class NodeDriver:
     def _drain_and_requeue(self, view: GroupView, deadline: float) -> bool:
         self._mark(view, Phase.RECLAIMING)
         self._restore_comment(view)
-        for node in view.nodes:
-            self._requeue_lent_jobs(node.name)
+        self._requeue_lent_jobs([node.name for node in view.nodes])
         return True
 
     def _still_on(self, node: str) -> str:
@@ -402,18 +401,22 @@ class NodeDriver:
             parts.append(f"requeued {lend_partition} job(s) {ids} still leaving the node")
         return "; ".join(parts) or "waiting for the node to empty"
 
-    def _requeue_lent_jobs(self, node: str, again: bool = False) -> None:
-        """Requeue the lend partition's RUNNING jobs on `node` not requeued yet (all active
-        ones, whatever was done before, when `again`).
+    def _requeue_lent_jobs(self, nodes: str | Sequence[str], again: bool = False) -> None:
+        """Requeue the lend partition's RUNNING jobs on `nodes` (one node, or a lend group's)
+        not requeued yet (all active ones, whatever was done before, when `again`). A job on
+        several nodes of the group is requeued once.
 
         Reads the shared job poll (at most POLL_S old): a job that started just before the
         drain shows up in a later poll of the wait loop and is requeued there.
         """
+        names = [nodes] if isinstance(nodes, str) else list(nodes)
+        node = names[0]
         lend_partition = self.config.slurm.lend_partition
         done = self._requeued.setdefault(node, set())
         if again:
             done.clear()
-        jobs = [j for j in self._jobs_on(node) if j.partition == lend_partition
+        found = {j.job_id: j for n in names for j in self._jobs_on(n)}
+        jobs = [j for j in found.values() if j.partition == lend_partition
                 and j.job_id not in done and (again or j.state == "RUNNING")]
         if not jobs:
             return
@@ -436,16 +439,14 @@ class NodeDriver:
         while True:
             # Also covers a tick killed between the drain and the requeue, and a job that
             # started just before the drain: requeue whatever still runs, once.
-            for node in view.nodes:
-                self._requeue_lent_jobs(node.name)
+            self._requeue_lent_jobs([node.name for node in view.nodes])
             busy = [node.name for node in view.nodes if self._jobs_on(node.name)]
             if not busy:
                 break
             now = self.clock()
             if not requeued_again and self._overdue(view, now):
                 # Still not empty long after the requeue: ask again, whatever the state.
-                for name in busy:
-                    self._requeue_lent_jobs(name, again=True)
+                self._requeue_lent_jobs([node.name for node in view.nodes], again=True)
                 requeued_again = True
             if now >= deadline:
                 raise CarryOver("; ".join(self._still_on(name) if len(view.nodes) == 1

@@ -72,7 +72,7 @@ def test_a_spanning_replica_is_lent_and_reclaimed_with_both_nodes(spanning: tupl
     assert doc["replicas"][-1]["phase"] == "lent"
 
     sub = sb.run(["sbatch", "--parsable", "-p", "idle", "-N", "2", "-w", "gpu[3-4]", "--requeue",
-                  "--wrap", "sleep 600"], check=True)
+                  "-o", "/dev/null", "--wrap", "sleep 600"], check=True)
     job = sub.stdout.strip().split(";")[0]
     poll(lambda: job_state(sb, job) == "RUNNING", 60, f"job {job} running on gpu[3-4]")
 

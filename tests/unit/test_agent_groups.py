@@ -211,3 +211,22 @@ def test_engine_commands_and_containers_are_per_replica() -> None:
     from slurm_idle.engine import format_command
 
     assert format_command("up {node} {port} {index} {model}", "gpu5", "u", "m", 8001, 1) == "up gpu5 8001 1 m"
+
+
+def test_a_job_on_both_nodes_of_a_group_is_requeued_once(tmp_path: Path) -> None:
+    """Reclaiming gpu[6-7] requeues a 2-node job once, not once per node (a second requeue of a
+    job already pending fails in Slurm)."""
+    from slurm_idle.model import Action, ActionKind
+
+    agent, slurm, engine, clock = make_agent(tmp_path)
+    for _ in range(3):
+        agent.tick()
+        clock.t += 60
+    slurm.job_list.append(SlurmJob(job_id=9, name="j", partition="idle", state="RUNNING",
+                                   nodes=("gpu6", "gpu7"), gpus=8, start_time=clock() - 30))
+    obs = agent.observe()
+    action = Action(ActionKind.RECLAIM, "gpu6", "big", Phase.LENT, Phase.RECLAIMING, "test")
+    steps = agent.run_actions([action], obs)
+    assert [ids for ids, _ in slurm.requeues] == [(9,)]
+    assert steps[-1].to_phase is Phase.SERVING and steps[-1].outcome == "ok"
+    assert engine.up["gpu6"]
