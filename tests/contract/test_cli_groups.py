@@ -77,21 +77,15 @@ def test_a_spanning_replica_is_lent_and_reclaimed_with_both_nodes(spanning: tupl
     poll(lambda: job_state(sb, job) == "RUNNING", 60, f"job {job} running on gpu[3-4]")
 
     back = cli_json(sb, config, "reclaim", "gpu3")
-    assert back["steps"][0]["to"] == "reclaiming"
-    assert back["steps"][-1]["outcome"] in ("ok", "waiting")
-
-    seen: list[Any] = []
-
-    def serving() -> bool:
-        seen.append(cli(sb, config, "tick", "--json").stdout[-1500:])
-        phases = {n["name"]: n["phase"] for n in cli_json(sb, config, "status")["nodes"]}
-        seen.append(phases)
-        return phases["gpu3"] == phases["gpu4"] == "serving"
-
-    try:
-        poll(serving, 180, "gpu3 and gpu4 serving again", interval_s=2.0)
-    except AssertionError:
-        raise AssertionError(f"reclaim: {back}; last ticks: {seen[-4:]}") from None
+    assert [s["to"] for s in back["steps"]] == ["reclaiming", "starting", "serving"], back
+    assert all(s["nodes"] == ["gpu3", "gpu4"] for s in back["steps"])
+    # No tick from here: at zero load the planner would (rightly) lend the group again.
+    doc = cli_json(sb, config, "status")
+    phases = {n["name"]: n["phase"] for n in doc["nodes"]}
+    assert phases["gpu3"] == phases["gpu4"] == "serving"
+    assert doc["replicas"][-1]["phase"] == "serving"
+    poll(lambda: cli_json(sb, config, "status")["replicas"][-1]["healthy"] is True, 60,
+         "the spanning replica healthy in status (fresh metrics after its start)", interval_s=2.0)
     time.sleep(1)
     state = job_state(sb, job)
     assert state not in ("FAILED", "CANCELLED", "COMPLETED"), state
