@@ -24,49 +24,14 @@ esac
 src=$(cd "$(dirname "$0")/../.." && pwd)
 # shellcheck source=scripts/lib/install.sh
 . "$src/scripts/lib/install.sh"
+# shellcheck source=scripts/lib/debian-mirror.sh
+. "$src/scripts/lib/debian-mirror.sh"
 _need_root
 
 cache=${SLURM_IDLE_ROOT_CACHE:-/var/cache/slurm-idle}
 root="$cache/debian$release"
 stamp="$root/.slurm-idle-root"
 say() { echo "slurm-idle[debian$release]: $*" >&2; }
-
-# ---------------------------------------------------------------- the host's Debian mirror
-
-host_codename() { . /etc/os-release && echo "${VERSION_CODENAME:-}"; }
-
-# The URIs of the host's Debian archive and security archive, read from its apt sources
-# (deb822 .sources and one-line .list): "archive URI" and "security URI" lines.
-host_mirrors() {
-  local codename
-  codename=$(host_codename)
-  [ -n "$codename" ] || return 0
-  local f
-  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [ -f "$f" ] || continue
-    awk -v c="$codename" '
-      $1 == "deb" { i = 2; if ($2 ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
-                    if ($(i+1) == c) print "archive", $i; else if ($(i+1) == c "-security") print "security", $i }' "$f"
-  done
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] || continue
-    awk -v c="$codename" '
-      function flush() { if (types ~ /(^| )deb( |$)/) { n = split(suites, s, " ");
-          for (j = 1; j <= n; j++) { if (s[j] == c) kind = "archive"; else if (s[j] == c "-security") kind = "security" }
-          if (kind != "") { m = split(uris, u, " "); for (j = 1; j <= m; j++) print kind, u[j] } }
-        types = ""; suites = ""; uris = ""; kind = "" }
-      /^[ \t]*$/ { flush(); next }
-      /^#/ { next }
-      tolower($1) == "types:" { $1 = ""; types = $0 }
-      tolower($1) == "suites:" { $1 = ""; suites = $0 }
-      tolower($1) == "uris:" { $1 = ""; uris = $0 }
-      END { flush() }' "$f"
-  done
-}
-
-mirror_of() {  # mirror_of archive|security
-  host_mirrors | awk -v k="$1" '$1 == k { print $2; exit }'
-}
 
 # ---------------------------------------------------------------- mounts and processes
 
@@ -218,38 +183,45 @@ copy_source() {
 
 # ---------------------------------------------------------------- main
 
-mkdir -p "$cache"
-exec 9>"$cache/debian$release.lock"
-if ! flock -n 9; then
-  say "another run uses $root: waiting for it"
-  flock 9
-fi
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# Everything runs from one function: bash has then read the whole script before it starts, so
+# editing the file during a (long) run cannot change what the rest of the run does.
+main() {
 
-stop_processes   # leftovers of a run that was SIGKILLed
-unmount_root
-t_all=$SECONDS
-[ -f "$stamp" ] || build_root
-configure_root
-rm -rf "${root:?}/tmp" && mkdir -m 1777 "$root/tmp"
-copy_source
-mount_root
-chroot "$root" update-ca-certificates >/dev/null 2>&1 || say "update-ca-certificates failed in the root"
-say "root ready in $((SECONDS - t_all)) s; running scripts/test $* inside"
+  mkdir -p "$cache"
+  exec 9>"$cache/debian$release.lock"
+  if ! flock -n 9; then
+    say "another run uses $root: waiting for it"
+    flock 9
+  fi
+  trap cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
 
-env_args=(HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
-          TERM="${TERM:-dumb}")
-while IFS='=' read -r k v; do
-  case "$k" in PIP_*|http_proxy|https_proxy|no_proxy|HTTP_PROXY|HTTPS_PROXY|NO_PROXY) env_args+=("$k=$v") ;; esac
-done < <(env)
-t_run=$SECONDS
-# setsid: the run is its own process group, so the trap can stop all of it by one pid.
-setsid chroot "$root" /usr/bin/env -i "${env_args[@]}" /bin/bash -c 'cd /src/slurm-idle && exec scripts/test "$@"' scripts/test "$@" &
-run_pid=$!
-rc=0
-wait "$run_pid" || rc=$?
-run_pid=""
-say "scripts/test inside the root exited $rc after $((SECONDS - t_run)) s (whole lane $((SECONDS - t_all)) s)"
-exit "$rc"
+  stop_processes   # leftovers of a run that was SIGKILLed
+  unmount_root
+  t_all=$SECONDS
+  [ -f "$stamp" ] || build_root
+  configure_root
+  rm -rf "${root:?}/tmp" && mkdir -m 1777 "$root/tmp"
+  copy_source
+  mount_root
+  chroot "$root" update-ca-certificates >/dev/null 2>&1 || say "update-ca-certificates failed in the root"
+  say "root ready in $((SECONDS - t_all)) s; running scripts/test $* inside"
+
+  env_args=(HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
+            TERM="${TERM:-dumb}")
+  while IFS='=' read -r k v; do
+    case "$k" in PIP_*|http_proxy|https_proxy|no_proxy|HTTP_PROXY|HTTPS_PROXY|NO_PROXY) env_args+=("$k=$v") ;; esac
+  done < <(env)
+  t_run=$SECONDS
+  # setsid: the run is its own process group, so the trap can stop all of it by one pid.
+  setsid chroot "$root" /usr/bin/env -i "${env_args[@]}" /bin/bash -c 'cd /src/slurm-idle && exec scripts/test "$@"' scripts/test "$@" &
+  run_pid=$!
+  rc=0
+  wait "$run_pid" || rc=$?
+  run_pid=""
+  say "scripts/test inside the root exited $rc after $((SECONDS - t_run)) s (whole lane $((SECONDS - t_all)) s)"
+  exit "$rc"
+}
+
+main "$@"
