@@ -84,6 +84,7 @@ def write_completion(path: Path, completion: Completion) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-slurm-idle-completed-")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide it from `slurm-idle jobs` of others
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(asdict(completion), sort_keys=True) + "\n")
             f.flush()
