@@ -54,13 +54,14 @@ unmount_root() {
   if [ -n "$left" ]; then say "could not unmount: $left"; return 1; fi
 }
 
-# Pids of live processes whose root directory is the Debian root (all of them ours: the lock
-# keeps other runs out). Zombies have no readable root and are skipped.
+# Pids of live processes whose root directory is the Debian root or below it (containers that
+# the root's dockerd started), all of them ours: the lock keeps other runs out. Zombies have no
+# readable root and are skipped.
 pids_in_root() {
   local p r
   for p in /proc/[0-9]*; do
     r=$(readlink "$p/root" 2>/dev/null) || continue
-    [ "$r" = "$root" ] || continue
+    [ "$r" = "$root" ] || [ "${r#"$root"/}" != "$r" ] || continue
     grep -q '^State:[[:space:]]*Z' "$p/status" 2>/dev/null && continue
     echo "${p#/proc/}"
   done
@@ -89,8 +90,11 @@ cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   if [ -n "$run_pid" ] && kill -0 "$run_pid" 2>/dev/null; then
+    # SIGINT first: pytest then runs its fixtures' teardown (the sandbox's own `down`).
+    kill -INT -- "-$run_pid" 2>/dev/null || true
+    for _ in $(seq 1 150); do kill -0 "$run_pid" 2>/dev/null || break; sleep 0.2; done
     kill -TERM -- "-$run_pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do kill -0 "$run_pid" 2>/dev/null || break; sleep 0.2; done
+    for _ in $(seq 1 50); do kill -0 "$run_pid" 2>/dev/null || break; sleep 0.2; done
   fi
   stop_processes
   unmount_root || rc=1
