@@ -85,14 +85,24 @@ stop_processes() {
   sleep 0.5
 }
 
+ignores_sigint() {  # SigIgn of /proc/PID/status has bit 1 (SIGINT = 2) set
+  local mask
+  mask=$(awk '/^SigIgn:/ { print $2 }' "/proc/$1/status" 2>/dev/null) || return 1
+  [ -n "$mask" ] && (( (16#$mask >> 1) & 1 ))
+}
+
 run_pid=""
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   if [ -n "$run_pid" ] && kill -0 "$run_pid" 2>/dev/null; then
-    # SIGINT first: pytest then runs its fixtures' teardown (the sandbox's own `down`).
-    kill -INT -- "-$run_pid" 2>/dev/null || true
-    for _ in $(seq 1 150); do kill -0 "$run_pid" 2>/dev/null || break; sleep 0.2; done
+    # SIGINT first, so pytest runs its fixtures' teardown (the sandbox's own `down`), unless
+    # the run ignores SIGINT (started from a script without job control): then SIGTERM, and
+    # the sweep below stops the daemons.
+    if ! ignores_sigint "$run_pid"; then
+      kill -INT -- "-$run_pid" 2>/dev/null || true
+      for _ in $(seq 1 150); do kill -0 "$run_pid" 2>/dev/null || break; sleep 0.2; done
+    fi
     kill -TERM -- "-$run_pid" 2>/dev/null || true
     for _ in $(seq 1 50); do kill -0 "$run_pid" 2>/dev/null || break; sleep 0.2; done
   fi
