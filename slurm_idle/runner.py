@@ -27,6 +27,11 @@ Exit codes (the step's exit code; the job's is the same unless Slurm requeues it
   143  stopped by SIGTERM (preempted)      75   time limit near: checkpointed, requeue me
   64   more restarts than max_restarts     70   the container could not be started
 
+Completion is final (completion.py): after the container exits 0 the runner records it in a
+marker file (the checkpoint dir, else the user's state dir) before exiting 0; a later run of the
+same job id finds it and exits 0 at once without starting anything. Slurm 24.05+ may start a
+finished job once more after a preemption (docs/slurm-releases.md).
+
 The container always runs as the job's uid:gid, unprivileged, with no-new-privileges, never
 with the engine socket mounted, with `init=True`, and is always removed (finally, plus a
 label-based sweep of leftovers of the same job at start and `--cleanup JOBID` for an Epilog).
@@ -51,10 +56,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
+from slurm_idle import completion
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.jobs import (
     ENGINE_SOCKETS,
@@ -87,6 +94,7 @@ class SlurmContext:
     gpus: tuple[str, ...] = ()  # node-level GPU indexes Slurm allocated
     cuda_visible_devices: str | None = None
     job_name: str = ""
+    cluster: str = ""  # SLURM_CLUSTER_NAME: with the job id, names the completion marker
 
 
 def slurm_context(environ: Mapping[str, str]) -> SlurmContext:
@@ -107,6 +115,7 @@ def slurm_context(environ: Mapping[str, str]) -> SlurmContext:
         gpus=gpus,
         cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
         job_name=environ.get("SLURM_JOB_NAME", ""),
+        cluster=environ.get("SLURM_CLUSTER_NAME", ""),
     )
 
 
@@ -377,6 +386,7 @@ def run_container(
     stream_client: Any = None,
     early_requeue: Callable[[], str] | None = None,
     job_ending: Callable[[], bool] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> int:
     """Run the job's container to its end or to a stop signal; return the runner's exit code.
 
@@ -384,11 +394,45 @@ def run_container(
     requeue_if_preempted): requeueing earlier could kill the runner before its cleanup.
     `job_ending` is asked once after the first SIGTERM: True when Slurm is already ending the
     job (see job_is_ending), so there is no grace to wait out.
+    A job id whose completion is recorded (completion.py) exits 0 before anything starts; a
+    run whose container exits 0 records it first. `environ` (default os.environ) locates the
+    marker of a spec without a checkpoint dir.
     """
+    marker = _completion_marker(spec, ctx, os.environ if environ is None else environ)
+    if marker is not None:
+        done = completion.read_completion(marker)
+        if done is not None:
+            report.say(completion.already_done_message(done, ctx.restart_count))
+            return 0
     code = _run_once(client, spec, ctx, settings, signals, report, stream_client, job_ending)
     if code == EXIT_PREEMPTED and signals.term.is_set() and early_requeue is not None:
         report.say(early_requeue())
+    if code == 0 and marker is not None:
+        report.say(_record_completion(marker, ctx))
     return code
+
+
+def _completion_marker(spec: JobSpec, ctx: SlurmContext, environ: Mapping[str, str]) -> Path | None:
+    """Where this job's completion is recorded; None outside Slurm (no job id to key it)."""
+    if not ctx.job_id:
+        return None
+    ck = spec.for_job(ctx.job_id).mounts.checkpoint
+    return completion.marker_path(
+        completion.marker_dir(ck.source if ck else None, environ), ctx.job_id, ctx.cluster
+    )
+
+
+def _record_completion(marker: Path, ctx: SlurmContext) -> str:
+    done = completion.Completion(
+        job_id=ctx.job_id, cluster=ctx.cluster, exit_code=0, restart_count=ctx.restart_count,
+        finished_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
+    try:
+        completion.write_completion(marker, done)
+    except OSError as exc:
+        return (f"could not record the completion in {marker}: {exc} (a later run of this job "
+                "would run the work again)")
+    return f"completion recorded in {marker}: a later run of job {ctx.job_id} exits at once"
 
 
 def _run_once(
@@ -421,7 +465,7 @@ def _run_once(
         runtimes = list((client.info().get("Runtimes") or {}).keys())
         use_dr = wants_device_requests(settings.gpu_mode, runtimes)
         if settings.gpu_mode == "off":
-            ctx = SlurmContext(ctx.job_id, ctx.restart_count, (), None, ctx.job_name)
+            ctx = replace(ctx, gpus=(), cuda_visible_devices=None)
         _ensure_image(client, spec.image, report)
         if signals.stop_requested():
             report.say("stop signal before the container started: nothing to checkpoint")
