@@ -72,6 +72,9 @@ class MetricsConfig(_Strict):
     scrape_state: str | None = None
     scrape_interval_s: float = Field(1.0, gt=0)
     scrape_timeout_s: float = Field(5.0, gt=0)
+    # source: prometheus only: when Prometheus does not answer, scrape the serving replicas'
+    # /metrics directly in the same tick (enough to reclaim; nothing is lent on it).
+    fallback_scrape: bool = True
 
 
 class EngineConfig(_Strict):

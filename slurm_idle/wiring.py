@@ -88,7 +88,8 @@ def serving_after(result: TickResult) -> dict[str, int]:
     counts = {p.model: 0 for p in result.plans}
     for view in result.observation.nodes:
         moved = view.name in final
-        asleep = not moved and view.replica is not None and view.replica.sleeping
+        asleep = not moved and view.replica is not None and (
+            view.replica.sleeping or view.replica.foreign)
         if final.get(view.name, view.phase) in _TAKING_TRAFFIC and not asleep:
             counts[view.model] = counts.get(view.model, 0) + 1
     return counts

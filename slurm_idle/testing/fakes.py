@@ -7,7 +7,7 @@ Slurm or vLLM behaviour: contract tests run the real adapters against the real s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from slurm_idle.config import ModelConfig, ReplicaConfig
@@ -127,7 +127,13 @@ class FakeMetrics:
     fail: bool = False
     queries: int = 0
 
-    def replica_loads(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> list[ReplicaLoad]:
+    def replica_loads(
+        self,
+        replicas: Sequence[tuple[str, ReplicaConfig]],
+        *,
+        budget_s: float | None = None,
+        serving: Collection[str] | None = None,
+    ) -> list[ReplicaLoad]:
         from slurm_idle.errors import MetricsUnavailable
 
         self.queries += 1
@@ -135,7 +141,14 @@ class FakeMetrics:
             raise MetricsUnavailable("fake metrics source is down")
         return [self.replicas[r.node] for _, r in replicas if r.node in self.replicas]
 
-    def model_loads(self, models: Sequence[ModelConfig], now: float) -> list[ModelLoad]:
+    def model_loads(
+        self,
+        models: Sequence[ModelConfig],
+        now: float,
+        *,
+        budget_s: float | None = None,
+        serving: Collection[str] | None = None,
+    ) -> list[ModelLoad]:
         from slurm_idle.errors import MetricsUnavailable
 
         self.queries += 1

@@ -11,7 +11,15 @@ from slurm_idle.config import Config, parse_config
 from slurm_idle.journal import Journal
 from slurm_idle.lifecycle import format_lent_comment, format_reason
 from slurm_idle.lock import try_lock
-from slurm_idle.model import Action, ActionKind, ModelLoad, Observation, Phase, SlurmJob
+from slurm_idle.model import (
+    Action,
+    ActionKind,
+    ModelLoad,
+    Observation,
+    Phase,
+    ReplicaLoad,
+    SlurmJob,
+)
 from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
 from slurm_idle.transitions import POLL_S
 
@@ -270,8 +278,13 @@ def test_real_planner_reclaims_when_queue_builds(tmp_path: Path) -> None:
     for _ in range(4):
         agent.tick()
     metrics.models["m"] = ModelLoad(model="m", generation_tokens_per_s=50_000.0, waiting=40,
+                                    waiting_min_recent=30,
                                     demand_tokens_per_s_max_window=50_000.0,
                                     waiting_max_window=40, waiting_min_window=30)
+    # the present demand is the serving replica's (metrics.serving): the load shows there
+    serving = next(n for n, p in phases(agent).items() if p is Phase.SERVING)
+    metrics.replicas[serving] = ReplicaLoad(model="m", node=serving, running=16, waiting=40,
+                                            generation_tokens_per_s=50_000.0)
     agent.tick()
     assert set(phases(agent).values()) == {Phase.SERVING}
 

@@ -338,11 +338,20 @@ def test_window_and_sustain_queries_count_their_points() -> None:
     """The demand window and the queue's sustain span come with their count_over_time, in the
     same queries (the number of queries per tick does not change)."""
     model_q = queries_for(parse_config(CONFIG)).model(600, [300])
-    assert "count_over_time((sum by (model_name) (rate(" in model_q["demand_max"]
+    assert "count_over_time((sum by (model_name) ((rate(" in model_q["demand_max"]
     assert '[600s:15s]), "kind", "points", "", "")' in model_q["demand_max"]
     waiting = model_q["waiting"]
-    assert 'min_over_time(sum by (model_name) (vllm:num_requests_waiting{job="vllm"})[60s:6s])' in waiting
+    assert ('min_over_time(sum by (model_name) ((vllm:num_requests_waiting{job="vllm"} >= 0 < +Inf))'
+            '[60s:6s])') in waiting
     assert '"kind", "recent_min"' in waiting and '"kind", "recent_points"' in waiting
+
+
+def test_fleet_wide_series_are_checked_before_they_are_summed() -> None:
+    """Every model-level query keeps only finite, non-negative series (`>= 0 < +Inf`) before
+    summing: one NaN or negative series from a fake exporter cannot poison the model's load."""
+    model_q = queries_for(parse_config(CONFIG)).model(600, [300])
+    for name in ("generation", "prompt", "running", "demand_max"):
+        assert ">= 0 < +Inf" in model_q[name], name
 
 
 PROMTOOL = shutil.which("promtool")
