@@ -291,7 +291,8 @@ class Agent:
         if deadline is None:
             deadline = self.clock() + self.config.timeouts.tick_budget_s
         driver = NodeDriver(
-            self.config, self.slurm, self.engine_for, self.clock, self.sleep, on_step=self._journal_step
+            self.config, self.slurm, self.engine_for, self.clock, self.sleep,
+            on_step=self._journal_step, on_event=self._journal_event,
         )
         views = {v.name: v for v in observation.nodes}
         todo = [(views[a.node], a) for a in actions if a.node in views]
@@ -338,6 +339,11 @@ class Agent:
     def _journal_step(self, step: StepResult) -> None:
         assert self.journal is not None
         self.journal.append(step.record())
+
+    def _journal_event(self, record: dict[str, Any]) -> None:
+        """What a reclaim did to one job (eviction.py: signalled, requeued, cancelled, error)."""
+        assert self.journal is not None
+        self.journal.append(record)
 
     def _journal_tick(self, result: TickResult, started: float) -> None:
         assert self.journal is not None

@@ -49,16 +49,17 @@ def request(
     parts = urlsplit(url)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     conn = _open(url, max(timeout_s, 0.001))
-    box: dict[str, object] = {}
+    results: list[tuple[int, bytes]] = []
+    errors: list[BaseException] = []
 
     def work() -> None:
         try:
             conn.request(method, path, body=b"" if method == "POST" else None,
                          headers={"Connection": "close"})
             resp = conn.getresponse()
-            box["result"] = (resp.status, resp.read(max_bytes))
+            results.append((resp.status, resp.read(max_bytes)))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            box["error"] = exc
+            errors.append(exc)
 
     worker = threading.Thread(target=work, name=f"http {url[:60]}", daemon=True)
     worker.start()
@@ -68,14 +69,11 @@ def request(
         worker.join(1.0)
         raise DeadlineExceeded(f"{method} {url}: no complete answer within {timeout_s:g} s")
     conn.close()
-    if "error" in box:
-        error = box["error"]
-        if isinstance(error, OSError | http.client.HTTPException):
-            raise OSError(f"{method} {url}: {error}") from None
-        assert isinstance(error, BaseException)
-        raise error
-    status, body = box["result"]  # type: ignore[misc]
-    return int(status), bytes(body)
+    if errors:
+        if isinstance(errors[0], OSError | http.client.HTTPException):
+            raise OSError(f"{method} {url}: {errors[0]}") from None
+        raise errors[0]
+    return results[0]
 
 
 def _abort(conn: http.client.HTTPConnection) -> None:
@@ -92,21 +90,20 @@ def _abort(conn: http.client.HTTPConnection) -> None:
 def call_within(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     """`fn()`'s result if it returns within `timeout_s`, else DeadlineExceeded (the call is left
     to finish on its own daemon thread; its own timeouts end it)."""
-    box: dict[str, object] = {}
+    results: list[T] = []
+    errors: list[BaseException] = []
 
     def work() -> None:
         try:
-            box["result"] = fn()
+            results.append(fn())
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            box["error"] = exc
+            errors.append(exc)
 
     worker = threading.Thread(target=work, name=what[:60], daemon=True)
     worker.start()
     worker.join(max(timeout_s, 0.0))
     if worker.is_alive():
         raise DeadlineExceeded(f"{what}: no answer within {timeout_s:g} s")
-    if "error" in box:
-        error = box["error"]
-        assert isinstance(error, BaseException)
-        raise error
-    return box["result"]  # type: ignore[return-value]
+    if errors:
+        raise errors[0]
+    return results[0]

@@ -71,6 +71,9 @@ class SlurmJob:
     comment: str = ""
     user: str = ""
     state_reason: str = ""
+    # A batch job (sbatch). srun/salloc jobs are not: Slurm refuses to requeue them ("Only
+    # batch jobs are accepted"), so a reclaim signals them, waits the grace, then cancels them.
+    batch: bool = True
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,8 @@ def _textfile_writer(config: Config) -> Any:
             ],
             tick_error=result.errors > 0,
             floors={m.name: m.min_serving_replicas for m in config.models},
+            metrics_source=(result.observation.metrics_source or None)
+            if result.observation is not None else None,
         )
 
     return write

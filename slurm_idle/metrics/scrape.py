@@ -39,6 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 from slurm_idle import httpdeadline
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable
+from slurm_idle.logs import get_logger
 from slurm_idle.metrics import demand_tokens_per_s
 from slurm_idle.metrics import history as kept
 from slurm_idle.metrics.forecast import forecast_leads, forecasts
@@ -54,7 +55,6 @@ from slurm_idle.metrics.parse import (
     sum_engines,
     sum_histograms,
 )
-from slurm_idle.logs import get_logger
 from slurm_idle.model import ModelLoad, ReplicaLoad
 
 log = get_logger(__name__)

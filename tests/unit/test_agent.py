@@ -400,11 +400,13 @@ def test_plain_jobs_are_requeued_by_slurm_ours_get_the_step_grace(tmp_path: Path
                  comment="slurm-idle:job,pipeline=p"),
         SlurmJob(job_id=9, name="inference", partition="inference", state="RUNNING", nodes=("gpu3",)),
     ]})
+    slurm.no_steps = {8}  # our runner's step ends on the SIGTERM (it checkpointed)
     steps = reclaim_all(agent, ["gpu1"])
     assert steps[-1].to_phase is Phase.SERVING and steps[-1].outcome == "ok"
-    grace = agent.config.slurm.requeue_grace_s
-    assert grace > 0
-    assert sorted(slurm.requeues) == [((7,), 0), ((8,), grace)]
+    assert agent.config.slurm.requeue_grace_s > 0
+    # ours: SIGTERM to its steps, requeued once they ended; the plain one: requeued at once
+    assert slurm.signals == [((8,), "TERM", False)]
+    assert sorted(slurm.requeues) == [((7,), 0), ((8,), 0)]
 
 
 def test_a_surge_reclaim_shares_its_job_queries_and_starts_each_engine_once(tmp_path: Path) -> None:
