@@ -60,3 +60,22 @@ def test_other_partitions_keep_no_requeue(sandbox: Any) -> None:
         assert show(sandbox, job, "Requeue") == "0"
     finally:
         sandbox.run(["scancel", job])
+
+
+def test_interactive_jobs_on_idle_are_rejected(sandbox: Any) -> None:
+    """`srun -p idle` and `salloc -p idle` (no batch script: Slurm could not requeue them) are
+    refused with our message; an sbatch script that runs srun steps inside is accepted."""
+    for command in (["srun", "-p", "idle", "true"], ["salloc", "-p", "idle", "true"]):
+        r = sandbox.run(["timeout", "30", *command])
+        assert r.returncode != 0, command
+        assert "takes batch jobs only" in r.stderr, r.stderr
+    r = sandbox.run(["sbatch", "--parsable", "-o", "/dev/null", "--hold", "-p", "idle",
+                     "--wrap", "srun true"])
+    assert r.returncode == 0, r.stderr
+    sandbox.run(["scancel", r.stdout.strip().split(";")[0]])
+
+
+def test_interactive_jobs_elsewhere_are_left_alone(sandbox: Any) -> None:
+    """The batch-only rule is the lend partition's: `srun -p inference` runs."""
+    r = sandbox.run(["timeout", "30", "srun", "-p", "inference", "true"])
+    assert r.returncode == 0, r.stderr
