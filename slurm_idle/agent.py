@@ -117,6 +117,10 @@ def observe(
         except MetricsUnavailable as exc:
             errors.append(f"metrics unavailable: {exc}")
             model_loads = tuple(ModelLoad(model=m.name, known=False) for m in config.models)
+        fallen_back = getattr(metrics, "primary_error", None)
+        if fallen_back and getattr(metrics, "source", "") == "scrape":
+            errors.append(f"{fallen_back}: planned on direct scrapes of the serving replicas "
+                          "(nothing new is lent without Prometheus' history)")
         for model_name, replica in serving:
             if replica.node in foreign:  # its metrics are not a replica of ours: never counted
                 replica_loads[replica.node] = ReplicaLoad(

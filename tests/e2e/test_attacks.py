@@ -10,10 +10,11 @@ serving) for the report.
 from __future__ import annotations
 
 import json
-import os
 import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,18 +156,15 @@ def test_a_prometheus_outage_falls_back_to_scraping_the_replicas(lent: Any) -> N
     """Prometheus stopped: the tick scrapes the serving replicas itself and still reclaims;
     the textfile says `slurm_idle_metrics_source{source="scrape"} 1` for the alert."""
     sb = lent
-    pid = sb._pidfile("prometheus").read()
-    assert pid is not None
-    os.kill(pid, 15)
+    sb.stop_prometheus()
     try:
-        poll(lambda: not _alive(pid), 20, "prometheus stopped")
         ticks, _ = surge_and_count_ticks(sb, "prometheus-outage")
         assert ticks <= MAX_TICKS
         textfile = load_config(sb.config_path).paths.textfile
         assert textfile is not None
         assert 'slurm_idle_metrics_source{source="scrape"} 1' in Path(textfile).read_text()
     finally:
-        sb.up()  # brings Prometheus back (idempotent for the rest)
+        sb.start_prometheus()
 
 
 def test_a_foreign_server_on_a_reclaimed_port_is_not_serving(lent: Any, attacker: str) -> None:
@@ -198,16 +196,16 @@ def test_a_foreign_server_on_a_reclaimed_port_is_not_serving(lent: Any, attacker
     assert phases(sb)["gpu3"] == "serving"
 
 
-def test_a_plain_job_gets_its_own_signal_and_is_requeued(lent: Any, attacker: str,
-                                                         tmp_path: Path) -> None:
+def test_a_plain_job_gets_its_own_signal_and_is_requeued(lent: Any, attacker: str) -> None:
     """A plain `sbatch` job asking `--signal=B:USR2@60` (submitit's way) receives USR2 at the
     reclaim, checkpoints within requeue_grace_s, and is requeued, never failed."""
     sb = lent
-    log = tmp_path / "sig.log"
+    shared = Path(tempfile.mkdtemp(prefix="slurm-idle-attack-"))  # the user's job reads/writes here
+    shared.chmod(0o777)
+    log = shared / "sig.log"
     log.touch()
-    os.chmod(tmp_path, 0o777)
-    os.chmod(log, 0o666)
-    script = tmp_path / "sig.sh"
+    log.chmod(0o666)
+    script = shared / "sig.sh"
     script.write_text(
         "#!/bin/bash\n#SBATCH --signal=B:USR2@60\n"
         f"trap 'echo checkpoint >> {log}' USR2\n"
@@ -224,6 +222,7 @@ def test_a_plain_job_gets_its_own_signal_and_is_requeued(lent: Any, attacker: st
     assert "checkpoint" in log.read_text()
     assert _job_field(sb, job_id, "JobState") not in {"FAILED", "CANCELLED"}
     assert int(_job_field(sb, job_id, "Restarts")) >= 1
+    shutil.rmtree(shared, ignore_errors=True)
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -247,12 +246,4 @@ def _running(sb: Any, node: str) -> list[str]:
 def _job_field(sb: Any, job_id: int, key: str) -> str:
     out = sb.run(["scontrol", "-o", "show", "job", str(job_id)]).stdout
     return dict(tok.split("=", 1) for tok in out.split() if "=" in tok).get(key, "")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "\nState:\tZ" not in status
 

@@ -200,6 +200,7 @@ def test_prometheus_down_falls_back_to_the_scrape_source(tmp_path: Path) -> None
     src = FallbackSource(Failing(), scrape)
     obs = observe(cfg, pool(), src, T0)
     assert obs.metrics_source == "scrape"
+    assert any("planned on direct scrapes" in e for e in obs.errors)
     model = obs.model_load("m")
     assert model is not None and model.known
     scrape.fail = True
