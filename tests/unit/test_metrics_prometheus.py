@@ -502,3 +502,23 @@ def test_errors_become_metrics_unavailable(exc: Exception, needle: str) -> None:
     with pytest.raises(MetricsUnavailable, match=needle) as info:
         src.replica_loads(pairs(cfg))
     assert "metrics.prometheus_url" in str(info.value) or "query_timeout_s" in str(info.value)
+
+
+def test_an_invalid_replica_series_is_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A NaN or negative series (a fake exporter on the port) makes that replica unknown on the
+    signal and is named in a warning; the other replicas are untouched."""
+    ts = 1_700_000_000.0
+    src, _ = make(
+        targets={
+            "gpu1.cluster:8000": {"running": 3.0, "fresh": ts, **FULL},
+            "gpu2:8000": {"running": 1.0, "fresh": ts, **{**FULL, "generation": math.nan}},
+            "gpu3:8000": {"running": 1.0, "fresh": ts, **{**FULL, "waiting": -50.0}},
+        },
+        eval_ts=ts,
+    )
+    with caplog.at_level("WARNING"):
+        loads = {l.node: l for l in src.replica_loads(pairs(src.config))}
+    assert loads["gpu1"].known
+    assert not loads["gpu2"].known and not loads["gpu3"].known
+    assert {d.split()[0] for d in src.dropped} == {"gpu2", "gpu3"}
+    assert "dropped an invalid generation series" in caplog.text
