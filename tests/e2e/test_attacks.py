@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from slurm_idle.config import load_config
 from slurm_idle.testing.demo import reset_cluster
@@ -91,7 +92,7 @@ def surge_and_count_ticks(sb: Any, name: str, *tick_args: str) -> tuple[int, flo
     time.sleep(cfg.metrics.rate_window_s / 2 + cfg.policy.queue_sustain_s + 2)
     started = time.monotonic()
     for ticks in range(1, MAX_TICKS + 2):
-        doc = json.loads(cli(sb, "tick", "--json", *tick_args).stdout)
+        doc = json.loads(cli(sb, *tick_args, "tick", "--json").stdout)
         print(f"tick {ticks}: {[(s['node'], s['to'], s['outcome']) for s in doc['steps']]} "
               f"{doc['observation_errors']}", flush=True)
         now = phases(sb)
@@ -225,6 +226,29 @@ def test_a_plain_job_gets_its_own_signal_and_is_requeued(lent: Any, attacker: st
     shutil.rmtree(shared, ignore_errors=True)
 
 
+def test_a_slow_prometheus_cannot_stall_the_tick(lent: Any, tmp_path: Path) -> None:
+    """Prometheus answering one byte every 2 s (a per-read timeout never fires: 81 s for a
+    5 s timeout before): each query ends at its total deadline, the tick falls back to the
+    replicas' own /metrics, stays within its budget and still reclaims."""
+    sb = lent
+    port = _free_port()
+    trickle = subprocess.Popen([sys.executable, str(SERVERS), "trickle", str(port)])
+    try:
+        doc = yaml.safe_load(Path(sb.config_path).read_text())
+        doc["metrics"]["prometheus_url"] = f"http://127.0.0.1:{port}"
+        config = tmp_path / "slow-prometheus.yaml"
+        config.write_text(yaml.safe_dump(doc))
+        started = time.monotonic()
+        ticks, took = surge_and_count_ticks(sb, "slow-prometheus", "--config", str(config))
+        assert ticks <= MAX_TICKS
+        budget = load_config(config).timeouts.tick_budget_s
+        assert took < ticks * budget, (took, budget)
+        print(f"MEASURE slow-prometheus: {time.monotonic() - started:.1f}s for {ticks} tick(s)")
+    finally:
+        trickle.terminate()
+        trickle.wait(timeout=10)
+
+
 # --- helpers -------------------------------------------------------------------------------
 
 
@@ -236,6 +260,14 @@ def _get(url: str) -> bytes:
             return bytes(resp.read())
     except OSError:
         return b""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _running(sb: Any, node: str) -> list[str]:
