@@ -2,7 +2,8 @@
 # Idempotent: does nothing when everything is already there.
 
 APT_PACKAGES=(slurmctld slurmd slurm-client munge prometheus mariadb-server slurmdbd
-              docker.io busybox-static prometheus-node-exporter python3-venv python3-pip lua5.3)
+              docker.io busybox-static prometheus-node-exporter python3-venv python3-pip lua5.3
+              chromium chromium-driver)
 
 _need_root() {
   if [ "$(id -u)" != 0 ]; then
@@ -45,7 +46,7 @@ install_python_env() {
   local stamp=.venv/.slurm-idle-installed
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-    .venv/bin/python -m pip install -q -e '.[test,plot]'
+    .venv/bin/python -m pip install -q -e '.[test,plot,web,browser-test]'
     touch "$stamp"
   fi
 }
