@@ -130,7 +130,7 @@ class LiveData:
                               since=now - DAY_S, until=now, now=now)
         line = timeline(facts.intervals, node_gpus, now - DAY_S, now)
         demand = self._demand_series(cfg, now, doc["errors"])
-        line["demand_tokens_per_s"] = [demand.get(round(t)) for t in line["t"]]
+        line["demand_tokens_per_s"] = demand[:len(line["t"])]
         doc["timeline"] = line
         history = self._demand_history(cfg, now)
         rows = outlook(cfg, now, lambda t: history.get(round(t / 3600)))
@@ -146,25 +146,27 @@ class LiveData:
 
         return connect(cfg.metrics.prometheus_url, cfg.metrics.query_timeout_s), queries_for(cfg)
 
-    def _demand_series(self, cfg: Config, now: float, errors: list[str]) -> dict[int, float]:
-        """Total demand (tokens/s) at each 10-minute point of the last 24 h, by unix time."""
+    def _demand_series(self, cfg: Config, now: float, errors: list[str]) -> list[float | None]:
+        """Total demand (tokens/s) at each 10-minute point of the timeline (now - 24 h .. now)."""
+        since = now - DAY_S
+        out: list[float | None] = [None] * (int(DAY_S // 600) + 1)
         try:
             got = self._prom(cfg)
             if got is None:
-                return {}
+                return out
             prom, q = got
             result = prom.custom_query(f"(sum({q.demand()}))[86400s:600s]",
-                                       params={"time": repr(now - now % 600)})
+                                       params={"time": repr(now)})
         except Exception as exc:  # noqa: BLE001 - the plot does without the load line
             errors.append(f"load history: {exc}")
-            return {}
-        out: dict[int, float] = {}
+            return out
+        # Subquery points sit on multiples of the step: each goes to its nearest sample.
         for series in result or []:
             for t, v in series.get("values", []):
-                out[round(float(t))] = float(v)
-        # The timeline samples at now - k*600: align the keys onto those points.
-        shift = round(now % 600)
-        return {t + shift: v for t, v in out.items()}
+                i = round((float(t) - since) / 600)
+                if 0 <= i < len(out):
+                    out[i] = float(v)
+        return out
 
     def _demand_history(self, cfg: Config, now: float) -> dict[int, dict[str, float]]:
         """{hour index: {model: demand}} for the hours 1 day and 1 week before the outlook's."""

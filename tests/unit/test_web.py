@@ -141,3 +141,27 @@ def test_live_data_without_config_says_so() -> None:
     """The pool view without the agent's config is an error line, not a crash."""
     doc = LiveData(None, state_root=__import__("pathlib").Path("/nonexistent")).pool()
     assert doc["nodes"] == [] and "no config" in doc["errors"][0]
+
+
+def test_load_history_lands_on_the_timeline_samples() -> None:
+    """Prometheus subquery points (on multiples of the step) go to the nearest 10-min sample;
+    a failing query is an error line, not a crash."""
+    now = 1_000_000.0 + 123
+
+    class Prom:
+        def custom_query(self, promql: str, params: dict[str, str]) -> list[dict[str, Any]]:
+            assert "[86400s:600s]" in promql and float(params["time"]) == now
+            return [{"metric": {}, "values": [[1_000_200.0, "5"], [1_000_000.0 - 86400, "2"]]}]
+
+    class Live(LiveData):
+        def _prom(self, cfg: Any) -> Any:
+            if cfg == "broken":
+                raise OSError("connection refused")
+            return Prom(), type("Q", (), {"demand": lambda self: "d"})()
+
+    live = Live(None, state_root=__import__("pathlib").Path("/nonexistent"))
+    errors: list[str] = []
+    series = live._demand_series(None, now, errors)  # type: ignore[arg-type]
+    assert series[-1] == 5.0 and series[0] == 2.0 and series[1] is None and not errors
+    live._demand_series("broken", now, errors)  # type: ignore[arg-type]
+    assert errors and "connection refused" in errors[0]
