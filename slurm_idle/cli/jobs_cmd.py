@@ -27,7 +27,7 @@ from slurm_idle.jobs import (
     render_script,
     sbatch_args,
 )
-from slurm_idle.jobview import checkpoint_age_s, job_rows
+from slurm_idle.jobview import job_rows
 from slurm_idle.pipeline import (
     Submitter,
     cancel_pipeline,
@@ -120,9 +120,6 @@ def _make_log_dir(log: str) -> None:
     parent = os.path.dirname(log)
     if parent and "%" not in parent:
         os.makedirs(parent, exist_ok=True)
-
-
-__all__ = ["checkpoint_age_s"]  # re-exported: it moved to slurm_idle.jobview
 
 
 @main.command()

@@ -165,3 +165,11 @@ def test_load_history_lands_on_the_timeline_samples() -> None:
     assert series[-1] == 5.0 and series[0] == 2.0 and series[1] is None and not errors
     live._demand_series("broken", now, errors)  # type: ignore[arg-type]
     assert errors and "connection refused" in errors[0]
+
+
+def test_web_binds_loopback_unless_told_otherwise() -> None:
+    """The view has no login: by default it listens on 127.0.0.1 only."""
+    from slurm_idle.cli.web_cmd import web
+
+    host = next(p for p in web.params if p.name == "host")
+    assert host.default == "127.0.0.1"
