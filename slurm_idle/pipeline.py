@@ -8,7 +8,9 @@ failed step makes Slurm cancel everything downstream. The ids are recorded in a 
 file (see `state_dir`), which `pipeline status` and `pipeline cancel` read to act on the DAG.
 
 Parsing, ordering and status explanation are pure; submission goes through the narrow
-`Submitter` protocol (the Slurm adapter, or a fake in tests).
+`Submitter` protocol (the Slurm adapter, or a fake in tests). Parameters, `matrix:` fan-out
+and `outputs:` -> `/inputs/<step>` are expanded by pipeline_expand; `pipeline retry` lives in
+pipeline_retry (it resubmits the batch scripts this module records).
 """
 
 from __future__ import annotations
