@@ -416,7 +416,8 @@ def run_container(
         wait = runlog.backoff_s(spec.retry_backoff_s, failure)
         report.say(f"run failed with code {code}: retry {failure} of {spec.retries} after "
                    f"{wait:g} s of backoff (requeueing the job)")
-        if _backoff(wait, signals, settings.poll_s):
+        # Cut short by SIGUSR1 alone (the time limit is near): requeue now, as planned.
+        if _backoff(wait, signals, settings.poll_s) or not signals.term.is_set():
             return EXIT_REQUEUE_ME
         report.say("stop signal during the backoff: leaving the requeue to Slurm")
         code = EXIT_PREEMPTED

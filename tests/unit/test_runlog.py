@@ -130,3 +130,16 @@ def threading_timer(delay: float, fn: Any) -> None:
     t = threading.Timer(delay, fn)
     t.daemon = True
     t.start()
+
+
+def test_a_time_limit_warning_during_the_backoff_requeues_at_once(tmp_path: Path) -> None:
+    """SIGUSR1 in the backoff: nobody else will requeue the job, so the runner asks for it (75)."""
+    signals = Signals()
+    sp = spec(tmp_path, retries=1, retry_backoff_s=30)
+
+    def fail_then_usr1(c: Any) -> None:
+        c.exit(3)
+        threading_timer(0.2, signals.usr1.set)
+
+    code, _ = run_in(tmp_path, FakeClient(on_start=fail_then_usr1), sp, 0, signals)
+    assert code == EXIT_REQUEUE_ME
