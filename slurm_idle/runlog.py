@@ -2,9 +2,10 @@
 
 Slurm counts every requeue in `SLURM_RESTART_COUNT` (Restarts=): a nightly preemption and a
 crash look the same there. A long pre-training reclaimed every morning would hit
-`max_restarts` after ~20 nights. So the runner appends one JSON line per run start and end to
-`<state dir>/runs/<job_id>.jsonl` (the submitting user's state dir, see pipeline.state_dir;
-shared storage on a cluster, like the checkpoints), with the reason the run ended:
+`max_restarts` after ~20 nights. So the runner appends one JSON line per run start and end
+to `<state dir>/runs/<cluster>.<job_id>.jsonl` (the submitting user's state dir, see
+pipeline.state_dir; shared storage on a cluster, like the checkpoints), with the reason the
+run ended:
 
 - `completed`  the container exited 0
 - `failed`     the container exited non-zero (or could not start); `retry` says a retry follows
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,13 +34,16 @@ EndReason = Literal["completed", "failed", "preempted", "time_limit", "max_resta
 END_REASONS: tuple[str, ...] = ("completed", "failed", "preempted", "time_limit", "max_restarts")
 
 
-def ledger_path(root: Path, job_id: str | int) -> Path:
-    return root / "runs" / f"{job_id}.jsonl"
+def ledger_path(root: Path, job_id: str | int, cluster: str = "") -> Path:
+    """`runs/<cluster>.<job_id>.jsonl` (`runs/<job_id>.jsonl` without a cluster name): two
+    clusters sharing a home directory reach the same job ids."""
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", cluster)
+    return root / "runs" / (f"{safe}.{job_id}.jsonl" if safe else f"{job_id}.jsonl")
 
 
-def append(root: Path, job_id: str | int, record: Mapping[str, Any]) -> None:
+def append(root: Path, job_id: str | int, record: Mapping[str, Any], cluster: str = "") -> None:
     """Append one record; OSError is the caller's to report (the run itself goes on)."""
-    path = ledger_path(root, job_id)
+    path = ledger_path(root, job_id, cluster)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(dict(record), sort_keys=True) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -48,21 +53,38 @@ def append(root: Path, job_id: str | int, record: Mapping[str, Any]) -> None:
         os.close(fd)
 
 
-def read(root: Path, job_id: str | int) -> list[dict[str, Any]]:
-    """Every parseable record of the job ([] when there is no ledger)."""
-    try:
-        text = ledger_path(root, job_id).read_text()
-    except OSError:
-        return []
+def read(root: Path, job_id: str | int, cluster: str | None = None) -> list[dict[str, Any]]:
+    """Every parseable record of the job ([] when there is no ledger).
+
+    `cluster` None (a reader that does not know it, e.g. on a login node): the newest ledger
+    of that job id of any cluster.
+    """
+    if cluster is not None:
+        paths = [ledger_path(root, job_id, cluster)]
+    else:
+        found = [*(root / "runs").glob(f"*.{job_id}.jsonl"), ledger_path(root, job_id)]
+        paths = sorted((p for p in found if p.is_file()), key=_mtime)[-1:]
     out = []
-    for line in text.splitlines():
+    for path in paths:
         try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a torn last line of a killed run
-        if isinstance(rec, dict):
-            out.append(rec)
+            text = path.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a torn last line of a killed run
+            if isinstance(rec, dict):
+                out.append(rec)
     return out
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,7 @@ class SlurmContext:
     gpus: tuple[str, ...] = ()  # node-level GPU indexes Slurm allocated
     cuda_visible_devices: str | None = None
     job_name: str = ""
+    cluster: str = ""  # SLURM_CLUSTER_NAME: part of the run ledger's name
 
 
 def slurm_context(environ: Mapping[str, str]) -> SlurmContext:
@@ -114,6 +115,7 @@ def slurm_context(environ: Mapping[str, str]) -> SlurmContext:
         gpus=gpus,
         cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
         job_name=environ.get("SLURM_JOB_NAME", ""),
+        cluster=environ.get("SLURM_CLUSTER_NAME", ""),
     )
 
 
@@ -450,7 +452,7 @@ class _Ledger:
         (slurmctld state reset), so it is set aside instead of being counted."""
         if self.root is None or self.ctx.restart_count != 0:
             return
-        path = runlog.ledger_path(self.root, self.ctx.job_id)
+        path = runlog.ledger_path(self.root, self.ctx.job_id, self.ctx.cluster)
         try:
             path.replace(path.with_suffix(".jsonl.old"))
         except FileNotFoundError:
@@ -462,7 +464,8 @@ class _Ledger:
     def summary(self) -> runlog.RunSummary:
         if self.root is None:
             return runlog.RunSummary()
-        return runlog.summarize(runlog.read(self.root, self.ctx.job_id), self.ctx.restart_count)
+        records = runlog.read(self.root, self.ctx.job_id, self.ctx.cluster)
+        return runlog.summarize(records, self.ctx.restart_count)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.root is None:
@@ -470,7 +473,7 @@ class _Ledger:
         record = {**record, "run": self.ctx.restart_count, "t": round(time.time(), 3),
                   "node": os.uname().nodename}
         try:
-            runlog.append(self.root, self.ctx.job_id, record)
+            runlog.append(self.root, self.ctx.job_id, record, self.ctx.cluster)
         except OSError as exc:
             self.known = False
             self.report.say(f"cannot write the run ledger in {self.root}: {exc}")

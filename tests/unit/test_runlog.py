@@ -143,3 +143,23 @@ def test_a_time_limit_warning_during_the_backoff_requeues_at_once(tmp_path: Path
 
     code, _ = run_in(tmp_path, FakeClient(on_start=fail_then_usr1), sp, 0, signals)
     assert code == EXIT_REQUEUE_ME
+
+
+def test_two_clusters_sharing_a_home_keep_apart_ledgers(tmp_path: Path) -> None:
+    """Job 7 of cluster a and job 7 of cluster b: each runner counts only its own runs;
+    a reader without the cluster name reads the newest ledger of that id."""
+    root = tmp_path / "state"
+    for restart in range(3):
+        runlog.append(root, 7, {"run": restart, "event": "start"}, cluster="a")
+    runlog.append(root, 7, {"run": 0, "event": "end", "why": "preempted"}, cluster="b")
+    assert runlog.summarize(runlog.read(root, 7, "b")).to_json()["killed"] == 0
+    assert runlog.summarize(runlog.read(root, 7, "a")).killed == 2
+    assert runlog.ledger_path(root, 7, "a/../x").name == "a____x.7.jsonl"
+    assert len(runlog.read(root, 7)) in {1, 3}  # one ledger, never both mixed
+    out = io.BytesIO()
+    code = run_container(
+        FakeClient(on_start=lambda c: c.exit(0)), spec(tmp_path, max_restarts=1),
+        SlurmContext(job_id="7", restart_count=3, cluster="b"),
+        RunSettings(grace_s=0.5, uid=1000, gid=1000, poll_s=0.01, ledger_dir=root),
+        Signals(), Reporter(out, clock=lambda: 0.0))
+    assert code == EXIT_MAX_RESTARTS  # b's one preemption leaves 2 counted restarts > 1
