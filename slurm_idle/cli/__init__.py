@@ -56,6 +56,7 @@ def _register() -> None:
         report_cmd,
         simulate_cmd,
         tick_cmd,
+        web_cmd,
     )
 
 
