@@ -29,6 +29,13 @@ def power_flags(node: SlurmNode) -> frozenset[str]:
     return node.flags & POWER_FLAGS
 
 
+def powered_only(node: SlurmNode) -> bool:
+    """Off, going off or coming back by power saving, and nothing worse: no DOWN/FAIL base
+    state or flag (a node whose power-up timed out is DOWN with Slurm's own Reason)."""
+    return bool(power_flags(node)) and node.state not in {"down", "fail", "future", "unknown"} \
+        and not node.flags & {"DOWN", "FAIL"}
+
+
 def needs_power_up(node: SlurmNode) -> bool:
     """Off or going off, and no power-up asked for or under way yet."""
     flags = power_flags(node)
@@ -73,6 +80,15 @@ def excluded_nodes(cfg: Mapping[str, str]) -> tuple[frozenset[str], frozenset[st
         target = partial if sep and count.strip() else whole
         target.update(expand_hostlist(names))
     return frozenset(whole), frozenset(partial - whole)
+
+
+def exclusion_warning(cfg: Mapping[str, str], serving: Iterable[SlurmNode]) -> str | None:
+    """One line for `status` when Slurm may power down nodes that serve, else None."""
+    gaps = unprotected(cfg, serving)
+    if not gaps:
+        return None
+    return (f"Slurm power saving may suspend serving node(s) {', '.join(gaps)}: add them to "
+            "SuspendExcNodes (or SuspendExcStates=DRAIN on 23.02+); see `slurm-idle doctor`")
 
 
 def unprotected(cfg: Mapping[str, str], nodes: Iterable[SlurmNode]) -> list[str]:

@@ -71,14 +71,17 @@ def status(ctx: Context, as_json: bool) -> None:
     Phases: serving, retiring, lending, lent, reclaiming, starting, admin (drained by someone
     else: never touched), unknown (not managed yet, or down).
     """
+    from slurm_idle.doctor import status_warnings
+
     agent = _agent(ctx, read_only=True)
     obs = agent.observe()
     plans = agent.assessor(obs, agent.config, obs.now)
     nodes, models = node_rows(obs), model_rows(obs, plans)
+    errors = [*obs.errors, *status_warnings(agent.config, obs)]
     if as_json:
-        echo_json({"nodes": nodes, "models": models, "errors": list(obs.errors)})
+        echo_json({"nodes": nodes, "models": models, "errors": errors})
     else:
-        click.echo(render_status(nodes, models, obs.errors))
+        click.echo(render_status(nodes, models, errors))
 
 
 @main.command()

@@ -12,6 +12,8 @@ from typing import Any
 from slurm_idle.config import Config, EngineConfig
 from slurm_idle.doctor.checks import Check, EngineFacts, SiteFacts, exit_code, run_checks
 from slurm_idle.doctor.gather import engine_problems, gather
+from slurm_idle.errors import SlurmIdleError
+from slurm_idle.model import Observation
 
 __all__ = ["Check", "SiteFacts", "diagnose", "exit_code", "run_checks"]
 
@@ -55,10 +57,28 @@ def _engine_facts(config: Config, http: Any) -> Any:
     return facts
 
 
+def status_warnings(config: Config, obs: Observation, runner: Any = None) -> list[str]:
+    """Site problems `status` shows beside the observation's own: serving nodes Slurm's power
+    saving may suspend. A configuration that cannot be read is said, not hidden."""
+    from slurm_idle import powersave
+    from slurm_idle.doctor.gather import read_show_config
+    from slurm_idle.lifecycle import DRAINED_PHASES
+
+    warnings: list[str] = []
+    try:
+        cfg = read_show_config(config, runner)
+    except SlurmIdleError as exc:
+        return [f"cannot read `scontrol show config` for the power-save check: {exc}"]
+    serving = [v.node for v in obs.nodes if v.phase in DRAINED_PHASES]
+    line = powersave.exclusion_warning(cfg, serving)
+    if line:
+        warnings.append(line)
+    return warnings
+
+
 def diagnose(config: Config) -> list[Check]:
     """Read the live site and run every check."""
     from slurm_idle.engine import UrllibClient
-    from slurm_idle.errors import SlurmIdleError
     from slurm_idle.slurm import make_backend
     from slurm_idle.slurm.runner import SubprocessRunner
     from slurm_idle.wiring import make_metrics_source

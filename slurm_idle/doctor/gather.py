@@ -37,6 +37,15 @@ def _output(exc: CommandError) -> str:
     return exc.stderr
 
 
+def read_show_config(config: Config, runner: CommandRunner | None = None) -> dict[str, str]:
+    """`scontrol show config`, parsed; CommandError when it cannot be run."""
+    from slurm_idle.slurm.runner import SubprocessRunner
+
+    runner = runner or SubprocessRunner()
+    out = runner.run(_argv(config, "scontrol", "show", "config"), timeout=config.slurm.command_timeout_s)
+    return parse_show_config(out.stdout)
+
+
 def probe_submit(config: Config, runner: CommandRunner) -> SubmitProbe:
     """`sbatch --test-only` on the lend partition with --no-requeue (the lua plugin must refuse
     it) and with --requeue (a control: a refusal of both is about something else)."""
@@ -146,8 +155,7 @@ def gather(
             errors[part] = f"{type(exc).__name__}: {exc}"
         return None
 
-    slurm_config = read("slurm_config", lambda: parse_show_config(
-        runner.run(_argv(config, "scontrol", "show", "config"), timeout=timeout).stdout))
+    slurm_config = read("slurm_config", lambda: read_show_config(config, runner))
     partitions = read("partitions", lambda: tuple(parse_show_partitions(
         runner.run(_argv(config, "scontrol", "show", "partition"), timeout=timeout).stdout)))
     nodes = read("nodes", lambda: tuple(slurm.nodes()))
