@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurm_idle.config import Config, EngineConfig
+from slurm_idle.config import Config, EngineConfig, ReplicaConfig
 from slurm_idle.doctor.checks import Check, EngineFacts, SiteFacts, exit_code, run_checks
 from slurm_idle.doctor.gather import engine_problems, gather
 from slurm_idle.errors import SlurmIdleError
@@ -52,27 +52,53 @@ def _engine_facts(config: Config, http: Any) -> Any:
         problems = engine_problems(
             engine, node, lambda n: container_exists(engine, n, model),
             sleep_endpoint if engine.kind == "http-sleep" else None)
-        return EngineFacts(node=node, model=model, kind=engine.kind, problems=problems)
+        warning = replica_version_warning(http, replica, engine) if replica else None
+        return EngineFacts(node=node, model=model, kind=engine.kind, problems=problems,
+                           warnings=(warning,) if warning else ())
 
     return facts
 
 
-def status_warnings(config: Config, obs: Observation, runner: Any = None) -> list[str]:
+def replica_version_warning(http: Any, replica: ReplicaConfig, engine: EngineConfig) -> str | None:
+    """The version warning of one running replica (None when it runs a recent enough vLLM, or
+    does not answer /health at all: a stopped engine, e.g. on a lent node, has no version)."""
+    from slurm_idle.engine import HttpProbe
+    from slurm_idle.engine_version import version_warning
+
+    probe = HttpProbe(http, engine.http_timeout_s)
+    if not probe.health(replica).up:
+        return None
+    return version_warning(probe.version(replica), engine)
+
+
+def status_warnings(config: Config, obs: Observation, runner: Any = None,
+                    http: Any = None) -> list[str]:
     """Site problems `status` shows beside the observation's own: serving nodes Slurm's power
-    saving may suspend. A configuration that cannot be read is said, not hidden."""
+    saving may suspend, and serving replicas whose vLLM lacks what the engine kind relies on
+    (one line per distinct finding, naming the nodes). Unreadable parts are said, not hidden."""
     from slurm_idle import powersave
     from slurm_idle.doctor.gather import read_show_config
+    from slurm_idle.engine import UrllibClient
     from slurm_idle.lifecycle import DRAINED_PHASES
 
     warnings: list[str] = []
+    serving = [v for v in obs.nodes if v.phase in DRAINED_PHASES]
     try:
-        cfg = read_show_config(config, runner)
+        line = powersave.exclusion_warning(read_show_config(config, runner), [v.node for v in serving])
+        if line:
+            warnings.append(line)
     except SlurmIdleError as exc:
-        return [f"cannot read `scontrol show config` for the power-save check: {exc}"]
-    serving = [v.node for v in obs.nodes if v.phase in DRAINED_PHASES]
-    line = powersave.exclusion_warning(cfg, serving)
-    if line:
-        warnings.append(line)
+        warnings.append(f"cannot read `scontrol show config` for the power-save check: {exc}")
+    http = http or UrllibClient()
+    by_finding: dict[str, list[str]] = {}
+    for view in serving:
+        replica = config.replica(view.name)
+        if replica is None:
+            continue
+        finding = replica_version_warning(http, replica, config.engine_for(view.model))
+        if finding:
+            by_finding.setdefault(finding, []).append(view.name)
+    warnings += [f"{', '.join(nodes)}: {finding}" for finding, nodes in by_finding.items()]
     return warnings
 
 
