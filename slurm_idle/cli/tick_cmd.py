@@ -231,7 +231,10 @@ def _set_pin(ctx: Context, node: str, pinned: bool, dry_run: bool) -> None:
         if not pinned:
             click.echo(f"{node} is {view.phase.value}; nothing to unpin")
             return
-        if view.phase in {Phase.LENT, Phase.UNKNOWN} and not view.node.down:
+        from slurm_idle.powersave import powered_only
+
+        # A lent node Slurm powered down is pinned like any other: the reclaim powers it up.
+        if view.phase in {Phase.LENT, Phase.UNKNOWN} and (not view.node.down or powered_only(view.node)):
             # Pinning a lent node means: bring it back now and keep it.
             from slurm_idle.transitions import action_for_admin
 
