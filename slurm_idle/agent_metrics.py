@@ -43,6 +43,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "slurm_idle_needed_replicas": ("gauge", "Replicas the planner says the traffic needs."),
     "slurm_idle_serving_replicas": ("gauge", "Replicas serving after the last tick."),
     "slurm_idle_min_serving_replicas": ("gauge", "Configured floor of serving replicas."),
+    "slurm_idle_router_errors_total": (
+        "counter", "Router calls (remove, add, state read) that failed; each is retried next tick."),
 }
 
 
@@ -57,6 +59,7 @@ def write_textfile(
     transitions: Iterable[tuple[str, str]],
     tick_error: bool,
     floors: Mapping[str, int] | None = None,
+    router_errors: int = 0,
 ) -> None:
     """Write the agent's metrics for this tick, carrying the counters over from the last file.
 
@@ -76,6 +79,7 @@ def write_textfile(
         tick_error=tick_error,
         floors=floors or {},
         previous=previous,
+        router_errors=router_errors,
     )
     atomic_write(target, text)
 
@@ -91,6 +95,7 @@ def render(
     tick_error: bool,
     floors: Mapping[str, int],
     previous: Counters,
+    router_errors: int = 0,
 ) -> str:
     """The textfile's content (pure): previous counters + this tick's increments."""
     # Every phase appears, so a phase that empties reads 0 rather than vanishing; when the
@@ -111,6 +116,7 @@ def render(
         "slurm_idle_needed_replicas": [({"model": m}, n) for m, n in sorted(needed.items())],
         "slurm_idle_serving_replicas": [({"model": m}, n) for m, n in sorted(serving.items())],
         "slurm_idle_min_serving_replicas": [({"model": m}, n) for m, n in sorted(floors.items())],
+        "slurm_idle_router_errors_total": [({}, previous.router_errors + router_errors)],
     }
     # HELP/TYPE even without samples: every family is declared in every file.
     lines = [line for name in METRICS for line in _family_lines(name, samples[name])]
@@ -169,6 +175,7 @@ class Counters:
     transitions: dict[tuple[str, str], float] = field(default_factory=dict)
     tick_errors: float = 0.0
     ticks: float = 0.0
+    router_errors: float = 0.0
 
 
 def parse_counters(text: str) -> Counters:
@@ -188,6 +195,8 @@ def parse_counters(text: str) -> Counters:
                 counters.tick_errors = value
             elif sample.name == "slurm_idle_ticks_total":
                 counters.ticks = value
+            elif sample.name == "slurm_idle_router_errors_total":
+                counters.router_errors = value
     return counters
 
 

@@ -146,6 +146,7 @@ class NodeDriver:
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
+    router: Any = None  # slurm_idle.router.sync.RouterSet, or None: no router is told
 
     def __post_init__(self) -> None:
         self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
@@ -265,10 +266,17 @@ class NodeDriver:
         return self.engine_for(view.model)
 
     def _retire(self, view: NodeView, deadline: float) -> bool:
+        # The router first: no new request reaches the replica while it drains. A failed
+        # call raises before the mark, so the replica stays SERVING (retried next tick).
+        self._still_ours(view)
+        if self.router is not None:
+            self.router.remove(view.name, check_transition(Phase.SERVING, Phase.RETIRING))
         self._mark(view, Phase.RETIRING)
         return True
 
     def _back_to_serving(self, view: NodeView, deadline: float) -> bool:
+        if self.router is not None:
+            self.router.add(view.name, check_transition(Phase.RETIRING, Phase.SERVING))
         self._mark(view, Phase.SERVING)
         return True
 
@@ -421,6 +429,13 @@ class NodeDriver:
         if not wait_until_serving(engine, replica, wait_s, self.clock, self.sleep, POLL_S):
             raise CarryOver("engine not serving yet at the tick's deadline; stays starting, carried "
                             "over to the next tick, which re-checks health (and re-issues the start)")
+        if self.router is not None:
+            # Healthy and awake is not enough: one real completion, then clients.
+            try:
+                self.router.warm_up(view.name)
+            except SlurmIdleError as exc:
+                raise CarryOver(f"{exc}; stays starting, the next tick warms it up again") from None
+            self.router.add(view.name, check_transition(Phase.STARTING, Phase.SERVING))
         self._mark(view, Phase.SERVING)
         return True
 

@@ -2,7 +2,8 @@
 # Idempotent: does nothing when everything is already there.
 
 APT_PACKAGES=(slurmctld slurmd slurm-client munge prometheus mariadb-server slurmdbd
-              docker.io busybox-static prometheus-node-exporter python3-venv python3-pip lua5.3)
+              docker.io busybox-static prometheus-node-exporter python3-venv python3-pip lua5.3
+              haproxy nginx-light)  # the router in front of the sandbox; nginx for its contract test
 
 _need_root() {
   if [ "$(id -u)" != 0 ]; then
