@@ -12,8 +12,9 @@ difference and tries again.
 from __future__ import annotations
 
 import json
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,11 @@ def render(config: RouterConfig, entries: Sequence[dict[str, str]]) -> str:
 class FileRouter:
     kind = "file"
 
-    def __init__(self, config: RouterConfig, runner: CommandRunner | None = None) -> None:
+    def __init__(self, config: RouterConfig, runner: CommandRunner | None = None,
+                 replace: Callable[[str, Path], None] = os.replace) -> None:
         assert config.path is not None  # the config validator requires it
         self.config = config
+        self.replace = replace  # the final rename of every write (tests look at the temp file)
         self.path = Path(config.path)
         self.state_path = self.path.with_name(self.path.name + ".slurm-idle.json")
         self.runner = runner or SubprocessRunner()
@@ -78,14 +81,14 @@ class FileRouter:
             raise RouterError(f"router file {self.path}: {exc.strerror}") from None
         if old != text:
             try:
-                atomic_write(self.path, text)
+                atomic_write(self.path, text, replace=self.replace)
             except OSError as exc:
                 raise RouterError(f"router file {self.path}: {exc.strerror or exc}") from None
             try:
                 self._reload()
             except RouterError:
                 if old is not None:
-                    atomic_write(self.path, old)  # the router still runs the old set
+                    atomic_write(self.path, old, replace=self.replace)  # the old set still runs
                 raise
         state = {"replicas": sorted(entries.values(), key=lambda e: e["name"])}
         atomic_write(self.state_path, json.dumps(state, indent=2) + "\n")

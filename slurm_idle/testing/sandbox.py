@@ -166,11 +166,7 @@ class Sandbox:
     def traffic(self, rps: float, max_tokens: int | None = None) -> None:
         """Real completions through HAProxy at `rps` (0 stops them), counted client-side from
         now on: the previous generator is stopped and its results cleared."""
-        pf = self._pidfile("loadgen")
-        pid = pf.read()
-        if pid is not None:
-            procs.terminate([pid], timeout_s=40)
-        pf.clear()
+        self.traffic_stop()
         self.layout.traffic_file.unlink(missing_ok=True)
         self.layout.traffic_file.touch()
         if rps <= 0:
@@ -182,6 +178,14 @@ class Sandbox:
             "--rps", str(rps), "--out", str(self.layout.traffic_file),
             "--model", sandboxconf.MODEL_NAME,
             "--max-tokens", str(max_tokens or loadgen.MAX_TOKENS)])
+
+    def traffic_stop(self) -> None:
+        """Stop sending; requests in flight finish and are counted (the results are kept)."""
+        pf = self._pidfile("loadgen")
+        pid = pf.read()
+        if pid is not None:
+            procs.terminate([pid], timeout_s=40)
+        pf.clear()
 
     def traffic_stats(self, since: float | None = None, until: float | None = None) -> dict[str, Any]:
         """Client-side outcome since the last `traffic()` (or of a window of start times)."""
