@@ -13,7 +13,9 @@ replica being stopped or put to sleep makes clients see errors, as in production
 Background load: the total request rate in `--load-file` (JSON `{"rps": R}`, written by
 `scripts/sandbox load R`) is spread evenly over the replicas that are up and awake. Each
 emulator announces itself in `--state-dir/<node>.json` (a heartbeat) so the others know how
-many share the load. The capacity model lives in engine_model.py.
+many share the load. With `--router-socket`, only a replica that HAProxy has in load balancing
+(not drained) takes a share, as traffic arriving through the router would.
+The capacity model lives in engine_model.py.
 
 Run: python -m slurm_idle.testing.emulator --port P --model sandbox-model --node gpu1 \
         --state-dir DIR [--load-file FILE]
@@ -76,6 +78,24 @@ def count_awake(state_dir: Path, now: float, pid_alive: Callable[[int], bool] = 
     return n
 
 
+def haproxy_check(socket_path: str, backend: str, server: str) -> Callable[[], bool]:
+    """True while HAProxy has `backend/server` in load balancing; True too when it cannot be
+    asked (the emulator then behaves as without a router)."""
+    from slurm_idle.errors import SlurmIdleError
+    from slurm_idle.router.haproxy import OUT_BITS, parse_servers_state, unix_send
+
+    send = unix_send(socket_path, 1.0)
+
+    def check() -> bool:
+        try:
+            found = parse_servers_state(send(f"show servers state {backend}")).get((backend, server))
+        except SlurmIdleError:
+            return True
+        return found is None or not found[1] & OUT_BITS
+
+    return check
+
+
 class Emulator:
     """The simulation thread and state shared by HTTP handlers (all under one lock)."""
 
@@ -90,6 +110,7 @@ class Emulator:
         self.stop = threading.Event()
         self.share_rps = 0.0
         self.port = 0
+        self.in_router: Callable[[], bool] = lambda: True
 
     # --- load sharing -------------------------------------------------------------------
 
@@ -97,7 +118,8 @@ class Emulator:
         if self.state_dir is None:
             return
         now = time.time()
-        awake = self.model.awake and not self.draining and not self.shutting_down
+        awake = (self.model.awake and not self.draining and not self.shutting_down
+                 and self.in_router())
         tmp = self.state_dir / f".{self.node}.json.tmp"
         tmp.write_text(json.dumps({"node": self.node, "pid": os.getpid(), "port": self.port,
                                    "awake": awake, "ts": now}))
@@ -292,6 +314,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-tokens-per-s", type=float, default=Capacity.seq_tokens_per_s)
     p.add_argument("--start-delay-s", type=float, default=0.0, help="simulated cold start before listening")
     p.add_argument("--asleep", action="store_true", help="start in sleep level 1")
+    p.add_argument("--router-socket", default=None,
+                   help="HAProxy admin socket: simulated load only while this node is in its backend")
+    p.add_argument("--router-backend", default="vllm")
     p.add_argument("--shutdown-timeout", type=float, default=0.0,
                    help="on SIGTERM, let in-flight requests finish this long (vLLM's flag; 0 aborts them)")
     return p.parse_args(argv)
@@ -307,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.state_dir is not None:
         args.state_dir.mkdir(parents=True, exist_ok=True)
     emu = Emulator(model, args.node, args.state_dir, args.load_file)
+    if args.router_socket:
+        emu.in_router = haproxy_check(args.router_socket, args.router_backend, args.node)
     if args.start_delay_s > 0:
         time.sleep(args.start_delay_s)
     ThreadingHTTPServer.allow_reuse_address = True

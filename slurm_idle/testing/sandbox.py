@@ -468,6 +468,8 @@ class Sandbox:
             "--state-dir", str(lay.emulator_state_dir), "--load-file", str(lay.load_file),
             "--max-num-seqs", str(cap.max_num_seqs), "--tokens-per-s", str(cap.tokens_per_s),
             "--seq-tokens-per-s", str(cap.seq_tokens_per_s),
+            "--router-socket", str(lay.haproxy_socket),
+            "--router-backend", sandboxconf.HAPROXY_BACKEND,
             "--start-delay-s", str(delay)])
 
     def engine_stop(self, node: str, timeout_s: float = 10.0) -> bool:

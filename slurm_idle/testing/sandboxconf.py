@@ -309,9 +309,11 @@ def slurm_idle_config(lay: Layout, tokens_per_s_per_replica: float) -> str:
                    "stop_command": f"{base} engine-stop {{node}}",
                    "drain_timeout_s": 10, "start_timeout_s": 60, "stop_timeout_s": 15,
                    "http_timeout_s": 2},
+        # No warm-up here: the emulators' *simulated* load reaches every awake replica, in the
+        # router or not, so under an overload a warm-up would queue behind it (a real replica
+        # outside the router gets no traffic). tests/e2e/test_router.py turns it on.
         "router": {"kind": "haproxy", "admin_socket": str(lay.haproxy_socket),
-                   "backend": HAPROXY_BACKEND, "server": "{node}", "warmup_prompt": "warm up",
-                   "warmup_timeout_s": 10, "timeout_s": 5},
+                   "backend": HAPROXY_BACKEND, "server": "{node}", "timeout_s": 5},
         "models": [{"name": MODEL_NAME, "gpus_per_replica": GPUS_PER_NODE,
                     "tokens_per_s_per_replica": tokens_per_s_per_replica,
                     "min_serving_replicas": 1,

@@ -68,6 +68,7 @@ def config_for(sb: Any, tmp_path: Path, engine: str, router: str) -> Path:
         doc["engine"] = {"kind": "docker", "container": CONTAINER, "docker_host": sb.docker_host,
                          "drain_timeout_s": 10, "start_timeout_s": 60, "stop_timeout_s": 15,
                          "http_timeout_s": 2}
+    doc["router"]["warmup_prompt"] = "warm up"  # only real traffic here: the warm-up is quick
     if router == "none":
         doc["router"] = {"kind": "none"}
     path = tmp_path / f"slurm-idle-{engine}-{router}.yaml"
@@ -114,6 +115,7 @@ def _cycles(sb: Any, config: Path) -> dict[str, Any]:
     p99s = [s["p99_s"] for s in during if s["p99_s"] is not None]
     stats["p99_during_reclaims_s"] = max(p99s) if p99s else None
     stats["failed_during_reclaims"] = sum(s["failed"] for s in during)
+    stats["reclaim_s"] = [round(b - a, 1) for a, b in reclaims]  # admin reclaim, start to serving
     return stats
 
 
