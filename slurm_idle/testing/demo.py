@@ -80,8 +80,8 @@ class Story:
         for step in result.steps:
             if step.outcome == "ok":
                 self.say(f"  {step.node}: {step.from_phase.value} -> {step.to_phase.value} ({step.reason})")
-                if step.to_phase in (Phase.LENT, Phase.SERVING) and step.from_phase in (
-                        Phase.LENDING, Phase.STARTING):
+                if step.action != "adopt" and step.to_phase in (Phase.LENT, Phase.SERVING) \
+                        and step.from_phase in (Phase.LENDING, Phase.STARTING):
                     self.say(f"  clients through the router so far: {self.client_line()}")
             elif step.outcome != "waiting":
                 self.say(f"  {step.node}: {step.from_phase.value} -> {step.to_phase.value} "
@@ -96,7 +96,11 @@ class Story:
     def client_line(self) -> str:
         st = self.sb.traffic_stats()
         p99 = "-" if st["p99_s"] is None else f"{st['p99_s']:.2f}s"
-        return f"requests {st['requests']}, failed {st['failed']}, p99 {p99}"
+        why = ", ".join(f"{k} {v}" for k, v in st["failures"].items())
+        # Failures while the load is far above capacity are the overload's (queued requests
+        # time out), not the lend's or the reclaim's: those show as 0 added at each step.
+        return f"requests {st['requests']}, failed {st['failed']}" + (f" ({why})" if why else "") \
+            + f", p99 {p99}"
 
     def until(self, what: str, cond: Callable[[], bool], timeout_s: float, tick: bool = True) -> float:
         """Tick (or just poll) until cond() holds; returns the seconds it took."""
