@@ -155,6 +155,8 @@ class NodeDriver:
         # this process already started the node's engine (never start it twice in a tick).
         self._requeued: dict[str, set[int]] = {}
         self._started: set[str] = set()
+        # Per node: the reason of the step under way, journaled with its router calls.
+        self._why: dict[str, str] = {}
 
     @property
     def tag(self) -> str:
@@ -190,6 +192,7 @@ class NodeDriver:
         outcome, error, detail = "ok", None, None
         try:
             check_transition(view.phase, to_phase)
+            self._why[view.name] = reason
             handler = self._handlers()[(view.phase, to_phase)]
             done = handler(view, deadline)
             if not done:
@@ -270,13 +273,13 @@ class NodeDriver:
         # call raises before the mark, so the replica stays SERVING (retried next tick).
         self._still_ours(view)
         if self.router is not None:
-            self.router.remove(view.name, check_transition(Phase.SERVING, Phase.RETIRING))
+            self.router.remove(view.name, self._why.get(view.name, "retiring"))
         self._mark(view, Phase.RETIRING)
         return True
 
     def _back_to_serving(self, view: NodeView, deadline: float) -> bool:
         if self.router is not None:
-            self.router.add(view.name, check_transition(Phase.RETIRING, Phase.SERVING))
+            self.router.add(view.name, self._why.get(view.name, "back to serving"))
         self._mark(view, Phase.SERVING)
         return True
 
@@ -435,7 +438,7 @@ class NodeDriver:
                 self.router.warm_up(view.name)
             except SlurmIdleError as exc:
                 raise CarryOver(f"{exc}; stays starting, the next tick warms it up again") from None
-            self.router.add(view.name, check_transition(Phase.STARTING, Phase.SERVING))
+            self.router.add(view.name, self._why.get(view.name, "serving again"))
         self._mark(view, Phase.SERVING)
         return True
 

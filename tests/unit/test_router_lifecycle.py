@@ -115,6 +115,7 @@ def test_a_failed_remove_keeps_the_replica_serving(tmp_path: Path) -> None:
     assert agent.router is not None and agent.router.take_errors() == 1
     records = [r for r in Journal(tmp_path / "journal.jsonl").records() if r["event"] == "router"]
     assert records[-1]["outcome"] == "error" and records[-1]["call"] == "remove"
+    assert records[-1]["reason"] == "load low"  # the decision's own why, for `explain`
 
 
 def test_a_replica_joins_only_after_warm_up_then_is_marked_serving(tmp_path: Path) -> None:
