@@ -162,6 +162,8 @@ class TickResult:
                 for p in self.plans
             ],
             "observation_errors": list(self.observation.errors) if self.observation else [],
+            "router_changes": self.router_changes,  # the reconcile's calls (issue 14)
+            "router_errors": self.router_errors,
         }
 
 

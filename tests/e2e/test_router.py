@@ -12,6 +12,7 @@ router-e2e.json for the README's figures.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -48,9 +49,12 @@ def wake_all(sb: Any) -> None:
     from slurm_idle.router.haproxy import HaproxyRouter
 
     haproxy = HaproxyRouter(RouterConfig(kind="haproxy", admin_socket=str(sb.layout.haproxy_socket)))
+    def healthy(node: str) -> bool:
+        return bool(sb.status()["emulators"][node]["healthy"])
+
     for node in sb.nodes:
         sb.engine_start(node)
-        poll(lambda n=node: sb.status()["emulators"][n]["healthy"], 30, f"{node} healthy")
+        poll(functools.partial(healthy, node), 30, f"{node} healthy")
         urllib.request.urlopen(urllib.request.Request(
             f"{sb.emulator_url(node)}/wake_up", data=b"", method="POST"), timeout=5).read()
         haproxy.add(RouterTarget(node, "m", sb.emulator_url(node), node, 0))
@@ -110,7 +114,7 @@ def _cycles(sb: Any, config: Path) -> dict[str, Any]:
         time.sleep(3)
     end = time.time()
     sb.traffic_stop()  # requests in flight finish and are counted
-    stats = sb.traffic_stats(until=end)
+    stats: dict[str, Any] = sb.traffic_stats(until=end)
     during = [sb.traffic_stats(since=a - 2, until=b + 2) for a, b in reclaims]
     p99s = [s["p99_s"] for s in during if s["p99_s"] is not None]
     stats["p99_during_reclaims_s"] = max(p99s) if p99s else None
