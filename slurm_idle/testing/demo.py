@@ -271,6 +271,7 @@ def reset_cluster(sb: Any, journal: str | None = None) -> None:
         sb.engine_start(node)
     sb.load(0.0)
     sb.traffic_stop()  # client traffic of an earlier run (issue 14)
+    sb.router_ready_all()  # every replica back in HAProxy, as on a fresh sandbox
     if journal and Path(journal).exists():
         Path(journal).unlink()
 

@@ -13,8 +13,9 @@ replica being stopped or put to sleep makes clients see errors, as in production
 Background load: the total request rate in `--load-file` (JSON `{"rps": R}`, written by
 `scripts/sandbox load R`) is spread evenly over the replicas that are up and awake. Each
 emulator announces itself in `--state-dir/<node>.json` (a heartbeat) so the others know how
-many share the load. With `--router-socket`, only a replica that HAProxy has in load balancing
-(not drained) takes a share, as traffic arriving through the router would.
+many share the load. With `--router-socket` (not used by the sandbox by default: tests set
+replicas' states by hand), only a replica that HAProxy has in load balancing (not drained)
+takes a share, as traffic arriving through the router would.
 The capacity model lives in engine_model.py.
 
 Run: python -m slurm_idle.testing.emulator --port P --model sandbox-model --node gpu1 \

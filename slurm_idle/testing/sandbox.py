@@ -193,6 +193,18 @@ class Sandbox:
 
         return loadgen.summarize(loadgen.read_results(self.layout.traffic_file), since, until)
 
+    def router_ready_all(self) -> None:
+        """Every emulator's server back in HAProxy's load balancing (a clean start for tests)."""
+        from slurm_idle.errors import RouterError
+        from slurm_idle.router.haproxy import unix_send
+
+        send = unix_send(str(self.layout.haproxy_socket), 2.0)
+        for node in NODES:
+            try:
+                send(f"set server {sandboxconf.HAPROXY_BACKEND}/{node} state ready")
+            except RouterError:
+                return  # HAProxy not running: nothing to reset
+
     def router_states(self) -> dict[str, str]:
         """Each node's server status in HAProxy (UP, DOWN, DRAIN, MAINT), {} when unreachable."""
         try:
@@ -468,8 +480,6 @@ class Sandbox:
             "--state-dir", str(lay.emulator_state_dir), "--load-file", str(lay.load_file),
             "--max-num-seqs", str(cap.max_num_seqs), "--tokens-per-s", str(cap.tokens_per_s),
             "--seq-tokens-per-s", str(cap.seq_tokens_per_s),
-            "--router-socket", str(lay.haproxy_socket),
-            "--router-backend", sandboxconf.HAPROXY_BACKEND,
             "--start-delay-s", str(delay)])
 
     def engine_stop(self, node: str, timeout_s: float = 10.0) -> bool:

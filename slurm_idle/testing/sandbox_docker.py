@@ -45,9 +45,7 @@ def up(sb: Any, client: Any) -> list[str]:
                      "--node", node, "--state-dir", str(lay.emulator_state_dir),
                      "--load-file", str(lay.load_file), "--max-num-seqs", str(cap.max_num_seqs),
                      "--tokens-per-s", str(cap.tokens_per_s),
-                     "--seq-tokens-per-s", str(cap.seq_tokens_per_s),
-                     "--router-socket", str(lay.haproxy_socket),
-                     "--router-backend", sandboxconf.HAPROXY_BACKEND],
+                     "--seq-tokens-per-s", str(cap.seq_tokens_per_s)],
         ).start()
         names.append(name)
     return names
