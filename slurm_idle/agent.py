@@ -213,6 +213,8 @@ class TickResult:
     duration_s: float = 0.0
     error: str | None = None
     started: float = 0.0  # unix seconds the tick began
+    router_changes: list[dict[str, Any]] = field(default_factory=list)  # the tick's reconcile
+    router_errors: int = 0  # failed router calls (reconcile and transitions)
 
     @property
     def errors(self) -> int:
@@ -241,6 +243,8 @@ class TickResult:
                 for p in self.plans
             ],
             "observation_errors": list(self.observation.errors) if self.observation else [],
+            "router_changes": self.router_changes,  # the reconcile's calls (issue 14)
+            "router_errors": self.router_errors,
         }
 
 
@@ -263,6 +267,7 @@ class Agent:
     journal: Journal | None = None
     on_tick: Callable[[TickResult], None] | None = None  # e.g. the textfile writer
     max_workers: int = MAX_ACTION_WORKERS  # nodes acted on at once
+    router: Any = None  # slurm_idle.router.sync.RouterSet; None: no router is told
 
     def __post_init__(self) -> None:
         if self.journal is None:
@@ -296,7 +301,7 @@ class Agent:
             deadline = self.clock() + self.config.timeouts.tick_budget_s
         driver = NodeDriver(
             self.config, self.slurm, self.engine_for, self.clock, self.sleep,
-            on_step=self._journal_step, on_event=self._journal_event,
+            on_step=self._journal_step, on_event=self._journal_event, router=self.router,
         )
         views = {v.name: v for v in observation.nodes}
         todo = [(views[a.node], a) for a in actions if a.node in views]
@@ -320,6 +325,9 @@ class Agent:
                 log.warning("%s", problem)
             if log.isEnabledFor(logging.DEBUG):
                 _log_observation(obs)
+            if self.router is not None and not dry_run:
+                # The router's state read back and made to match Slurm's phases (issue 14).
+                result.router_changes = self.router.reconcile(obs)
             result.plans = self.assessor(obs, self.config, obs.now)
             result.actions = self.planner(obs, self.config, obs.now)
             for action in result.actions:
@@ -334,6 +342,8 @@ class Agent:
             result.error = f"{type(exc).__name__}: {exc}"
             log.exception("tick failed unexpectedly")
         result.duration_s = self.clock() - started
+        if self.router is not None:
+            result.router_errors = self.router.take_errors()
         if not dry_run:
             self._journal_tick(result, started)
             if self.on_tick is not None:

@@ -47,6 +47,8 @@ METRICS: dict[str, tuple[str, str]] = {
         "gauge",
         "1 for the metrics source the last tick planned on: prometheus, scrape, or none.",
     ),
+    "slurm_idle_router_errors_total": (
+        "counter", "Router calls (remove, add, state read) that failed; each is retried next tick."),
 }
 
 #: Label values of slurm_idle_metrics_source (metrics.fallback), all written so none vanishes.
@@ -65,6 +67,7 @@ def write_textfile(
     tick_error: bool,
     floors: Mapping[str, int] | None = None,
     metrics_source: str | None = None,
+    router_errors: int = 0,
 ) -> None:
     """Write the agent's metrics for this tick, carrying the counters over from the last file.
 
@@ -85,6 +88,7 @@ def write_textfile(
         floors=floors or {},
         previous=previous,
         metrics_source=metrics_source,
+        router_errors=router_errors,
     )
     atomic_write(target, text)
 
@@ -101,6 +105,7 @@ def render(
     floors: Mapping[str, int],
     previous: Counters,
     metrics_source: str | None = None,
+    router_errors: int = 0,
 ) -> str:
     """The textfile's content (pure): previous counters + this tick's increments."""
     # Every phase appears, so a phase that empties reads 0 rather than vanishing; when the
@@ -125,6 +130,7 @@ def render(
         "slurm_idle_metrics_source": [
             ({"source": s}, float(s == metrics_source)) for s in METRICS_SOURCES
         ] if metrics_source in METRICS_SOURCES else [],
+        "slurm_idle_router_errors_total": [({}, previous.router_errors + router_errors)],
     }
     # HELP/TYPE even without samples: every family is declared in every file.
     lines = [line for name in METRICS for line in _family_lines(name, samples[name])]
@@ -183,6 +189,7 @@ class Counters:
     transitions: dict[tuple[str, str], float] = field(default_factory=dict)
     tick_errors: float = 0.0
     ticks: float = 0.0
+    router_errors: float = 0.0
 
 
 def parse_counters(text: str) -> Counters:
@@ -202,6 +209,8 @@ def parse_counters(text: str) -> Counters:
                 counters.tick_errors = value
             elif sample.name == "slurm_idle_ticks_total":
                 counters.ticks = value
+            elif sample.name == "slurm_idle_router_errors_total":
+                counters.router_errors = value
     return counters
 
 

@@ -148,6 +148,7 @@ class NodeDriver:
     sleep: Callable[[float], None]
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
     on_event: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
+    router: Any = None  # slurm_idle.router.sync.RouterSet, or None: no router is told
 
     def __post_init__(self) -> None:
         self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
@@ -162,6 +163,8 @@ class NodeDriver:
         self._drained: set[str] = set()
         self._started: set[str] = set()
         self._powered_up: set[str] = set()  # nodes asked to POWER_UP in this tick
+        # Per node: the reason of the step under way, journaled with its router calls.
+        self._why: dict[str, str] = {}
 
     @property
     def tag(self) -> str:
@@ -197,6 +200,7 @@ class NodeDriver:
         outcome, error, detail = "ok", None, None
         try:
             check_transition(view.phase, to_phase)
+            self._why[view.name] = reason
             handler = self._handlers()[(view.phase, to_phase)]
             done = handler(view, deadline)
             if not done:
@@ -273,10 +277,17 @@ class NodeDriver:
         return self.engine_for(view.model)
 
     def _retire(self, view: NodeView, deadline: float) -> bool:
+        # The router first: no new request reaches the replica while it drains. A failed
+        # call raises before the mark, so the replica stays SERVING (retried next tick).
+        self._still_ours(view)
+        if self.router is not None:
+            self.router.remove(view.name, self._why.get(view.name, "retiring"))
         self._mark(view, Phase.RETIRING)
         return True
 
     def _back_to_serving(self, view: NodeView, deadline: float) -> bool:
+        if self.router is not None:
+            self.router.add(view.name, self._why.get(view.name, "back to serving"))
         self._mark(view, Phase.SERVING)
         return True
 
@@ -436,6 +447,13 @@ class NodeDriver:
         if not wait_until_serving(engine, replica, wait_s, self.clock, self.sleep, POLL_S):
             raise CarryOver("engine not serving yet at the tick's deadline; stays starting, carried "
                             "over to the next tick, which re-checks health (and re-issues the start)")
+        if self.router is not None:
+            # Healthy and awake is not enough: one real completion, then clients.
+            try:
+                self.router.warm_up(view.name)
+            except SlurmIdleError as exc:
+                raise CarryOver(f"{exc}; stays starting, the next tick warms it up again") from None
+            self.router.add(view.name, self._why.get(view.name, "serving again"))
         self._mark(view, Phase.SERVING)
         return True
 

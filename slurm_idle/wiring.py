@@ -40,7 +40,7 @@ def build_agent(config: Config, with_textfile: bool = True, read_only: bool = Fa
     on_tick = None
     if with_textfile and config.paths.textfile:
         on_tick = _textfile_writer(config)
-    return Agent(
+    agent = Agent(
         config=config,
         slurm=make_backend(config),
         metrics=make_metrics_source(config, read_only=read_only),
@@ -49,6 +49,18 @@ def build_agent(config: Config, with_textfile: bool = True, read_only: bool = Fa
         assessor=policy.assess,
         on_tick=on_tick,
     )
+    agent.router = make_router_set(config, agent)
+    return agent
+
+
+def make_router_set(config: Config, agent: Agent) -> Any:
+    """The pool's routers (issue 14), journaling into the agent's journal; None with `none`."""
+    from slurm_idle.router.sync import RouterSet
+
+    journal = agent.journal
+    assert journal is not None
+    routers = RouterSet(config, journal=journal.append)
+    return routers if routers.active else None
 
 
 def _textfile_writer(config: Config) -> Any:
@@ -71,6 +83,7 @@ def _textfile_writer(config: Config) -> Any:
             floors={m.name: m.min_serving_replicas for m in config.models},
             metrics_source=(result.observation.metrics_source or None)
             if result.observation is not None else None,
+            router_errors=result.router_errors,
         )
 
     return write
