@@ -45,7 +45,16 @@ METRICS: dict[str, tuple[str, str]] = {
     "slurm_idle_min_serving_replicas": ("gauge", "Configured floor of serving replicas."),
     "slurm_idle_replicas": ("gauge", "Replicas per model and lifecycle phase (their lend group's)."),
     "slurm_idle_groups": ("gauge", "Lend groups (the nodes lent together) per lifecycle phase."),
+    "slurm_idle_metrics_source": (
+        "gauge",
+        "1 for the metrics source the last tick planned on: prometheus, scrape, or none.",
+    ),
+    "slurm_idle_router_errors_total": (
+        "counter", "Router calls (remove, add, state read) that failed; each is retried next tick."),
 }
+
+#: Label values of slurm_idle_metrics_source (metrics.fallback), all written so none vanishes.
+METRICS_SOURCES = ("prometheus", "scrape", "none")
 
 
 def write_textfile(
@@ -61,6 +70,8 @@ def write_textfile(
     floors: Mapping[str, int] | None = None,
     replicas: Mapping[tuple[str, str], int] | None = None,
     groups: Mapping[str, int] | None = None,
+    metrics_source: str | None = None,
+    router_errors: int = 0,
 ) -> None:
     """Write the agent's metrics for this tick, carrying the counters over from the last file.
 
@@ -85,6 +96,8 @@ def write_textfile(
         previous=previous,
         replicas=replicas,
         groups=groups,
+        metrics_source=metrics_source,
+        router_errors=router_errors,
     )
     atomic_write(target, text)
 
@@ -102,6 +115,8 @@ def render(
     previous: Counters,
     replicas: Mapping[tuple[str, str], int] | None = None,
     groups: Mapping[str, int] | None = None,
+    metrics_source: str | None = None,
+    router_errors: int = 0,
 ) -> str:
     """The textfile's content (pure): previous counters + this tick's increments."""
     # Every phase appears, so a phase that empties reads 0 rather than vanishing; when the
@@ -125,6 +140,11 @@ def render(
         "slurm_idle_replicas": [({"model": m, "phase": p}, n)
                                 for (m, p), n in sorted((replicas or {}).items())],
         "slurm_idle_groups": [({"phase": p}, n) for p, n in sorted((groups or {}).items())],
+        # one-hot over the sources; no sample when the source does not say (a single source)
+        "slurm_idle_metrics_source": [
+            ({"source": s}, float(s == metrics_source)) for s in METRICS_SOURCES
+        ] if metrics_source in METRICS_SOURCES else [],
+        "slurm_idle_router_errors_total": [({}, previous.router_errors + router_errors)],
     }
     # HELP/TYPE even without samples: every family is declared in every file.
     lines = [line for name in METRICS for line in _family_lines(name, samples[name])]
@@ -183,6 +203,7 @@ class Counters:
     transitions: dict[tuple[str, str], float] = field(default_factory=dict)
     tick_errors: float = 0.0
     ticks: float = 0.0
+    router_errors: float = 0.0
 
 
 def parse_counters(text: str) -> Counters:
@@ -202,6 +223,8 @@ def parse_counters(text: str) -> Counters:
                 counters.tick_errors = value
             elif sample.name == "slurm_idle_ticks_total":
                 counters.ticks = value
+            elif sample.name == "slurm_idle_router_errors_total":
+                counters.router_errors = value
     return counters
 
 

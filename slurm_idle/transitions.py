@@ -25,13 +25,13 @@ node from a Comment that starts with our tag, so recovering the phase from Slurm
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.jobs import parse_job_comment
+from slurm_idle.eviction import Evictor
 from slurm_idle.lifecycle import (
     COMMENT_SEP,
     check_transition,
@@ -43,6 +43,7 @@ from slurm_idle.lifecycle import (
 )
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Action, ActionKind, GroupView, LendGroup, NodeView, Phase
+from slurm_idle.powersave import needs_power_up, power_flags
 from slurm_idle.topology import group_index
 
 log = get_logger(__name__)
@@ -155,14 +156,24 @@ class NodeDriver:
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
+    on_event: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
+    router: Any = None  # slurm_idle.router.sync.RouterSet, or None: no router is told
 
     def __post_init__(self) -> None:
         self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
         self._nodes_poll = SharedPoll(self.slurm.nodes, POLL_S, self.clock)
-        # Per node, touched only by its group's thread: jobs already requeued; per replica,
-        # whether this process already started its engine (never start it twice in a tick).
-        self._requeued: dict[str, set[int]] = {}
+        steps = getattr(self.slurm, "workload_steps", None)
+        self._steps_poll = SharedPoll(steps or dict, POLL_S, self.clock)
+        self._evictor = Evictor(self.config, self.slurm, self.clock, self._steps_poll.get,
+                                self.on_event)
+        # Per group, touched only by that group's thread: whether this process drained it for
+        # a reclaim (its jobs are warned now, not by an earlier tick); per replica, whether it
+        # already started its engine (never start it twice in a tick).
+        self._drained: set[str] = set()
         self._started: set[str] = set()
+        self._powered_up: set[str] = set()  # nodes asked to POWER_UP in this tick
+        # Per group: the reason of the step under way, journaled with its router calls.
+        self._why: dict[str, str] = {}
         self._replica_configs = {r.name: (m.name, r) for m in self.config.models for r in m.replicas}
 
     @property
@@ -215,6 +226,7 @@ class NodeDriver:
         outcome, error, detail = "ok", None, None
         try:
             check_transition(view.phase, to_phase)
+            self._why[view.name] = reason
             handler = self._handlers()[(view.phase, to_phase)]
             done = handler(view, deadline)
             if not done:
@@ -297,11 +309,25 @@ class NodeDriver:
             raise SlurmIdleError(f"{view.name} is not a pool node in the config")
         return out
 
+    def _router_nodes(self, view: GroupView) -> list[str]:
+        """The nodes the router knows the group's replicas by (their heads; the router names a
+        replica by its node, so a second replica on a node is the router's to map)."""
+        return list(dict.fromkeys(r.node for r in view.group.replicas)) or [view.name]
+
     def _retire(self, view: GroupView, deadline: float) -> bool:
+        # The router first: no new request reaches the replicas while they drain. A failed
+        # call raises before the mark, so the group stays SERVING (retried next tick).
+        self._still_ours(view)
+        if self.router is not None:
+            for node in self._router_nodes(view):
+                self.router.remove(node, self._why.get(view.name, "retiring"))
         self._mark(view, Phase.RETIRING)
         return True
 
     def _back_to_serving(self, view: GroupView, deadline: float) -> bool:
+        if self.router is not None:
+            for node in self._router_nodes(view):
+                self.router.add(node, self._why.get(view.name, "back to serving"))
         self._mark(view, Phase.SERVING)
         return True
 
@@ -382,10 +408,37 @@ class NodeDriver:
     def _drain_and_requeue(self, view: GroupView, deadline: float) -> bool:
         self._mark(view, Phase.RECLAIMING)
         self._restore_comment(view)
-        self._requeue_lent_jobs([node.name for node in view.nodes])
+        self._drained.add(view.name)
+        self._evict(view)
+        for node in view.nodes:
+            if needs_power_up(node.node):
+                # Drained first, so no job lands on it once it is up; the wait is the next step's.
+                log.info("%s: powered down by Slurm's power saving; asking for POWER_UP", node.name)
+                self.slurm.power_up(node.name)
+                self._powered_up.add(node.name)
         return True
 
-    def _still_on(self, node: str) -> str:
+    def _wait_powered(self, view: GroupView, deadline: float) -> None:
+        """Wait until Slurm's power saving has every node of the group up (no power flag left),
+        asking for POWER_UP again when nothing is under way (a tick killed before it asked).
+        Raise CarryOver at the deadline: the group stays RECLAIMING and the next tick waits on."""
+        names = {v.name for v in view.nodes}
+        while True:
+            powering = [n for n in self._nodes_poll.get() if n.name in names and power_flags(n)]
+            if not powering:
+                return
+            for node in powering:
+                if needs_power_up(node) and node.name not in self._powered_up:
+                    self.slurm.power_up(node.name)
+                    self._powered_up.add(node.name)
+            now = self.clock()
+            if now >= deadline:
+                flags = "+".join(sorted({f for n in powering for f in power_flags(n)}))
+                raise CarryOver(f"powering up ({flags}) at the tick's deadline; stays reclaiming, "
+                                "the next tick waits on")
+            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+
+    def _still_on(self, node: str, problems: list[str]) -> str:
         """Why a reclaimed node is not empty yet, naming the jobs. Jobs of another partition
         are not ours to requeue: the admin has to see which ones hold the reclaim up."""
         lend_partition = self.config.slurm.lend_partition
@@ -398,67 +451,51 @@ class NodeDriver:
             parts.append(f"waiting for {names}, not ours to requeue")
         if ours:
             ids = ", ".join(str(j.job_id) for j in ours)
-            parts.append(f"requeued {lend_partition} job(s) {ids} still leaving the node")
+            parts.append(f"{lend_partition} job(s) {ids} still on the node (warned, requeued or "
+                         f"cancelled after slurm.requeue_grace_s)")
+        parts.extend(problems)
         return "; ".join(parts) or "waiting for the node to empty"
 
-    def _requeue_lent_jobs(self, nodes: str | Sequence[str], again: bool = False) -> None:
-        """Requeue the lend partition's RUNNING jobs on `nodes` (one node, or a lend group's)
-        not requeued yet (all active ones, whatever was done before, when `again`). A job on
-        several nodes of the group is requeued once.
-
-        Reads the shared job poll (at most POLL_S old): a job that started just before the
-        drain shows up in a later poll of the wait loop and is requeued there.
-        """
-        names = [nodes] if isinstance(nodes, str) else list(nodes)
-        node = names[0]
+    def _evict(self, view: GroupView, again: bool = False) -> list[str]:
+        """One pass of the evictor over the lend partition's jobs on the group's nodes
+        (eviction.py): each job warned, then requeued (or cancelled) on its own, once even when
+        it spans several nodes of the group. Reads the shared job poll (at most POLL_S old): a
+        job that started just before the drain shows up in a later poll of the wait loop and is
+        handled there."""
         lend_partition = self.config.slurm.lend_partition
-        done = self._requeued.setdefault(node, set())
-        if again:
-            done.clear()
-        found = {j.job_id: j for n in names for j in self._jobs_on(n)}
-        jobs = [j for j in found.values() if j.partition == lend_partition
-                and j.job_id not in done and (again or j.state == "RUNNING")]
-        if not jobs:
-            return
-        done.update(j.job_id for j in jobs)
-        ours = [j.job_id for j in jobs if parse_job_comment(j.comment, self.tag) is not None]
-        plain = [j.job_id for j in jobs if parse_job_comment(j.comment, self.tag) is None]
-        log.info("%s: requeueing %s job(s) %s", node, lend_partition, ours + plain)
-        if plain:
-            # A plain `sbatch --requeue` script ends when its step does: signalling the step
-            # first would end the job COMPLETED/FAILED instead of requeued. Slurm's own
-            # requeue gives every process SIGTERM and KillWait seconds instead.
-            self.slurm.requeue(plain, grace_s=0)
-        if ours:
-            # Our batch scripts outlive their step: the runner checkpoints on SIGTERM within
-            # requeue_grace_s, then the requeue turns the job back to PENDING.
-            self.slurm.requeue(ours, grace_s=self.config.slurm.requeue_grace_s)
+        jobs = {j.job_id: j for v in view.nodes for j in self._jobs_on(v.name)
+                if j.partition == lend_partition}
+        since = None if view.name in self._drained else view.phase_since
+        return self._evictor.step(view.name, jobs.values(), since, again=again)
 
     def _wait_empty_then_start(self, view: GroupView, deadline: float) -> bool:
         requeued_again = False
         while True:
             # Also covers a tick killed between the drain and the requeue, and a job that
-            # started just before the drain: requeue whatever still runs, once.
-            self._requeue_lent_jobs([node.name for node in view.nodes])
-            busy = [node.name for node in view.nodes if self._jobs_on(node.name)]
+            # started just before the drain. The grace is waited here, under the deadline.
+            problems = self._evict(view)
+            busy = [v.name for v in view.nodes if self._jobs_on(v.name)]
             if not busy:
                 break
             now = self.clock()
             if not requeued_again and self._overdue(view, now):
                 # Still not empty long after the requeue: ask again, whatever the state.
-                self._requeue_lent_jobs([node.name for node in view.nodes], again=True)
+                problems = self._evict(view, again=True)
                 requeued_again = True
             if now >= deadline:
-                raise CarryOver("; ".join(self._still_on(name) if len(view.nodes) == 1
-                                          else f"{name}: {self._still_on(name)}" for name in busy))
+                raise CarryOver("; ".join(
+                    self._still_on(name, problems) if len(view.nodes) == 1
+                    else f"{name}: {self._still_on(name, problems)}" for name in busy))
             self.sleep(min(POLL_S, max(0.0, deadline - now)))
+        self._wait_powered(view, deadline)
         self._mark(view, Phase.STARTING)
         self._start(view, deadline)
         return True
 
     def _wait_serving(self, view: GroupView, deadline: float) -> bool:
-        """SERVING once every replica of the group is healthy and awake; a replica that does not
-        get there keeps the whole group STARTING, named in the carried-over reason."""
+        """SERVING once every replica of the group is healthy and awake (and warmed up, with a
+        router); a replica that does not get there keeps the whole group STARTING, named in the
+        carried-over reason."""
         from slurm_idle.engine import wait_until_serving
 
         replicas = self._replicas(view)
@@ -477,6 +514,15 @@ class NodeDriver:
             who = f"replica(s) {', '.join(late)}: " if len(replicas) > 1 else ""
             raise CarryOver(f"{who}engine not serving yet at the tick's deadline; stays starting, carried "
                             "over to the next tick, which re-checks health (and re-issues the start)")
+        if self.router is not None:
+            # Healthy and awake is not enough: one real completion, then clients.
+            for node in self._router_nodes(view):
+                try:
+                    self.router.warm_up(node)
+                except SlurmIdleError as exc:
+                    raise CarryOver(f"{exc}; stays starting, the next tick warms it up again") from None
+            for node in self._router_nodes(view):
+                self.router.add(node, self._why.get(view.name, "serving again"))
         self._mark(view, Phase.SERVING)
         return True
 

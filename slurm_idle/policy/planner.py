@@ -3,7 +3,9 @@
 Per model: count supply by phase, compute the need (capacity.py), then
 - scale up at once when the need exceeds what serves or is coming back: abort RETIRING nodes
   first (cheapest), then bring LENDING nodes straight back (no jobs yet), then reclaim LENT
-  nodes whose jobs lose the least work. Never rate-limited, never held by the window;
+  nodes in `reclaim_order.reclaim_rank` order (jobs under policy.min_job_runtime_s last, then
+  least work lost; a group by the worst of its nodes). Never rate-limited, never held by the
+  window;
 - scale down only when the need over the whole scale-down window is below what serves, the
   metrics are known, no scale-up is under way, inside the lending windows, above the floor and
   under the lent-fraction cap; at most `max_transitions_per_tick` LENDs per tick, pool-wide;
@@ -42,6 +44,7 @@ from slurm_idle.model import (
     ReplicaLoad,
 )
 from slurm_idle.policy.capacity import Need, assess_need
+from slurm_idle.policy.reclaim_order import reclaim_rank, young_jobs
 from slurm_idle.policy.windows import in_windows
 from slurm_idle.topology import group_index, group_views
 
@@ -86,8 +89,9 @@ class _Unit:
 
 
 def _out_of_service(load: ReplicaLoad | None) -> bool:
-    """Asleep (even on stale metrics: then it may still be) or seen unhealthy."""
-    return load is not None and (load.sleeping or load.healthy is False)
+    """Asleep (even on stale metrics: then it may still be), seen unhealthy, or its endpoint
+    proved not to be the expected engine (`foreign`)."""
+    return load is not None and (load.sleeping or load.foreign or load.healthy is False)
 
 
 def _asleep(unit: _Unit) -> bool:
@@ -129,6 +133,10 @@ def _load_known(load: ModelLoad | None, serving: list[_Unit]) -> tuple[bool, str
         return False, "no load metrics for the model"
     if not load.known:
         return False, "model load metrics missing or stale"
+    foreign = [r.name for u in serving for r, ld in zip(u.replicas, u.loads(), strict=True)
+               if ld is not None and ld.foreign]
+    if foreign:
+        return False, f"serving replica(s) {', '.join(foreign)} not the expected engine (not counted)"
     blind = [r.name for u in serving for r, ld in zip(u.replicas, u.loads(), strict=True)
              if ld is None or not ld.known]
     if blind:
@@ -192,21 +200,18 @@ def _examine(obs: Observation, config: Config, model: ModelConfig, now: float, u
     return _Model(model, by_phase, adoptable, total, known, window_ok, need, needed, reason, arriving)
 
 
-def _lost_work(unit: _Unit, now: float, checkpoint_interval_s: float | None) -> tuple[float, int, str]:
-    """GPU-seconds of work the group's jobs would lose (unknown start: assume the worst).
+def _reclaim_rank(unit: _Unit, now: float, ckpt_s: float | None,
+                  min_runtime_s: float) -> tuple[bool, float, int, str]:
+    """reclaim_order.reclaim_rank of a group: its node's, or for several nodes the worst
+    protection and the sums of work lost and GPUs in use, named by the group."""
+    ranks = [reclaim_rank(v, now, ckpt_s, min_runtime_s) for v in unit.group.nodes]
+    if len(ranks) == 1:
+        return ranks[0]
+    return (any(r[0] for r in ranks), sum(r[1] for r in ranks), sum(r[2] for r in ranks), unit.name)
 
-    Slurm does not know checkpoints: with `report.checkpoint_interval_s` set, a job is taken
-    to have checkpointed at every multiple of it since its start (so it loses `age % interval`);
-    without it, all of its run (the youngest job loses least).
-    """
-    lost = 0.0
-    for job in dict.fromkeys(unit.group.jobs):  # a job on two nodes of the group counts once
-        age = now - job.start_time if job.start_time is not None else float("inf")
-        if checkpoint_interval_s and age != float("inf"):
-            age %= checkpoint_interval_s
-        lost += max(1, job.gpus) * max(0.0, age)
-    used = sum(v.node.gpus_used for v in unit.group.nodes)
-    return lost, used, unit.name
+
+def _young(unit: _Unit, now: float, min_runtime_s: float) -> list[int]:
+    return sorted({j for v in unit.group.nodes for j in young_jobs(v, now, min_runtime_s)})
 
 
 def _running(unit: _Unit) -> tuple[float, str]:
@@ -287,6 +292,7 @@ def _can_lend(unit: _Unit, tick: _Tick, config: Config, serving: dict[str, int],
 
 def _plan_model(m: _Model, tick: _Tick, config: Config, now: float) -> list[Action]:
     ckpt_s = config.report.checkpoint_interval_s
+    min_runtime_s = config.policy.min_job_runtime_s
     name = m.config.name
     actions: list[Action] = []
     touched = tick.touched
@@ -327,14 +333,18 @@ def _plan_model(m: _Model, tick: _Tick, config: Config, now: float) -> list[Acti
              for u in sorted(retiring, key=_running, reverse=True) if not _asleep(u)]
             + [(ActionKind.RECLAIM, u, Phase.STARTING, len(u.replicas)) for u in lending]
             + [(ActionKind.RECLAIM, u, Phase.RECLAIMING, len(u.replicas))
-               for u in sorted(lent, key=lambda u: _lost_work(u, now, ckpt_s))]
+               for u in sorted(lent, key=lambda u: _reclaim_rank(u, now, ckpt_s, min_runtime_s))]
         )
         for kind, unit, to, brings in candidates:
             if deficit <= 0:
                 break
             if unit.name in touched:
                 continue
-            act(kind, unit, to, f"{up_reason}: needs {m.needed}", needed=m.needed, supply=supply)
+            young = _young(unit, now, min_runtime_s) if kind is ActionKind.RECLAIM else []
+            exempt = (f"; job(s) {', '.join(map(str, young))} under policy.min_job_runtime_s, but no "
+                      "other lent node is left") if young else ""
+            act(kind, unit, to, f"{up_reason}: needs {m.needed}{exempt}", needed=m.needed,
+                supply=supply)
             deficit -= brings
     elif tick.budget > 0 and m.lendable:
         assert m.need.down is not None
