@@ -95,12 +95,18 @@ def _add_router_states(agent: Any, nodes: list[dict[str, Any]]) -> str | None:
     from the router now; the loud line `status` prints when some model has no router."""
     from slurm_idle.router.none import WARNING
 
-    states = agent.router.states([n["name"] for n in nodes]) if agent.router is not None else {}
+    # The router knows a replica by its head node: a node a replica only spans (gpu7 of a
+    # replica on gpu[6-7]) shows its head's state.
+    config = agent.config
+    head = {row["name"]: row["name"] if config.replica(row["name"]) is not None
+            else config.replicas_on(row["name"])[0][1].node for row in nodes}
+    heads = list(dict.fromkeys(head.values()))
+    states = agent.router.states(heads) if agent.router is not None else {}
     kinds = {}
     for row in nodes:
-        kind = agent.config.router_for(row["model"]).kind
+        kind = config.router_for(row["model"]).kind
         kinds[row["model"]] = kind
-        row["router_state"] = "none" if kind == "none" else states.get(row["name"], "unknown")
+        row["router_state"] = "none" if kind == "none" else states.get(head[row["name"]], "unknown")
     bare = sorted(m for m, k in kinds.items() if k == "none")
     return f"WARNING {WARNING} (models: {', '.join(bare)})" if bare else None
 

@@ -156,7 +156,9 @@ class RouterSet:
         """Make the routers match the observed phases; returns what was changed (or failed)."""
         if not self.active:
             return []
-        views = [v for v in obs.nodes if desired(v.phase) is not None]
+        # A node a replica only spans (not its head) has no router target of its own.
+        views = [v for v in obs.nodes
+                 if desired(v.phase) is not None and self.config.replica(v.name) is not None]
         states = self.states([v.name for v in views])
         done: list[dict[str, Any]] = []
         for v in views:
