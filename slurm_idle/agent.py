@@ -22,7 +22,7 @@ from typing import Any
 from slurm_idle.config import Config
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
 from slurm_idle.journal import Journal
-from slurm_idle.lifecycle import PhaseInfo, derive_phase
+from slurm_idle.lifecycle import derive_phase
 from slurm_idle.lock import lock_holder, try_lock
 from slurm_idle.logs import get_logger
 from slurm_idle.model import (
@@ -34,7 +34,6 @@ from slurm_idle.model import (
     Phase,
     ReplicaLoad,
     SlurmJob,
-    SlurmNode,
 )
 from slurm_idle.transitions import ACTIVE_JOB_STATES, NodeDriver, StepResult
 
@@ -78,15 +77,16 @@ def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation
                     jobs_by_node.setdefault(name, []).append(job)
         tag = config.slurm.tag
         views = []
+        missing: list[str] = []
         for model_name, replica in replicas:
             name = replica.node
             node = nodes.get(name)
             if node is None:
-                errors.append(f"pool node {name} is not known to Slurm (check the config)")
-                node = SlurmNode(name=name, state="unknown")
-                info = PhaseInfo(Phase.UNKNOWN)  # nothing to act on, and not an admin's either
-            else:
-                info = derive_phase(node, tag)
+                # Left out of the snapshot: a node Slurm does not have is no capacity to lend
+                # (counting it would raise max_lent_fraction's share of the real ones).
+                missing.append(name)
+                continue
+            info = derive_phase(node, tag)
             node_jobs = jobs_by_node.get(name)
             views.append(
                 NodeView(
@@ -98,6 +98,11 @@ def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation
                     jobs=tuple(node_jobs) if node_jobs else (),
                     replica=replica_loads.get(name),
                 )
+            )
+        if missing:  # one line per tick, however many: a typo'd range must not flood the log
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            errors.append(
+                f"{len(missing)} pool node(s) not known to Slurm, left out: {shown} (check the config)"
             )
         return Observation(now=now, nodes=tuple(views), models=model_loads, errors=tuple(errors))
     finally:
