@@ -331,10 +331,12 @@ class TimeoutsConfig(_Strict):
 
 
 class PathsConfig(_Strict):
-    """Files the agent writes."""
+    """Files the agent writes: in directories only root (or the agent's user) can write, opened
+    without following symlinks (safefiles)."""
 
     journal: str = "/var/lib/slurm-idle/journal.jsonl"
-    lock: str = "/run/lock/slurm-idle.lock"
+    # In a 0700 directory of its own (created by the agent), never the world-writable /run/lock.
+    lock: str = "/run/slurm-idle/tick.lock"
     textfile: str | None = None  # node_exporter textfile collector .prom file
 
 
@@ -345,6 +347,35 @@ class ReportConfig(_Strict):
     currency: str = "USD"
     # Work lost to a preemption = min(run, this) x GPUs; unset: the whole run (an upper bound).
     checkpoint_interval_s: float | None = Field(None, gt=0)
+
+
+class JobPolicyConfig(_Strict):
+    """What a container job may ask of a node: checked at `submit` and again by the runner on
+    the node (a user can write their own batch script, but not the node's config).
+
+    The defaults are safe: no host network (it reaches Prometheus, the engines and every
+    loopback service), bind mounts and absolute log paths only under `mount_prefixes`, and no
+    job as root (a root container writes wherever its mounts point, e.g. the host's /etc).
+    """
+
+    mount_prefixes: tuple[str, ...] = ("/home", "/scratch", "/data", "/shared")
+    networks: tuple[Literal["none", "host"], ...] = ("none",)
+    allow_root: bool = False
+    # The container engine the runner uses: rootless podman (a per-user API socket, no daemon
+    # that is root on the node) or docker (its socket is root-equivalent: every researcher who
+    # can use it is root on the node; choose it only where the site accepts that).
+    runtime: Literal["podman", "docker"] = "podman"
+
+    @field_validator("mount_prefixes")
+    @classmethod
+    def _absolute_dirs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for prefix in value:
+            if not prefix.startswith("/") or prefix != os.path.normpath(prefix) or prefix == "/":
+                raise ValueError(
+                    f"mount prefix {prefix!r} must be an absolute, normalised directory other "
+                    "than / (e.g. /scratch)"
+                )
+        return value
 
 
 class Config(_Strict):
@@ -358,6 +389,7 @@ class Config(_Strict):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     paths: PathsConfig = PathsConfig()
     report: ReportConfig = ReportConfig()
+    job_policy: JobPolicyConfig = JobPolicyConfig()
 
     @field_validator("models")
     @classmethod

@@ -22,10 +22,8 @@ forecast use the Prometheus source. The HTTP client, clock and sleep are injecte
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -36,8 +34,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from slurm_idle import safefiles
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
-from slurm_idle.errors import MetricsUnavailable
+from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
+from slurm_idle.logs import get_logger
 from slurm_idle.metrics import demand_tokens_per_s
 from slurm_idle.metrics import history as kept
 from slurm_idle.metrics.forecast import forecast_leads, forecasts
@@ -54,6 +54,8 @@ from slurm_idle.metrics.parse import (
     sum_histograms,
 )
 from slurm_idle.model import ModelLoad, ReplicaLoad
+
+log = get_logger(__name__)
 
 MAX_PAGE_BYTES = 32 * 1024 * 1024
 STATE_VERSION = 1
@@ -161,7 +163,7 @@ class ScrapeState:
         if path is None:
             return cls({}, [])
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(safefiles.read_text(path) or "{}")
             if doc.get("version") != STATE_VERSION:
                 return cls({}, [])
             scrapes = {
@@ -187,19 +189,12 @@ class ScrapeState:
             },
             "history": [list(h) for h in self.history],
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # A temp name of its own (not a shared `.tmp`): two writers never rename each other's
-        # file away, and a reader sees the old state or the new one, never half a file.
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        # In a checked directory, never through a symlink; a temp name of its own (two writers
+        # never rename each other's file away); 0644: `status` as another user reads it.
         try:
-            os.fchmod(fd, 0o644)  # as before mkstemp's 0600: `status` as another user reads it
-            with os.fdopen(fd, "w") as out:
-                out.write(json.dumps(doc))
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+            safefiles.atomic_write(path, json.dumps(doc), 0o644)
+        except (OSError, SlurmIdleError) as exc:  # costs one double scrape; never the tick
+            log.warning("cannot save the scrape state %s: %s", path, exc)
 
 
 # --- the source ---------------------------------------------------------------------------------
