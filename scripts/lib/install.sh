@@ -3,6 +3,8 @@
 
 APT_PACKAGES=(slurmctld slurmd slurm-client munge prometheus mariadb-server slurmdbd
               docker.io busybox-static prometheus-node-exporter python3-venv python3-pip lua5.3)
+# Rootless container jobs (job_policy.runtime: podman): podman, its subuid helpers, its init.
+APT_PACKAGES+=(podman uidmap catatonit)
 
 _need_root() {
   if [ "$(id -u)" != 0 ]; then
