@@ -389,7 +389,7 @@ class Config(_Strict):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     paths: PathsConfig = PathsConfig()
     report: ReportConfig = ReportConfig()
-    job_policy: JobPolicyConfig = JobPolicyConfig()
+    job_policy: JobPolicyConfig = Field(default_factory=JobPolicyConfig)
 
     @field_validator("models")
     @classmethod

@@ -26,7 +26,7 @@ MAX_DEPTH = 64
 MAX_NODES = 100_000
 
 
-class _Bounded(yaml.SafeLoader):
+class _Bounded(yaml.SafeLoader):  # type: ignore[misc]  # untyped base (no stubs)
     """SafeLoader that counts every node as if aliases were copies, and the nesting depth."""
 
     def __init__(self, stream: str) -> None:
