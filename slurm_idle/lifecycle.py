@@ -118,13 +118,18 @@ def derive_phase(node: SlurmNode, tag: str) -> PhaseInfo:
     its own, so its power flags alone do not make it an admin's. A lent node stays LENT
     whatever its power state (its Comment says so; reclaim powers it up), and a node we are
     reclaiming stays RECLAIMING while it powers up. A powered-off node in any other phase of
-    ours has no engine to serve from: UNKNOWN, as a dead node with our Reason.
+    ours has no engine to serve from: UNKNOWN, as a dead node with our Reason. Slurm 22.05
+    clears a drained node's Reason when it starts powering it up; reclaim keeps our lent
+    Comment until the node is up, so such a node (drained, no Reason, our lent Comment) is
+    still ours: RECLAIMING.
     """
     reason = node.reason.strip()
     powered = powered_only(node)
     down = node.down and not powered
     if node.drained or down:
         if not is_ours(reason, tag):
+            if powered and not reason and _lent_marker(node, tag):
+                return PhaseInfo(Phase.RECLAIMING)
             return PhaseInfo(Phase.ADMIN)
         word = reason[len(tag) + 1 :].split(" ", 1)[0]
         pinned = " pinned" in reason
@@ -139,9 +144,17 @@ def derive_phase(node: SlurmNode, tag: str) -> PhaseInfo:
         if phase not in DRAINED_PHASES or (powered and phase is not Phase.RECLAIMING):
             return PhaseInfo(Phase.UNKNOWN, since, pinned)
         return PhaseInfo(phase, since, pinned)
-    # A lend keeps an admin's Comment after ours (`<ours> | <theirs>`): read only our part, so
-    # their text can never look like our "pinned" or "since=".
-    comment = node.comment.strip().split(COMMENT_SEP, 1)[0]
-    if is_ours(comment, tag) and comment[len(tag) + 1 :].startswith("lent"):
+    comment = _lent_marker(node, tag)
+    if comment:
         return PhaseInfo(Phase.LENT, _parse_since(comment), " pinned" in comment)
     return PhaseInfo(Phase.UNKNOWN)
+
+
+def _lent_marker(node: SlurmNode, tag: str) -> str:
+    """Our lent marker at the head of the node's Comment, or "". A lend keeps an admin's
+    Comment after ours (`<ours> | <theirs>`): only our part is read, so their text can never
+    look like our "pinned" or "since="."""
+    comment = node.comment.strip().split(COMMENT_SEP, 1)[0]
+    if is_ours(comment, tag) and comment[len(tag) + 1 :].startswith("lent"):
+        return comment
+    return ""

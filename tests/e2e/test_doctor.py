@@ -77,3 +77,52 @@ def test_doctor_healthy_then_misconfigured(own_sandbox: Any) -> None:
     assert rc == 1
     assert set(failing(checks)) == {"slurm.nodes"}
     assert "gpu2 has 0 GPU(s)" in failing(checks)["slurm.nodes"]
+
+
+def test_power_saving_on_real_slurm(own_sandbox: Any, tmp_path: Path) -> None:
+    """Slurm 22.05 powers a lent node down: it stays `lent`; status and doctor name the serving
+    nodes power saving may suspend; reclaim drains it, asks POWER_UP and, the fake node never
+    booting, leaves it `reclaiming` at the tick's deadline (not an admin's, not started)."""
+    import yaml
+
+    from slurm_idle.testing.waiting import poll
+
+    sb = own_sandbox
+
+    def cli(*args: str) -> Any:
+        return sb.run([sys.executable, "-m", "slurm_idle.cli", *args], timeout=180)
+
+    assert cli("tick").returncode == 0
+    for node in ("gpu2", "gpu3", "gpu4"):
+        assert cli("pin", node).returncode == 0
+    phases = {n["name"]: n["phase"] for n in json.loads(cli("status", "--json").stdout)["nodes"]}
+    if phases["gpu1"] != "lent":  # the tick may have lent it already
+        assert cli("lend", "gpu1").returncode == 0
+    conf = Path(sb.slurm_conf)
+    conf.write_text(conf.read_text() + "SuspendProgram=/bin/true\nResumeProgram=/bin/true\n"
+                    "SuspendTime=3600\nSuspendTimeout=5\nResumeTimeout=600\n")
+    sb.run(["scontrol", "reconfigure"], check=True)
+    sb.run(["scontrol", "update", "nodename=gpu1", "state=power_down"], check=True)
+
+    def flags() -> str:
+        return sb.run(["scontrol", "show", "node", "gpu1"]).stdout.split("State=", 1)[1].split()[0]
+
+    poll(lambda: "POWERED_DOWN" in flags(), 60, "gpu1 to power down", interval_s=0.5)
+    status = json.loads(cli("status", "--json").stdout)
+    assert {n["name"]: n["phase"] for n in status["nodes"]}["gpu1"] == "lent"
+    assert any("may suspend serving node(s) gpu2, gpu3, gpu4" in e for e in status["errors"])
+    _, checks = doctor(sb)
+    assert checks["slurm.power_save"]["status"] == "fail"
+    assert "gpu1, gpu2, gpu3, gpu4" in checks["slurm.power_save"]["detail"]
+
+    doc = yaml.safe_load(Path(sb.config_path).read_text())
+    doc["timeouts"]["tick_budget_s"] = 8
+    short = tmp_path / "slurm-idle.yaml"
+    short.write_text(yaml.safe_dump(doc))
+    proc = cli("--config", str(short), "reclaim", "gpu1", "--json")
+    steps = json.loads(proc.stdout)["steps"]
+    assert [(s["to"], s["outcome"]) for s in steps] == [("reclaiming", "ok"), ("starting", "waiting")]
+    assert "powering up" in steps[-1]["detail"]
+    assert "POWER_UP" in flags() or "POWERING_UP" in flags()
+    assert {n["name"]: n["phase"] for n in json.loads(cli("status", "--json").stdout)["nodes"]}["gpu1"] \
+        == "reclaiming"
