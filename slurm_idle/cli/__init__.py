@@ -57,6 +57,7 @@ def _register() -> None:
         report_cmd,
         simulate_cmd,
         tick_cmd,
+        web_cmd,
     )
 
 

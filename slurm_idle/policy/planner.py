@@ -60,8 +60,9 @@ class _Model:
 
 
 def _asleep(view: NodeView) -> bool:
-    """The replica's engine reports sleeping (even on stale metrics: then it may still be)."""
-    return view.replica is not None and view.replica.sleeping
+    """The replica serves nothing: its engine reports sleeping (even on stale metrics: then it
+    may still be), or its endpoint proved not to be the expected engine (`foreign`)."""
+    return view.replica is not None and (view.replica.sleeping or view.replica.foreign)
 
 
 def _load_known(load: ModelLoad | None, serving: list[NodeView]) -> tuple[bool, str]:
@@ -69,6 +70,9 @@ def _load_known(load: ModelLoad | None, serving: list[NodeView]) -> tuple[bool, 
         return False, "no load metrics for the model"
     if not load.known:
         return False, "model load metrics missing or stale"
+    foreign = [n.name for n in serving if n.replica is not None and n.replica.foreign]
+    if foreign:
+        return False, f"serving replica(s) {', '.join(foreign)} not the expected engine (not counted)"
     blind = [n.name for n in serving if n.replica is None or not n.replica.known]
     if blind:
         return False, f"metrics unknown for serving replica(s) {', '.join(blind)}"

@@ -12,7 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from slurm_idle.errors import CommandError
 from slurm_idle.model import SlurmJob, SlurmNode
+
+
+class NotRequeueable(CommandError):
+    """Slurm refuses to requeue the job: it is not a batch job (srun/salloc)."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,16 @@ class SlurmBackend(Protocol):
         ...
 
     def requeue(self, job_ids: Sequence[int], grace_s: float = 0) -> None:
-        """Requeue jobs; with grace_s > 0 their steps get SIGTERM first and up to grace_s to end."""
+        """Requeue jobs at once (grace_s must be 0: the caller signals and waits); a job that
+        is not a batch job raises NotRequeueable."""
+        ...
+
+    def signal(self, job_ids: Sequence[int], signal: str, batch_shell: bool = False) -> None:
+        """Send `signal` to the jobs' steps, or to their batch shell only."""
+        ...
+
+    def workload_steps(self) -> dict[int, int]:
+        """job id -> running workload steps, for every job, in one query."""
         ...
 
     def submit(self, script: str, extra_args: Sequence[str] = ()) -> int:

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO_SPEC = REPO / "etc" / "examples" / "demo-job.yaml"
 ADMIN_REASON = "admin: disk check"
 LOW_RPS, HIGH_RPS = 0.2, 500.0
+CLIENT_RPS = 1.0  # real requests through the router (HAProxy), counted on the client side
 
 
 @dataclass
@@ -48,6 +49,7 @@ class DemoReport:
     job_output_tail: list[str] = field(default_factory=list)
     lost_gpu_s: float | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
+    client_traffic: dict[str, Any] = field(default_factory=dict)  # sandbox load-stats at the end
 
 
 class Story:
@@ -78,6 +80,9 @@ class Story:
         for step in result.steps:
             if step.outcome == "ok":
                 self.say(f"  {step.node}: {step.from_phase.value} -> {step.to_phase.value} ({step.reason})")
+                if step.action != "adopt" and step.to_phase in (Phase.LENT, Phase.SERVING) \
+                        and step.from_phase in (Phase.LENDING, Phase.STARTING):
+                    self.say(f"  clients through the router so far: {self.client_line()}")
             elif step.outcome != "waiting":
                 self.say(f"  {step.node}: {step.from_phase.value} -> {step.to_phase.value} "
                          f"{step.outcome}: {step.error}")
@@ -87,6 +92,15 @@ class Story:
             self.say(f"phases: {summary}")
             self._last_summary = summary
         return phases
+
+    def client_line(self) -> str:
+        st = self.sb.traffic_stats()
+        p99 = "-" if st["p99_s"] is None else f"{st['p99_s']:.2f}s"
+        why = ", ".join(f"{k} {v}" for k, v in st["failures"].items())
+        # Failures while the load is far above capacity are the overload's (queued requests
+        # time out), not the lend's or the reclaim's: those show as 0 added at each step.
+        return f"requests {st['requests']}, failed {st['failed']}" + (f" ({why})" if why else "") \
+            + f", p99 {p99}"
 
     def until(self, what: str, cond: Callable[[], bool], timeout_s: float, tick: bool = True) -> float:
         """Tick (or just poll) until cond() holds; returns the seconds it took."""
@@ -134,8 +148,7 @@ class Story:
     def reset(self) -> None:
         """Start from a plain cluster: no jobs, nodes undrained without comments, engines up."""
         reset_cluster(self.sb, self.config.paths.journal)
-        subprocess.run([sys.executable, "-m", "slurm_idle.testing.images"], env=os.environ.copy(),
-                       check=True, capture_output=True, text=True)
+        build_images()
 
     # -- the story ----------------------------------------------------------------------------
     def run(self) -> DemoReport:
@@ -143,6 +156,9 @@ class Story:
         sb = self.sb
         self.say(f"sandbox at {sb.root}: Slurm {sb.slurm_version}, nodes {', '.join(sb.nodes)}")
         self.reset()
+        sb.traffic(CLIENT_RPS)
+        self.say(f"clients send {CLIENT_RPS:g} req/s through the router ({self.config.router.kind}, "
+                 f"{sb.router_url}); their outcome is printed at every lend and reclaim")
         sb.load(LOW_RPS)
         self.say(f"load {LOW_RPS} req/s: the first tick adopts every node into serving")
         self.until("every node serving", lambda: all(
@@ -213,6 +229,9 @@ class Story:
         self.say(f"job {r.job_id} {r.job_final_state}: resumed_from={r.resumed_from}, "
                  f"work lost to the preemption: {r.lost_gpu_s} GPU-seconds")
         self.say(f"{r.admin_node} still drained by the admin: reason {r.admin_reason_after!r}")
+        sb.traffic_stop()
+        r.client_traffic = sb.traffic_stats()
+        self.say(f"clients through the router, whole story: {self.client_line()}")
         return r
 
     def _job_done(self) -> bool:
@@ -250,6 +269,8 @@ def reset_cluster(sb: Any, journal: str | None = None) -> None:
         sb.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], capture_output=True)
         sb.engine_start(node)
     sb.load(0.0)
+    sb.traffic_stop()  # client traffic of an earlier run (issue 14)
+    sb.router_ready_all()  # every replica back in HAProxy, as on a fresh sandbox
     if journal and Path(journal).exists():
         Path(journal).unlink()
 
@@ -268,9 +289,16 @@ def lost_gpu_seconds(lines: list[str], gpus: int = 1, step_s: float = 1.0) -> fl
     return lost
 
 
-def main(argv: list[str] | None = None) -> int:
-    from slurm_idle.testing.sandbox import Sandbox
+def build_images() -> None:
+    """The demo's images, through the sandbox's dockerd; its own error message on failure."""
+    r = subprocess.run([sys.executable, "-m", "slurm_idle.testing.images"], env=os.environ.copy(),
+                       capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        lines = (r.stderr or r.stdout).strip().splitlines() or [f"exit {r.returncode}"]
+        raise RuntimeError(f"demo: building the demo image failed: {lines[-1]}")
 
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="/tmp/slurm-idle-sandbox", help="sandbox directory")
     parser.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
@@ -282,24 +310,43 @@ def main(argv: list[str] | None = None) -> int:
     # Same ports as `scripts/sandbox` for the default root, so `--keep` leaves a sandbox that
     # `scripts/sandbox status|env|down` find.
     base = DEFAULT_BASE_PORT if root == DEFAULT_ROOT and not (root / "sandbox.json").exists() else None
-    sb = Sandbox(root, base)
-    started = time.monotonic()
-    print(f"bringing the sandbox up under {args.root} ...", flush=True)
-    sb.up()
-    print(f"sandbox up in {time.monotonic() - started:.1f}s", flush=True)
     try:
-        report = Story(sb, out=lambda s: print(s, flush=True)).run()
-    finally:
-        if not args.keep:
-            sb.down()
-        else:
-            print(f"sandbox left running: eval \"$(scripts/sandbox --root {root} env)\"; "
-                  f"scripts/sandbox --root {root} down", flush=True)
+        report = _run(root, base, args.keep)
+    except KeyboardInterrupt:
+        print("demo: interrupted; everything it started is stopped", file=sys.stderr, flush=True)
+        return 130
+    except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as exc:
+        # One line with the underlying error (a daemon's last log lines, dockerd's message);
+        # the sandbox is down already unless --keep asked otherwise.
+        msg = " ".join(str(exc).split())
+        print(msg if msg.startswith(("demo:", "sandbox:")) else f"demo: {msg}",
+              file=sys.stderr, flush=True)
+        return 1
     if args.json:
         print(json.dumps(asdict(report), indent=2))
     ok = report.job_restarts >= 1 and (report.resumed_from or 0) > 0
     print("demo: OK" if ok else "demo: the story did not complete as expected", flush=True)
     return 0 if ok else 1
+
+
+def _run(root: Path, base: int | None, keep: bool) -> DemoReport:
+    """Bring the sandbox up (a failed start stops what it started), run the story, and
+    bring it down again unless `keep`."""
+    from slurm_idle.testing.sandbox import Sandbox
+
+    sb = Sandbox(root, base)
+    started = time.monotonic()
+    print(f"bringing the sandbox up under {root} ...", flush=True)
+    try:
+        sb.up()
+        print(f"sandbox up in {time.monotonic() - started:.1f}s", flush=True)
+        return Story(sb, out=lambda s: print(s, flush=True)).run()
+    finally:
+        if not keep:
+            sb.down()
+        else:
+            print(f"sandbox left running: eval \"$(scripts/sandbox --root {root} env)\"; "
+                  f"scripts/sandbox --root {root} down", flush=True)
 
 
 if __name__ == "__main__":  # pragma: no cover
