@@ -139,13 +139,20 @@ def derive_phase(node: SlurmNode, tag: str) -> PhaseInfo:
     its own, so its power flags alone do not make it an admin's. A lent node stays LENT
     whatever its power state (its Comment says so; reclaim powers it up), and a node we are
     reclaiming stays RECLAIMING while it powers up. A powered-off node in any other phase of
-    ours has no engine to serve from: UNKNOWN, as a dead node with our Reason.
+    ours has no engine to serve from: UNKNOWN, as a dead node with our Reason. Slurm 22.05
+    clears a drained node's Reason when it starts powering it up; reclaim keeps our lent
+    Comment until the node is up, so such a node (drained, no Reason, our lent Comment) is
+    still ours: RECLAIMING.
     """
     reason = node.reason.strip()
     powered = powered_only(node)
     down = node.down and not powered
     if node.drained or down:
         ours = _our_words(reason, tag)
+        if ours is None and powered and not reason and _lent_marker(node, tag):
+            # 22.05 clears a drained node's Reason when its power-up starts: our lent marker
+            # is still in the Comment, so this is our reclaim waiting for the node.
+            return PhaseInfo(Phase.RECLAIMING)
         if down and is_ours(reason, tag):
             # Our reason on a dead node: we cannot act on it until it answers again.
             return PhaseInfo(Phase.UNKNOWN, ours[1] if ours else None, bool(ours and ours[2]))
@@ -170,3 +177,12 @@ def derive_phase(node: SlurmNode, tag: str) -> PhaseInfo:
             return PhaseInfo(Phase.ADMIN)
         return PhaseInfo(Phase.LENT, ours[1], ours[2])
     return PhaseInfo(Phase.UNKNOWN)
+
+
+def _lent_marker(node: SlurmNode, tag: str) -> str:
+    """Our lent marker at the head of the node's Comment, or "". A lend keeps an admin's
+    Comment after ours (`<ours> | <theirs>`): only our part is read, so their text can never
+    look like our "pinned" or "since="."""
+    comment = node.comment.strip().split(COMMENT_SEP, 1)[0]
+    ours = _our_words(comment, tag)
+    return comment if ours is not None and ours[0] == Phase.LENT.value else ""

@@ -359,7 +359,10 @@ class NodeDriver:
 
     def _drain_and_requeue(self, view: NodeView, deadline: float) -> bool:
         self._mark(view, Phase.RECLAIMING)
-        self._restore_comment(view)
+        if not power_flags(view.node):
+            # A powered-down node keeps our lent Comment until it is up (_wait_powered): Slurm
+            # clears its Reason when the power-up starts, and the Comment still says it is ours.
+            self._restore_comment(view)
         self._drained.add(view.name)
         self._evict(view)
         if needs_power_up(view.node):
@@ -372,11 +375,22 @@ class NodeDriver:
     def _wait_powered(self, view: NodeView, deadline: float) -> None:
         """Wait until Slurm's power saving has the node up (no power flag left), asking for
         POWER_UP again when nothing is under way (a tick killed before it asked). Raise
-        CarryOver at the deadline: the node stays RECLAIMING and the next tick waits on."""
+        CarryOver at the deadline: the node stays RECLAIMING and the next tick waits on.
+
+        Slurm (22.05) clears a drained node's Reason when it starts powering it up: an empty
+        Reason on our drained node is written again, and our lent Comment (kept until now so
+        the node reads as ours meanwhile) is taken off once the node is up."""
+        powered = bool(power_flags(view.node))
+        since = view.phase_since if view.phase_since is not None else self.clock()
         while True:
             node = next((n for n in self._nodes_poll.get() if n.name == view.name), None)
+            if node is not None and node.drained and not node.reason.strip() and powered:
+                self.slurm.drain(view.name, format_reason(self.tag, Phase.RECLAIMING, since, view.pinned))
             if node is None or not power_flags(node):
+                if powered and node is not None and is_ours(node.comment.strip(), self.tag):
+                    self._restore_comment(replace(view, node=node))
                 return
+            powered = True
             if needs_power_up(node) and view.name not in self._powered_up:
                 self.slurm.power_up(view.name)
                 self._powered_up.add(view.name)
