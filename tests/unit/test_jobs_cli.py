@@ -95,11 +95,11 @@ def test_submit_warns_when_grace_outlasts_the_sites_requeue_grace(tmp_path: Path
     assert "#SBATCH" in res.stdout
 
 
-def test_pipeline_params_and_matrix_in_the_dry_run() -> None:
+def test_pipeline_params_and_matrix_in_the_dry_run(tmp_path: Path) -> None:
     """-p overrides reach the steps; the matrix example fans out into 3 train jobs; a bad
     -p is one line and exit 2."""
     r = cli("pipeline", "run", "--dry-run", "--json", "-p", "lr=1e-4",
-            str(EXAMPLES / "sweep.yaml"))
+            str(EXAMPLES / "sweep.yaml"), config=site_config(tmp_path))
     assert r.returncode == 0, r.stderr
     steps = json.loads(r.stdout)["steps"]
     assert [s["name"] for s in steps] == ["prep", "train-0", "train-1", "train-2", "eval"]
