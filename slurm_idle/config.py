@@ -53,7 +53,22 @@ class SlurmConfig(_Strict):
     # requeues at once. Other jobs (plain sbatch scripts end with their step, which would make
     # them COMPLETED/FAILED) are requeued at once and get Slurm's KillWait to checkpoint.
     requeue_grace_s: float = Field(30.0, ge=0)
+    # At reclaim, a plain sbatch job without its own `--signal` (read from its batch script)
+    # gets this one, in sbatch's form (`B:USR2` to the batch shell, `USR2` to its steps), then
+    # requeue_grace_s, then the requeue; unset: requeued at once (SIGTERM, KillWait, SIGKILL).
+    # srun/salloc jobs (Slurm cannot requeue them) get it too, or SIGTERM, then are cancelled.
+    default_job_signal: str | None = None
     bin_dir: str | None = None  # where sinfo/scontrol/... live, if not on PATH
+
+    @field_validator("default_job_signal")
+    @classmethod
+    def _signal_form(cls, value: str | None) -> str | None:
+        from slurm_idle.slurm.parse import parse_signal_option
+
+        if value is not None and parse_signal_option(value) is None:
+            raise ValueError(f"{value!r} is not a signal in sbatch's --signal form "
+                             "(e.g. USR2, B:USR2, TERM)")
+        return value
 
 
 class MetricsConfig(_Strict):
@@ -72,6 +87,9 @@ class MetricsConfig(_Strict):
     scrape_state: str | None = None
     scrape_interval_s: float = Field(1.0, gt=0)
     scrape_timeout_s: float = Field(5.0, gt=0)
+    # source: prometheus only: when Prometheus does not answer, scrape the serving replicas'
+    # /metrics directly in the same tick (enough to reclaim; nothing is lent on it).
+    fallback_scrape: bool = True
 
 
 class EngineConfig(_Strict):
@@ -124,6 +142,47 @@ class EngineConfig(_Strict):
         return self
 
 
+class RouterConfig(_Strict):
+    """The request router in front of the replicas (issue 14), told before a replica stops.
+
+    `none`: nobody is told (clients may see errors while a replica drains and stops);
+    `haproxy`: the runtime API on the admin socket (`set server B/S state drain|ready`);
+    `file`: the serving set written to `path` (JSON, YAML or a line template), atomically,
+    then `reload_command`; `command`: `remove_command`/`add_command` (+ `state_command`).
+    Placeholders everywhere: `{name}`, `{node}`, `{model}`, `{url}`, `{host}`, `{port}`.
+    """
+
+    kind: Literal["none", "haproxy", "file", "command"] = "none"
+    timeout_s: float = Field(5.0, gt=0)  # one router call (socket, command, reload)
+    # STARTING -> SERVING: a completion of this prompt (max_tokens 1) must succeed first.
+    warmup_prompt: str | None = None
+    warmup_timeout_s: float = Field(60.0, gt=0)
+    # haproxy
+    admin_socket: str | None = None  # unix socket path (`stats socket ... level admin`)
+    backend: str = "vllm"
+    server: str = "{node}"
+    # file
+    path: str | None = None
+    format: Literal["json", "yaml", "template"] = "json"
+    header: str = ""
+    line: str = "{url}\n"  # per serving replica, format `template`
+    footer: str = ""
+    reload_command: str | None = None
+    # command
+    remove_command: str | None = None
+    add_command: str | None = None
+    state_command: str | None = None  # prints the names (or urls) now in the router, one a line
+
+    @model_validator(mode="after")
+    def _kind_needs(self) -> RouterConfig:
+        need = {"haproxy": ("admin_socket",), "file": ("path",),
+                "command": ("remove_command", "add_command")}.get(self.kind, ())
+        missing = [k for k in need if not getattr(self, k)]
+        if missing:
+            raise ValueError(f"router kind {self.kind!r} needs {' and '.join(missing)}")
+        return self
+
+
 class ReplicaConfig(_Strict):
     """One vLLM replica: the Slurm node it runs on and its HTTP endpoint."""
 
@@ -140,6 +199,7 @@ class ModelConfig(_Strict):
     min_serving_replicas: int = Field(1, ge=0)
     replicas: tuple[ReplicaConfig, ...] = ()
     engine: EngineConfig | None = None  # overrides the top-level engine for this model
+    router: RouterConfig | None = None  # overrides the top-level router for this model
 
     @model_validator(mode="before")
     @classmethod
@@ -219,6 +279,9 @@ class PolicyConfig(_Strict):
     lending_windows: tuple[str, ...] = ()  # e.g. ["20:00-08:00"]; empty = always
     timezone: str = "UTC"
     reclaim_on_unknown_metrics: bool = False
+    # Like Slurm's PreemptExemptTime: a lent node running a job younger than this is reclaimed
+    # last, only when no other lent node can be (service still comes first); 0 turns it off.
+    min_job_runtime_s: float = Field(0.0, ge=0)
 
     @field_validator("lending_windows")
     @classmethod
@@ -282,6 +345,7 @@ class Config(_Strict):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     paths: PathsConfig = PathsConfig()
     report: ReportConfig = ReportConfig()
+    router: RouterConfig = Field(default_factory=RouterConfig)
 
     @field_validator("models")
     @classmethod
@@ -312,6 +376,9 @@ class Config(_Strict):
         engine = m.engine or self.engine
         assert engine is not None  # guaranteed by validation
         return engine
+
+    def router_for(self, model: str) -> RouterConfig:
+        return self.model(model).router or self.router
 
     def model(self, name: str) -> ModelConfig:
         for m in self.models:

@@ -40,7 +40,7 @@ def build_agent(config: Config, with_textfile: bool = True, read_only: bool = Fa
     on_tick = None
     if with_textfile and config.paths.textfile:
         on_tick = _textfile_writer(config)
-    return Agent(
+    agent = Agent(
         config=config,
         slurm=make_backend(config),
         metrics=make_metrics_source(config, read_only=read_only),
@@ -49,6 +49,18 @@ def build_agent(config: Config, with_textfile: bool = True, read_only: bool = Fa
         assessor=policy.assess,
         on_tick=on_tick,
     )
+    agent.router = make_router_set(config, agent)
+    return agent
+
+
+def make_router_set(config: Config, agent: Agent) -> Any:
+    """The pool's routers (issue 14), journaling into the agent's journal; None with `none`."""
+    from slurm_idle.router.sync import RouterSet
+
+    journal = agent.journal
+    assert journal is not None
+    routers = RouterSet(config, journal=journal.append)
+    return routers if routers.active else None
 
 
 def _textfile_writer(config: Config) -> Any:
@@ -69,6 +81,9 @@ def _textfile_writer(config: Config) -> Any:
             ],
             tick_error=result.errors > 0,
             floors={m.name: m.min_serving_replicas for m in config.models},
+            metrics_source=(result.observation.metrics_source or None)
+            if result.observation is not None else None,
+            router_errors=result.router_errors,
         )
 
     return write
@@ -88,7 +103,8 @@ def serving_after(result: TickResult) -> dict[str, int]:
     counts = {p.model: 0 for p in result.plans}
     for view in result.observation.nodes:
         moved = view.name in final
-        asleep = not moved and view.replica is not None and view.replica.sleeping
+        asleep = not moved and view.replica is not None and (
+            view.replica.sleeping or view.replica.foreign)
         if final.get(view.name, view.phase) in _TAKING_TRAFFIC and not asleep:
             counts[view.model] = counts.get(view.model, 0) + 1
     return counts

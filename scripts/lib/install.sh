@@ -5,7 +5,8 @@
 # links; a minimal Debian 13 has none, and the units' verification test would fail.
 APT_PACKAGES=(slurmctld slurmd slurm-client munge prometheus mariadb-server slurmdbd
               docker.io busybox-static prometheus-node-exporter python3-venv python3-pip lua5.3
-              man-db)
+              man-db chromium chromium-driver
+              haproxy nginx-light)  # the router in front of the sandbox; nginx for its contract test
 
 _need_root() {
   if [ "$(id -u)" != 0 ]; then
@@ -48,7 +49,7 @@ install_python_env() {
   local stamp=.venv/.slurm-idle-installed
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-    .venv/bin/python -m pip install -q -e '.[test,plot]'
+    .venv/bin/python -m pip install -q -e '.[test,plot,web,browser-test]'
     touch "$stamp"
   fi
 }

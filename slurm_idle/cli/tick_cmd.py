@@ -71,14 +71,35 @@ def status(ctx: Context, as_json: bool) -> None:
     Phases: serving, retiring, lending, lent, reclaiming, starting, admin (drained by someone
     else: never touched), unknown (not managed yet, or down).
     """
+    from slurm_idle.doctor import status_warnings
+
     agent = _agent(ctx, read_only=True)
     obs = agent.observe()
     plans = agent.assessor(obs, agent.config, obs.now)
     nodes, models = node_rows(obs), model_rows(obs, plans)
+    errors = [*obs.errors, *status_warnings(agent.config, obs)]
+    router_line = _add_router_states(agent, nodes)
     if as_json:
-        echo_json({"nodes": nodes, "models": models, "errors": list(obs.errors)})
+        echo_json({"nodes": nodes, "models": models, "errors": errors})
     else:
-        click.echo(render_status(nodes, models, obs.errors))
+        click.echo(render_status(nodes, models, errors))
+        if router_line:
+            click.echo(router_line)
+
+
+def _add_router_states(agent: Any, nodes: list[dict[str, Any]]) -> str | None:
+    """Each row's `router_state` (in, out, missing, unknown; `none` without a router) read
+    from the router now; the loud line `status` prints when some model has no router."""
+    from slurm_idle.router.none import WARNING
+
+    states = agent.router.states([n["name"] for n in nodes]) if agent.router is not None else {}
+    kinds = {}
+    for row in nodes:
+        kind = agent.config.router_for(row["model"]).kind
+        kinds[row["model"]] = kind
+        row["router_state"] = "none" if kind == "none" else states.get(row["name"], "unknown")
+    bare = sorted(m for m, k in kinds.items() if k == "none")
+    return f"WARNING {WARNING} (models: {', '.join(bare)})" if bare else None
 
 
 @main.command()
@@ -91,19 +112,28 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
     """Why the latest decisions were taken (for NODE, or all nodes), from the journal."""
     config = ctx.config()
     records = list(Journal(Path(config.paths.journal)).records())
-    transitions = [r for r in records if r.get("event") == "transition"
+    transitions = [r for r in records if r.get("event") in ("transition", "router")
                    and (node is None or r.get("node") == node)]
     ticks = [r for r in records if r.get("event") == "tick"]
     if node is not None and config.replica(node) is None:
         raise SlurmIdleError(f"{node} is not a pool node in {ctx.resolved_config_path}")
     shown = transitions[-last:]
     if as_json:
-        echo_json({"transitions": shown, "last_tick": ticks[-1] if ticks else None})
+        echo_json({"transitions": [r for r in shown if r.get("event") == "transition"],
+                   "router": [r for r in shown if r.get("event") == "router"],
+                   "last_tick": ticks[-1] if ticks else None})
         return
     if not shown:
         click.echo(f"no transitions journaled{' for ' + node if node else ''} in {config.paths.journal}")
     for r in shown:
         err = f" ({r['error']})" if r.get("error") else ""
+        if r.get("event") == "router":
+            verb = {"remove": "left", "add": "joined"}.get(str(r.get("call")), str(r.get("call")))
+            if r.get("outcome") != "ok":
+                verb = f"FAILED to be {'removed from' if r.get('call') == 'remove' else 'added to'}"
+            click.echo(f"{r.get('time', '?')} {r.get('node')}: {verb} the router "
+                       f"({r.get('router')}) because {r.get('reason')}{err}")
+            continue
         click.echo(f"{r.get('time', '?')} {r.get('node')}: {r.get('from')} -> {r.get('to')} "
                    f"[{r.get('outcome')}] because {r.get('reason')}{err}")
     if ticks:
@@ -228,7 +258,10 @@ def _set_pin(ctx: Context, node: str, pinned: bool, dry_run: bool) -> None:
         if not pinned:
             click.echo(f"{node} is {view.phase.value}; nothing to unpin")
             return
-        if view.phase in {Phase.LENT, Phase.UNKNOWN} and not view.node.down:
+        from slurm_idle.powersave import powered_only
+
+        # A lent node Slurm powered down is pinned like any other: the reclaim powers it up.
+        if view.phase in {Phase.LENT, Phase.UNKNOWN} and (not view.node.down or powered_only(view.node)):
             # Pinning a lent node means: bring it back now and keep it.
             from slurm_idle.transitions import action_for_admin
 
