@@ -238,6 +238,9 @@ class PolicyConfig(_Strict):
     lending_windows: tuple[str, ...] = ()  # e.g. ["20:00-08:00"]; empty = always
     timezone: str = "UTC"
     reclaim_on_unknown_metrics: bool = False
+    # Like Slurm's PreemptExemptTime: a lent node running a job younger than this is reclaimed
+    # last, only when no other lent node can be (service still comes first); 0 turns it off.
+    min_job_runtime_s: float = Field(0.0, ge=0)
 
     @field_validator("lending_windows")
     @classmethod

@@ -30,8 +30,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_idle import httpdeadline
 from slurm_idle.config import EngineConfig, ReplicaConfig
+from slurm_idle.engine_version import relied_on, supports, version_from_body
 from slurm_idle.errors import CommandError, EngineError
+from slurm_idle.logs import get_logger
 from slurm_idle.slurm.runner import TIMEOUT_RC, CommandRunner, SubprocessRunner
+
+log = get_logger(__name__)
 
 Clock = Callable[[], float]
 #: Replies of /health, /metrics, /v1/models, /sleep are small; a bigger body is cut here.
@@ -218,6 +222,14 @@ class HttpProbe:
             return None
         return parse_is_sleeping(resp.body) if resp.status == 200 else None
 
+    def version(self, replica: ReplicaConfig) -> str | None:
+        """The server's vLLM version from `GET /version`, None when it does not say."""
+        try:
+            resp = self.get(replica, "/version")
+        except EngineError:
+            return None
+        return version_from_body(resp.body) if resp.status == 200 else None
+
     def metrics(self, replica: ReplicaConfig) -> MetricsReading | None:
         try:
             resp = self.get(replica, "/metrics")
@@ -265,10 +277,14 @@ class EngineControl(Protocol):
 
 
 class _HttpHealth:
-    """health(), identify() and in_flight() shared by every engine kind."""
+    """health(), identify(), in_flight() and the old-vLLM drain shared by every engine kind."""
 
     probe: HttpProbe
     model: str
+    config: EngineConfig
+    clock: Clock = staticmethod(time.monotonic)
+    sleep: Sleep = staticmethod(time.sleep)
+    drain_poll_s: float = 0.5
 
     def identify(self, replica: ReplicaConfig) -> Identity:
         """Whether the endpoint is this model's engine (see HttpProbe.identify)."""
@@ -284,6 +300,35 @@ class _HttpHealth:
         if identity.ours:
             return health
         return replace(health, foreign=identity.why or "not confirmed to be the expected engine")
+
+    def version(self, replica: ReplicaConfig) -> str | None:
+        return self.probe.version(replica)
+
+    def drain_if_old(self, replica: ReplicaConfig, given_s: float | None) -> float | None:
+        """Before a stop or sleep: when the server's vLLM lacks what this engine kind relies on
+        to keep in-flight requests (`mode=wait` < 0.17, `--shutdown-timeout` < 0.18) or does
+        not say its version, wait until nothing is in flight, up to engine.drain_timeout_s.
+        The caller's time running out first is an EngineDeadline (asked again next tick); the
+        drain window running out is not: the stop goes ahead, as RETIRING's own drain does.
+        Returns the caller's time left for the stop itself (unchanged when nothing waited)."""
+        feature = relied_on(self.config)
+        version = self.version(replica)
+        if supports(version, feature) or wait_until_idle(self, replica, 0.0, self.clock, self.sleep):
+            return given_s  # nothing in flight (or a server that is down): nothing to drain
+        started = self.clock()
+        limit, cut = _limit(self.config.drain_timeout_s, given_s)
+        drained = wait_until_idle(self, replica, limit, self.clock, self.sleep, self.drain_poll_s)
+        left = None if given_s is None else max(0.0, given_s - (self.clock() - started))
+        if drained:
+            return left
+        if cut:
+            raise EngineDeadline(
+                f"{replica.node}: vLLM {version or '(version unknown)'} lacks {feature.name}: "
+                "requests still in flight at the tick's deadline; the next tick drains on")
+        log.warning("%s: vLLM %s lacks %s and requests are still in flight after the %.0f s "
+                    "drain window; stopping anyway", replica.node, version or "(version unknown)",
+                    feature.name, limit)
+        return left
 
     def in_flight(self, replica: ReplicaConfig) -> float | None:
         """Requests running or waiting now; None when the replica is down or its metrics
@@ -343,9 +388,10 @@ class CommandEngine(_HttpHealth):
 
     def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
         # Always run: an admin stop command is idempotent, and a hung server whose /health
-        # no longer answers still has to be stopped.
+        # no longer answers still has to be stopped (a down server has nothing to drain).
         assert self.config.stop_command
-        self._shell("stop", self.config.stop_command, replica, self.config.stop_timeout_s + 30, timeout_s)
+        left = self.drain_if_old(replica, timeout_s)
+        self._shell("stop", self.config.stop_command, replica, self.config.stop_timeout_s + 30, left)
 
 
 def container_name(template: str, node: str, model: str = "") -> str:
@@ -433,6 +479,7 @@ class DockerEngine(_HttpHealth):
         container = self.container(replica)
         if container.status not in {"running", "restarting", "paused"}:
             return
+        timeout_s = self.drain_if_old(replica, timeout_s)
         # SIGTERM, then SIGKILL after the grace: the server's clean exit. The grace is cut to
         # the caller's time left, so a stop never holds the tick past its deadline; in-flight
         # requests were already drained while RETIRING, and the kernel frees the GPUs either way.
@@ -530,7 +577,9 @@ class HttpSleepEngine(_HttpHealth):
                 f"{replica.node}: vLLM at {replica.url} does not answer ({health.error or 'no /health'}); "
                 "cannot confirm it released the GPUs, not lending"
             )
-        # mode=wait lets in-flight requests finish (vLLM's default, abort, would drop them).
+        # mode=wait lets in-flight requests finish (vLLM's default, abort, would drop them);
+        # a server older than 0.17 ignores it, so it is drained by in-flight count first.
+        self.drain_if_old(replica, self._left(end))
         timeout = self.config.drain_timeout_s + self.config.stop_timeout_s
         self._post_within(replica, f"/sleep?level={self.config.sleep_level}&mode=wait", timeout, end)
         self._await_sleeping(replica, True, self.config.stop_timeout_s, end)
@@ -555,8 +604,16 @@ def make_engine(
 # --- waiting helpers for the agent ---------------------------------------------------------
 
 
+class Drainable(Protocol):
+    """What waiting for a replica to drain reads: requests in flight and health."""
+
+    def health(self, replica: ReplicaConfig) -> EngineHealth: ...
+
+    def in_flight(self, replica: ReplicaConfig) -> float | None: ...
+
+
 def wait_until_idle(
-    engine: EngineControl,
+    engine: Drainable,
     replica: ReplicaConfig,
     timeout_s: float,
     clock: Clock = time.monotonic,

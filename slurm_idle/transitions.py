@@ -38,6 +38,7 @@ from slurm_idle.lifecycle import (
 )
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Action, ActionKind, NodeView, Phase
+from slurm_idle.powersave import needs_power_up, power_flags
 
 log = get_logger(__name__)
 
@@ -160,6 +161,7 @@ class NodeDriver:
         # started the node's engine (never start it twice in a tick).
         self._drained: set[str] = set()
         self._started: set[str] = set()
+        self._powered_up: set[str] = set()  # nodes asked to POWER_UP in this tick
 
     @property
     def tag(self) -> str:
@@ -349,7 +351,29 @@ class NodeDriver:
         self._restore_comment(view)
         self._drained.add(view.name)
         self._evict(view)
+        if needs_power_up(view.node):
+            # Drained first, so no job lands on it once it is up; the wait is the next step's.
+            log.info("%s: powered down by Slurm's power saving; asking for POWER_UP", view.name)
+            self.slurm.power_up(view.name)
+            self._powered_up.add(view.name)
         return True
+
+    def _wait_powered(self, view: NodeView, deadline: float) -> None:
+        """Wait until Slurm's power saving has the node up (no power flag left), asking for
+        POWER_UP again when nothing is under way (a tick killed before it asked). Raise
+        CarryOver at the deadline: the node stays RECLAIMING and the next tick waits on."""
+        while True:
+            node = next((n for n in self._nodes_poll.get() if n.name == view.name), None)
+            if node is None or not power_flags(node):
+                return
+            if needs_power_up(node) and view.name not in self._powered_up:
+                self.slurm.power_up(view.name)
+                self._powered_up.add(view.name)
+            now = self.clock()
+            if now >= deadline:
+                raise CarryOver(f"powering up ({'+'.join(sorted(power_flags(node)))}) at the tick's "
+                                "deadline; stays reclaiming, the next tick waits on")
+            self.sleep(min(POLL_S, max(0.0, deadline - now)))
 
     def _still_on(self, node: str, problems: list[str]) -> str:
         """Why a reclaimed node is not empty yet, naming the jobs. Jobs of another partition
@@ -395,6 +419,7 @@ class NodeDriver:
             if now >= deadline:
                 raise CarryOver(self._still_on(view.name, problems))
             self.sleep(min(POLL_S, max(0.0, deadline - now)))
+        self._wait_powered(view, deadline)
         self._mark(view, Phase.STARTING)
         self._start(view, deadline)
         return True

@@ -51,11 +51,13 @@ def _register() -> None:
     # Importing a command module registers its commands on `main`.
     from slurm_idle.cli import (  # noqa: F401
         config_cmd,
+        doctor_cmd,
         jobs_cmd,
         metrics_cmd,
         report_cmd,
         simulate_cmd,
         tick_cmd,
+        web_cmd,
     )
 
 

@@ -141,6 +141,16 @@ class CliBackend:
                 return
             raise
 
+    def power_up(self, node: str) -> None:
+        try:
+            self._run("scontrol", "update", f"nodename={node}", "state=POWER_UP")
+        except CommandError as exc:
+            # 22.05 answers rc=1 "Invalid node state specified" for a node that is already up
+            # (or being powered up), as for a RESUME of an undrained node.
+            if exc.rc == 1 and "invalid node state" in exc.stderr.lower():
+                return
+            raise
+
     def set_comment(self, node: str, comment: str) -> None:
         self._run("scontrol", "update", f"nodename={node}", f"comment={comment}")
 

@@ -67,6 +67,11 @@ class SlurmBackend(Protocol):
         """RESUME a node; a node that is not drained is left as it is (idempotent)."""
         ...
 
+    def power_up(self, node: str) -> None:
+        """Ask Slurm to power up a node its power saving suspended (`state=POWER_UP`); a node
+        that is already up is left as it is (idempotent)."""
+        ...
+
     def set_comment(self, node: str, comment: str) -> None:
         """Set the node's free-text Comment (our machine-readable phase data)."""
         ...

@@ -143,6 +143,14 @@ class PyslurmBackend:
                 return  # not drained: nothing to resume
             raise
 
+    def power_up(self, node: str) -> None:
+        try:
+            self._modify_node(node, state="POWER_UP")
+        except CommandError as exc:
+            if "invalid node state" in exc.stderr.lower():
+                return  # already up: nothing to do
+            raise
+
     def set_comment(self, node: str, comment: str) -> None:
         self._modify_node(node, comment=comment)
 

@@ -29,6 +29,8 @@ class FakeSlurm:
     no_steps: set[int] = field(default_factory=set)  # jobs whose steps ended (workload_steps)
     job_signals: dict[int, JobSignal] = field(default_factory=dict)  # each job's own --signal
     fail_jobs: set[int] = field(default_factory=set)  # jobs whose requeue fails (CommandError)
+    power_up_polls: int = 0  # nodes() shows POWERING_UP this many times after a power_up
+    _powering: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def with_nodes(cls, names: Sequence[str], gpus: int = 4) -> FakeSlurm:
@@ -45,6 +47,13 @@ class FakeSlurm:
 
     def nodes(self) -> list[SlurmNode]:
         self._call("nodes")
+        for name, left in list(self._powering.items()):
+            if left <= 0:
+                n = self.node_map[name]
+                self.node_map[name] = replace(n, flags=n.flags - {"POWERING_UP"})
+                del self._powering[name]
+            else:
+                self._powering[name] = left - 1
         return list(self.node_map.values())
 
     def jobs(self) -> list[SlurmJob]:
@@ -62,6 +71,17 @@ class FakeSlurm:
         self._call("resume", node)
         n = self.node_map[node]
         self.node_map[node] = replace(n, flags=n.flags - {"DRAIN", "DRAINING", "DRAINED"}, reason="")
+
+    def power_up(self, node: str) -> None:
+        """Clears the power-saving flags, after `power_up_polls` reads showing POWERING_UP."""
+        self._call("power_up", node)
+        n = self.node_map[node]
+        powered = {"POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "POWER_DOWN", "POWER_UP"}
+        flags = n.flags - powered
+        if self.power_up_polls > 0:
+            flags |= {"POWERING_UP"}
+            self._powering[node] = self.power_up_polls
+        self.node_map[node] = replace(n, flags=frozenset(flags))
 
     def set_comment(self, node: str, comment: str) -> None:
         self._call("set_comment", node, comment)

@@ -246,7 +246,27 @@ class Sandbox:
         """Start whatever is not running and wait until all is ready.
 
         Returns when each part was ready, in seconds since up() began (cumulative), and total.
+        A start that fails stops what this call started (everything, when nothing ran
+        before), so no daemon outlives the error, which names the part and its log's last lines.
         """
+        before = self._recorded()
+        try:
+            return self._up(timeout_s)
+        except BaseException:
+            self._undo_up(before)
+            raise
+
+    def _undo_up(self, before: dict[str, int]) -> None:
+        if not before:
+            self.down()
+            return
+        started = [pid for name, pid in self._recorded().items() if before.get(name) != pid]
+        procs.terminate(started, timeout_s=15)
+        for name, pid in self._recorded().items():
+            if before.get(name) != pid:
+                self._pidfile(name).clear()
+
+    def _up(self, timeout_s: float) -> dict[str, float]:
         t0 = time.monotonic()
         timings: dict[str, float] = {}
         lay = self.layout
