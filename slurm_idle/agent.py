@@ -23,7 +23,7 @@ from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
 from slurm_idle.journal import Journal
 from slurm_idle.lifecycle import PhaseInfo, derive_phase
-from slurm_idle.lock import lock_holder, try_lock
+from slurm_idle.lock import Holder, inspect, try_lock
 from slurm_idle.logs import get_logger
 from slurm_idle.metrics.serving import SERVING_PHASES, serving_model_load
 from slurm_idle.model import (
@@ -99,10 +99,13 @@ def observe(
             headed.setdefault(replica.node, []).append((model_name, replica))
             for name in replica.nodes:
                 model_of.setdefault(name, model_name)
+        missing: list[str] = []
         for name in model_of:
             node = nodes.get(name)
             if node is None:
-                errors.append(f"pool node {name} is not known to Slurm (check the config)")
+                # Left out of the snapshot below: a node Slurm does not have is no capacity to
+                # lend (counting it would raise max_lent_fraction's share of the real ones).
+                missing.append(name)
                 infos[name] = PhaseInfo(Phase.UNKNOWN)  # nothing to act on, not an admin's
             else:
                 infos[name] = derive_phase(node, tag)
@@ -151,13 +154,15 @@ def observe(
                     jobs_by_node.setdefault(name, []).append(job)
         views = []
         for name, model_name in model_of.items():
+            if name in missing:
+                continue
             info = infos[name]
             node_jobs = jobs_by_node.get(name)
             here = headed.get(name, [])
             loads = _loads_of(here, loads_by_key)
             views.append(
                 NodeView(
-                    node=nodes.get(name) or SlurmNode(name=name, state="unknown"),
+                    node=nodes[name],  # pool nodes Slurm does not know were left out above
                     model=model_name,
                     phase=info.phase,
                     phase_since=info.since,
@@ -166,6 +171,11 @@ def observe(
                     replica=loads[0] if loads else None,
                     replicas=loads if len(here) > 1 else (),
                 )
+            )
+        if missing:  # one line per tick, however many: a typo'd range must not flood the log
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            errors.append(
+                f"{len(missing)} pool node(s) not known to Slurm, left out: {shown} (check the config)"
             )
         return Observation(now=now, nodes=tuple(views), models=model_loads, errors=tuple(errors),
                            metrics_source=str(getattr(metrics, "source", "")))
@@ -254,6 +264,10 @@ class TickResult:
     steps: list[StepResult] = field(default_factory=list)
     plans: list[ModelPlan] = field(default_factory=list)
     locked_out: str | None = None  # set when another tick held the lock
+    # Set when the lock's holder is not one of our ticks and has held it past the tick
+    # budget: reported (exit 1, log, textfile, alert), not obeyed silently.
+    lock_problem: str | None = None
+    lock_holder: Holder | None = None
     duration_s: float = 0.0
     error: str | None = None
     started: float = 0.0  # unix seconds the tick began
@@ -262,11 +276,13 @@ class TickResult:
 
     @property
     def errors(self) -> int:
-        return sum(1 for s in self.steps if s.outcome in {"error", "stuck"}) + bool(self.error)
+        return (sum(1 for s in self.steps if s.outcome in {"error", "stuck"}) + bool(self.error)
+                + bool(self.lock_problem))
 
     def as_json(self) -> dict[str, Any]:
         return {
             "locked_out": self.locked_out,
+            "lock_problem": self.lock_problem,
             "duration_s": round(self.duration_s, 3),
             "error": self.error,
             "actions": [
@@ -329,12 +345,35 @@ class Agent:
         return check(replica) if check is not None else Identity(True, "engine cannot tell")
 
     def tick(self, dry_run: bool = False) -> TickResult:
-        """One reconcile pass under the lock. A second concurrent tick returns at once."""
-        with try_lock(self.config.paths.lock) as locked:
-            if not locked:
-                holder = lock_holder(self.config.paths.lock)
-                return TickResult(None, locked_out=f"another tick is running (pid {holder or '?'})")
+        """One reconcile pass under the lock. A second concurrent tick returns at once.
+
+        A dry run changes nothing, so it takes no lock (and needs no access to its directory).
+        """
+        if dry_run:
             return self._tick_locked(dry_run)
+        with try_lock(self.config.paths.lock, self.clock()) as locked:
+            if not locked:
+                return self._locked_out()
+            return self._tick_locked(dry_run)
+
+    def _locked_out(self) -> TickResult:
+        now = self.clock()
+        holder = inspect(self.config.paths.lock, now)
+        pid = holder.pid if holder and holder.pid else "?"
+        result = TickResult(None, locked_out=f"another tick is running (pid {pid})", started=now)
+        budget = self.config.timeouts.tick_budget_s
+        if holder and not holder.is_tick and holder.held_s is not None and holder.held_s > budget:
+            result.lock_holder = holder
+            result.lock_problem = (
+                f"{holder.describe()}, longer than the tick budget ({budget:g} s): no tick can "
+                f"act (nor reclaim a node) until it is released; find it with `cat /proc/{pid}/"
+                "cmdline` and end it"
+            )
+            result.locked_out = None
+            log.error("%s", result.lock_problem)
+            if self.on_tick is not None:
+                self.on_tick(result)
+        return result
 
     def run_actions(
         self, actions: Sequence[Action], observation: Observation, deadline: float | None = None

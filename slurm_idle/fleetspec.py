@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 from slurm_idle.hostlist import expand_hostlist
 
 DEFAULT_REPLICA_URL = "http://{node}:8000"
+#: A Slurm node name (config.NODE_NAME_RE: what hostlist.expand_hostlist accepts, not empty).
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _PLACEHOLDERS = ("node", "port", "index")
 
 
@@ -25,6 +27,9 @@ def node_names(nodes: Any, field: str = "nodes") -> list[str]:
     if isinstance(nodes, str) and nodes.strip():
         return expand_hostlist(nodes, strict=True)
     if isinstance(nodes, list | tuple) and nodes and all(isinstance(n, str) and n for n in nodes):
+        bad = next((n for n in nodes if not _NODE_NAME.match(n)), None)
+        if bad is not None:
+            raise ValueError(f"{field}: {bad!r} is not a Slurm node name")
         return list(nodes)
     raise ValueError(
         f"{field} must be a Slurm hostlist like gpu[1-4] or a non-empty list of node names "

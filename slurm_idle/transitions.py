@@ -380,12 +380,17 @@ class NodeDriver:
         self._start(view, deadline)
         return True
 
-    def _restore_comment(self, view: GroupView) -> None:
+    def _restore_comment(self, view: GroupView, powered_down_too: bool = True) -> None:
         """Take our lent marker off the nodes' Comment, leaving the admin's text as it was; a
-        Comment that is not ours (or none) is not written at all."""
+        Comment that is not ours (or none) is not written at all. Without `powered_down_too`,
+        a powered-down node keeps it until it is up (_wait_powered)."""
         for node in view.nodes:
-            if is_ours(node.node.comment.strip(), self.tag):
-                self.slurm.set_comment(node.name, admin_comment(node.node.comment, self.tag))
+            if powered_down_too or not power_flags(node.node):
+                self._restore_node_comment(node)
+
+    def _restore_node_comment(self, node: NodeView) -> None:
+        if is_ours(node.node.comment.strip(), self.tag):
+            self.slurm.set_comment(node.name, admin_comment(node.node.comment, self.tag))
 
     def _start(self, view: GroupView, deadline: float, only: set[str] | None = None) -> None:
         """Start the group's engines (or those named in `only`), each once in this tick. A start
@@ -407,7 +412,9 @@ class NodeDriver:
 
     def _drain_and_requeue(self, view: GroupView, deadline: float) -> bool:
         self._mark(view, Phase.RECLAIMING)
-        self._restore_comment(view)
+        # A powered-down node keeps our lent Comment until it is up (_wait_powered): Slurm
+        # clears its Reason when the power-up starts, and the Comment still says it is ours.
+        self._restore_comment(view, powered_down_too=False)
         self._drained.add(view.name)
         self._evict(view)
         for node in view.nodes:
@@ -421,19 +428,36 @@ class NodeDriver:
     def _wait_powered(self, view: GroupView, deadline: float) -> None:
         """Wait until Slurm's power saving has every node of the group up (no power flag left),
         asking for POWER_UP again when nothing is under way (a tick killed before it asked).
-        Raise CarryOver at the deadline: the group stays RECLAIMING and the next tick waits on."""
-        names = {v.name for v in view.nodes}
+        Raise CarryOver at the deadline: the group stays RECLAIMING and the next tick waits on.
+
+        Slurm (22.05) clears a drained node's Reason when it starts powering it up: an empty
+        Reason on our drained node is written again, and our lent Comment (kept until now so
+        the node reads as ours meanwhile) is taken off once the node is up."""
+        views = {v.name: v for v in view.nodes}
+        powered = {name for name, v in views.items() if power_flags(v.node)}
+        since = view.phase_since if view.phase_since is not None else self.clock()
         while True:
-            powering = [n for n in self._nodes_poll.get() if n.name in names and power_flags(n)]
-            if not powering:
+            polled = {n.name: n for n in self._nodes_poll.get() if n.name in views}
+            waiting = []
+            for name, v in views.items():
+                node = polled.get(name)
+                if node is not None and node.drained and not node.reason.strip() and name in powered:
+                    self.slurm.drain(name, format_reason(self.tag, Phase.RECLAIMING, since, view.pinned))
+                if node is None or not power_flags(node):
+                    if name in powered and node is not None and is_ours(node.comment.strip(), self.tag):
+                        self._restore_node_comment(replace(v, node=node))
+                        powered.discard(name)
+                    continue
+                powered.add(name)
+                waiting.append(node)
+                if needs_power_up(node) and name not in self._powered_up:
+                    self.slurm.power_up(name)
+                    self._powered_up.add(name)
+            if not waiting:
                 return
-            for node in powering:
-                if needs_power_up(node) and node.name not in self._powered_up:
-                    self.slurm.power_up(node.name)
-                    self._powered_up.add(node.name)
             now = self.clock()
             if now >= deadline:
-                flags = "+".join(sorted({f for n in powering for f in power_flags(n)}))
+                flags = "+".join(sorted({f for n in waiting for f in power_flags(n)}))
                 raise CarryOver(f"powering up ({flags}) at the tick's deadline; stays reclaiming, "
                                 "the next tick waits on")
             self.sleep(min(POLL_S, max(0.0, deadline - now)))

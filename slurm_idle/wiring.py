@@ -65,10 +65,15 @@ def make_router_set(config: Config, agent: Agent) -> Any:
 
 def _textfile_writer(config: Config) -> Any:
     from slurm_idle.agent import phase_counts
-    from slurm_idle.agent_metrics import write_textfile
+    from slurm_idle.agent_metrics import set_lock_blocked, write_textfile
 
     def write(result: TickResult) -> None:
         assert config.paths.textfile is not None
+        if result.lock_holder is not None:  # locked out by a stranger: only that gauge
+            holder = result.lock_holder
+            set_lock_blocked(config.paths.textfile, holder.held_s or 0.0, holder.pid,
+                             holder.command)
+            return
         write_textfile(
             config.paths.textfile,
             phases=phase_counts(result) if result.observation is not None else None,

@@ -44,6 +44,8 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
     result = agent.tick(dry_run=dry_run)
     if as_json:
         echo_json(result.as_json() | {"dry_run": dry_run})
+    elif result.lock_problem:
+        pass  # the agent logged it as an error (stderr, and syslog under cron); exit 1 below
     elif result.locked_out:
         click.echo(f"slurm-idle: {result.locked_out}; nothing to do", err=True)
     elif not result.error:
@@ -58,7 +60,7 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
         for step in result.steps:
             click.echo(f"  {step.node} {step.from_phase.value} -> {step.to_phase.value} "
                        f"[{step.outcome}] {step.duration_s:.1f}s" + (f": {step.error}" if step.error else ""))
-    if result.error:
+    if result.error or result.lock_problem:
         # The agent already logged "tick failed: ..." (stderr, and syslog under cron).
         raise click.exceptions.Exit(1)
 
@@ -78,7 +80,8 @@ def status(ctx: Context, as_json: bool) -> None:
     obs = agent.observe()
     plans = agent.assessor(obs, agent.config, obs.now)
     nodes, models = node_rows(obs), model_rows(obs, plans)
-    errors = [*obs.errors, *status_warnings(agent.config, obs)]
+    errors = [*obs.errors, *status_warnings(agent.config, obs),
+              *_lock_warning(agent.config.paths.lock, obs.now)]
     router_line = _add_router_states(agent, nodes)
     replicas = replica_rows(obs, agent.config)
     if as_json:
@@ -109,6 +112,17 @@ def _add_router_states(agent: Any, nodes: list[dict[str, Any]]) -> str | None:
         row["router_state"] = "none" if kind == "none" else states.get(head[row["name"]], "unknown")
     bare = sorted(m for m, k in kinds.items() if k == "none")
     return f"WARNING {WARNING} (models: {', '.join(bare)})" if bare else None
+
+
+def _lock_warning(path: str, now: float) -> list[str]:
+    """A stranger holding the tick lock, as a status warning (nothing when it cannot be told:
+    the lock's directory is the agent user's alone)."""
+    from slurm_idle.lock import inspect
+
+    holder = inspect(path, now, record=False)
+    if holder is None or holder.is_tick:
+        return []
+    return [f"{holder.describe()}: no tick can act until it is released"]
 
 
 @main.command()

@@ -12,7 +12,6 @@ difference and tries again.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,10 +51,11 @@ class FileRouter:
     kind = "file"
 
     def __init__(self, config: RouterConfig, runner: CommandRunner | None = None,
-                 replace: Callable[[str, Path], None] = os.replace) -> None:
+                 before_replace: Callable[[str], None] | None = None) -> None:
         assert config.path is not None  # the config validator requires it
         self.config = config
-        self.replace = replace  # the final rename of every write (tests look at the temp file)
+        # Called with the complete temp file just before the final rename (tests look at it).
+        self.before_replace = before_replace
         self.path = Path(config.path)
         self.state_path = self.path.with_name(self.path.name + ".slurm-idle.json")
         self.runner = runner or SubprocessRunner()
@@ -81,14 +81,14 @@ class FileRouter:
             raise RouterError(f"router file {self.path}: {exc.strerror}") from None
         if old != text:
             try:
-                atomic_write(self.path, text, replace=self.replace)
+                atomic_write(self.path, text, before_replace=self.before_replace)
             except OSError as exc:
                 raise RouterError(f"router file {self.path}: {exc.strerror or exc}") from None
             try:
                 self._reload()
             except RouterError:
                 if old is not None:
-                    atomic_write(self.path, old, replace=self.replace)  # the old set still runs
+                    atomic_write(self.path, old, before_replace=self.before_replace)  # the old set still runs
                 raise
         state = {"replicas": sorted(entries.values(), key=lambda e: e["name"])}
         atomic_write(self.state_path, json.dumps(state, indent=2) + "\n")

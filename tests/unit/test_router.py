@@ -4,7 +4,6 @@ captured output, the file writer's atomic replace and failed reloads, command qu
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -155,11 +154,10 @@ def test_file_router_write_is_atomic(tmp_path: Path) -> None:
     FileRouter(cfg).add(target("gpu1"))
     seen: list[tuple[str, str, str]] = []
 
-    def replace(tmp: str, dest: Path) -> None:
-        seen.append((Path(tmp).parent.as_posix(), Path(tmp).read_text(), Path(dest).read_text()))
-        os.replace(tmp, dest)
+    def before_replace(tmp: str) -> None:
+        seen.append((Path(tmp).parent.as_posix(), Path(tmp).read_text(), path.read_text()))
 
-    FileRouter(cfg, replace=replace).add(target("gpu2"))
+    FileRouter(cfg, before_replace=before_replace).add(target("gpu2"))
     tmp_dir, new, old = seen[0]
     assert tmp_dir == tmp_path.as_posix()
     assert [r["name"] for r in json.loads(old)["replicas"]] == ["gpu1"]
