@@ -116,7 +116,8 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
     click.echo(f"  harvested {summary['harvested_gpu_hours']:.1f} GPU-h of an oracle's "
                f"{summary['oracle_gpu_hours']:.1f} ({summary['harvest_ratio']:.1%})")
     violations = summary["slo_violation_minutes"]
-    click.echo(f"  SLO violated in {violations} minute(s) ({violations / max(1, result.minutes):.3%})")
+    click.echo(f"  SLO violated in {violations} model-minute(s) ({result.violation_share:.3%} of "
+               f"{result.model_minutes})")
     click.echo(f"  {summary['preemptions']} preemption(s), {summary['lost_gpu_hours']:.1f} GPU-h of work lost")
 
 

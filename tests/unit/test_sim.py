@@ -86,6 +86,35 @@ def test_violation_is_serving_below_need() -> None:
     assert result.slo_violation_minutes == 3  # minutes 2, 3, 4: the replica is coming back
 
 
+@dataclass
+class LendAll:
+    """A test policy: lend every serving node of every model at minute 0, never reclaim."""
+
+    name: str = "lend-all"
+    auto_continue: bool = True
+
+    def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]:
+        if minute:
+            return []
+        return [Action(ActionKind.LEND, n.name, n.model, Phase.SERVING, Phase.RETIRING, "test")
+                for nodes in sim.nodes.values() for n in nodes]
+
+
+def test_violations_count_per_model_minute() -> None:
+    """A minute short for two models counts twice; the wall-clock count keeps it once."""
+    n = 4
+    trace = Trace(start=0.0, minutes=n, series={
+        name: Series((1.0,) * n, (0.0,) * n, (1.0,) * n) for name in ("a", "b")})
+    fleet = [FleetModel("a", 1, 1, 1.0), FleetModel("b", 1, 1, 1.0)]
+    result = Simulation(trace, fleet, SimParams(floor=0, utilisation=1.0)).run(LendAll())
+    # minute 0 drains (still serving); minutes 1-3 both models are short
+    assert result.violation_minutes_by_model == {"a": 3, "b": 3}
+    assert result.slo_violation_minutes == 6
+    assert result.slo_violation_wall_minutes == 3
+    assert result.model_minutes == 8
+    assert result.summary()["slo_violation_share"] == pytest.approx(0.75)
+
+
 def test_oracle_reaches_the_bound_without_violations() -> None:
     """On random need sequences the oracle policy harvests exactly the analytic bound, violation-free."""
     rng = random.Random(7)
@@ -275,7 +304,7 @@ def test_bench_sim_goals_beat_reactive_on_diurnal_and_match_it_on_bursts() -> No
         out: list[dict[str, object]] = []
         for trace in bench.TRACES:
             ours, reactive = violations.get(trace, (0, 10))
-            base = {"trace": trace, "minutes": 20160, "harvest_ratio": 0.96}
+            base = {"trace": trace, "minutes": 20160, "model_minutes": 20160, "harvest_ratio": 0.96}
             out += [
                 {**base, "policy": "slurm-idle", "slo_violation_minutes": ours,
                  "harvested_gpu_hours": 100.0},
