@@ -219,6 +219,12 @@ class PolicyConfig(_Strict):
     lending_windows: tuple[str, ...] = ()  # e.g. ["20:00-08:00"]; empty = always
     timezone: str = "UTC"
     reclaim_on_unknown_metrics: bool = False
+    # Adaptive headroom (issue 15): the replicas a model needs are sized for its load's level
+    # and trend plus this many standard deviations of its minute-to-minute variability, all
+    # three estimated over the scale-down window (policy/capacity.py `adaptive_demand`). 0 turns
+    # it off. The same default holds from 1% to 10% noise because the margin scales with the
+    # noise measured, not with a fixed planning factor.
+    headroom_sigmas: float = Field(3.0, ge=0)
 
     @field_validator("lending_windows")
     @classmethod

@@ -31,7 +31,7 @@ from slurm_idle.model import (
     Observation,
     Phase,
 )
-from slurm_idle.policy.capacity import Need, assess_need
+from slurm_idle.policy.capacity import Need, assess_need, default_forecast_lead_s
 from slurm_idle.policy.windows import in_windows
 
 
@@ -115,7 +115,8 @@ def _examine(
         return _Model(model, by_phase, adoptable, total, False, window_ok, need, needed, reason)
 
     replicas = [n.replica for n in awake if n.replica is not None]
-    need = assess_need(model, policy, load, replicas, len(awake), total)
+    lead_s = default_forecast_lead_s(config, model.name)
+    need = assess_need(model, policy, load, replicas, len(awake), total, lead_s)
     needed, reason = need.up, need.reason
     if not known:
         reason += f"; {why_unknown}: nothing lent"

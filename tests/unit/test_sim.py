@@ -195,7 +195,7 @@ def test_sim_policy_follows_the_demand_model() -> None:
 
     assert sim_policy(SimParams()) == SIM_POLICY
     knobs = sim_policy(SimParams(utilisation=0.6, prompt_weight=0.3))
-    assert knobs.target_utilisation == pytest.approx(0.975 * 0.6)
+    assert knobs.target_utilisation == pytest.approx(0.6)
     assert knobs.prompt_token_weight == 0.3
     assert sim_policy(SimParams(utilisation=1.0)).target_utilisation <= 1.0
 
@@ -322,3 +322,18 @@ def test_bench_sim_goals_beat_reactive_on_diurnal_and_match_it_on_bursts() -> No
     assert bench.goals(rows({"bursty": (5, 5)})) == []
     assert bench.goals(rows({"bursty": (6, 5)})) == ["bursty: more violation minutes than reactive"]
     assert bench.goals(rows({"diurnal-noisy": (50, 5)})) == []
+
+
+def test_noise_is_the_same_in_the_simulator_and_the_scrape_history() -> None:
+    """The simulator's running noise estimate equals the scrape history's on the same minutes
+    (one function, metrics.forecast.noise_from_changes, defines it for every source)."""
+    from slurm_idle.metrics import history
+    from slurm_idle.sim.planner_driver import _noises
+
+    rng = random.Random(3)
+    values = [1000.0 * (1 + 0.05 * rng.gauss(0, 1)) + 2 * i for i in range(150)]
+    sim = _noises(values, 10, 60)
+    kept = [(60.0 * i, "m", v, 0.0) for i, v in enumerate(values)]
+    for i in (69, 100, 149):
+        assert history.noise(kept, "m", 60.0 * i, 120.0) == pytest.approx(sim[i])
+    assert sim[68] is None and history.noise(kept, "m", 60.0 * 50, 120.0) is None
