@@ -41,7 +41,7 @@ from slurm_idle.sim.engine import FleetModel, SimNode, SimParams, Simulation, fl
 #: The planner knobs the benchmarks run with (see docs/benchmarks.md): the defaults. Replicas
 #: are planned at the SLO line itself (80% busy); the margin against noise, steps and ramps is
 #: the adaptive headroom (policy.headroom_sigmas), measured from the load, not a tuned factor.
-SIM_POLICY = PolicyConfig()
+SIM_POLICY = PolicyConfig.model_validate({})
 _DEFAULT_UTILISATION: float = PolicyConfig.model_fields["target_utilisation"].default
 
 
