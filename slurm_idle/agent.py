@@ -182,6 +182,7 @@ class Agent:
     journal: Journal | None = None
     on_tick: Callable[[TickResult], None] | None = None  # e.g. the textfile writer
     max_workers: int = MAX_ACTION_WORKERS  # nodes acted on at once
+    journal_empty: bool = True  # journal passes without action or error (the fast check: no)
 
     def __post_init__(self) -> None:
         if self.journal is None:
@@ -239,7 +240,7 @@ class Agent:
             result.error = f"{type(exc).__name__}: {exc}"
             log.exception("tick failed unexpectedly")
         result.duration_s = self.clock() - started
-        if not dry_run:
+        if not dry_run and (self.journal_empty or result.actions or result.error):
             self._journal_tick(result, started)
             if self.on_tick is not None:
                 self.on_tick(result)

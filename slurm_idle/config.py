@@ -225,6 +225,11 @@ class PolicyConfig(_Strict):
     # it off. The same default holds from 1% to 10% noise because the margin scales with the
     # noise measured, not with a fixed planning factor.
     headroom_sigmas: float = Field(3.0, ge=0)
+    # `slurm-idle agent` (a long-running loop instead of cron): a full tick every
+    # tick_interval_s, and between ticks a fast check every fast_interval_s that only starts
+    # reclaims of models under queue / KV-cache / TTFT pressure (0: no fast check).
+    tick_interval_s: int = Field(60, ge=1)
+    fast_interval_s: int = Field(10, ge=0)
 
     @field_validator("lending_windows")
     @classmethod
