@@ -52,6 +52,11 @@ class SimParams:
     utilisation: float = 0.8
     floor: int = 1
     checkpoint_s: float = 1800.0  # idle jobs checkpoint this often; a preemption loses the rest
+    # The planner's cadence (slurm-idle policy only): a full tick every tick_s, and between
+    # ticks a fast check (policy.fast_plan) every fast_s (0: none). Whole minutes: the
+    # simulation's resolution; sub-minute cadences are measured on the sandbox (tests/e2e).
+    tick_s: int = 60
+    fast_s: int = 0
 
     def __post_init__(self) -> None:
         from slurm_idle.errors import ConfigError
@@ -62,6 +67,9 @@ class SimParams:
             raise ConfigError("--start-s, --wake-s and --grace-s must be >= 0")
         if not 0 < self.utilisation <= 1 or self.prompt_weight < 0 or self.floor < 0:
             raise ConfigError("utilisation must be in (0, 1], prompt weight and floor >= 0")
+        if self.tick_s < 60 or self.tick_s % 60 or self.fast_s < 0 or self.fast_s % 60:
+            raise ConfigError("--tick-s must be a whole number of minutes (>= 60) and --fast-s 0 or "
+                              "whole minutes: the simulation steps a minute at a time")
 
     @property
     def engine_start_s(self) -> float:

@@ -35,7 +35,7 @@ from slurm_idle.model import (
     SlurmJob,
     SlurmNode,
 )
-from slurm_idle.policy import default_forecast_lead_s, forecast_demand, plan
+from slurm_idle.policy import default_forecast_lead_s, fast_plan, forecast_demand, plan
 from slurm_idle.sim.engine import FleetModel, SimNode, SimParams, Simulation, fleet_node_names
 
 #: The planner knobs the benchmarks run with (see docs/benchmarks.md): the defaults. Replicas
@@ -269,10 +269,19 @@ class PlannerPolicy:
         return view
 
     def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]:
+        """A full plan on tick minutes (every params.tick_s), a fast check (policy.fast_plan)
+        on fast-check minutes between them, nothing otherwise (transitions wait for a pass)."""
+        tick_min, fast_min = sim.params.tick_s // 60, sim.params.fast_s // 60
+        if minute % tick_min == 0:
+            planner = plan
+        elif fast_min and minute % fast_min == 0:
+            planner = fast_plan
+        else:
+            return []
         views = tuple(
             self.view(node, sim.fleet[model].gpus_per_replica)
             for model, nodes in sim.nodes.items()
             for node in nodes
         )
         loads = tuple(self.load(sim, model, minute) for model in sim.nodes)
-        return plan(Observation(now=now, nodes=views, models=loads), self.config, now)
+        return planner(Observation(now=now, nodes=views, models=loads), self.config, now)

@@ -29,6 +29,14 @@ def test_fast_check_keeps_only_reclaims_of_models_under_pressure() -> None:
     assert all(a.kind is not ActionKind.LEND for a in fast_plan(idle, cfg, NOW))
 
 
+def test_fast_check_carries_reclaims_on_but_never_lends() -> None:
+    """A node starting is carried on by the fast check; a retiring one (a lend) is not."""
+    nodes = [node("m0-n0"), node("m0-n1", Phase.STARTING), node("m0-n2", Phase.RETIRING)]
+    obs = observation(*nodes, loads=(load(100.0),))
+    moved = {(a.node, a.kind) for a in fast_plan(obs, config(replicas=3), NOW)}
+    assert moved == {("m0-n1", ActionKind.CONTINUE)}
+
+
 class FakeTime:
     def __init__(self) -> None:
         self.t = 0.0

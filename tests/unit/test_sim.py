@@ -337,3 +337,14 @@ def test_noise_is_the_same_in_the_simulator_and_the_scrape_history() -> None:
     for i in (69, 100, 149):
         assert history.noise(kept, "m", 60.0 * i, 120.0) == pytest.approx(sim[i])
     assert sim[68] is None and history.noise(kept, "m", 60.0 * 50, 120.0) is None
+
+
+def test_fast_checks_between_sparse_ticks_cut_violations() -> None:
+    """With a full tick every 5 minutes, fast checks every minute (reclaims on pressure only)
+    leave fewer violation minutes than ticks alone; cadences off the minute grid are refused."""
+    trace = synthetic_trace(days=3, seed=1)
+    sparse = simulate(trace, FLEET, SimParams(tick_s=300), "slurm-idle")
+    fast = simulate(trace, FLEET, SimParams(tick_s=300, fast_s=60), "slurm-idle")
+    assert fast.slo_violation_minutes < sparse.slo_violation_minutes
+    with pytest.raises(ConfigError, match="whole number of minutes"):
+        SimParams(tick_s=30)
