@@ -75,12 +75,29 @@ class Spread:
     sigma: float
 
 
+#: The expected maximum of ~15 independent normal draws (a 15-minute window of minute points)
+#: lies this many standard deviations above their mean: the window's peak gives a first noise
+#: estimate until the noise hour is on record.
+_PEAK_SIGMAS = 1.74
+
+
 def spread(load: ModelLoad, window_s: float) -> Spread | None:
-    """The Spread of `load`; None when the window or the noise hour is not covered."""
-    mean, noise = load.demand_tokens_per_s_mean_window, load.demand_noise_tokens_per_s
-    if mean is None or noise is None or window_s <= 0:
+    """The Spread of `load`; None when the window is not covered.
+
+    Until the noise hour is on record (a new deployment, a Prometheus restart) the noise is
+    estimated from the window alone: its peak above the fitted line, / _PEAK_SIGMAS. Cruder,
+    but never zero on a noisy load, so lends in the first hour keep a margin too.
+    """
+    mean = load.demand_tokens_per_s_mean_window
+    if mean is None or window_s <= 0:
         return None
     slope = load.demand_trend_per_s_window or 0.0
+    noise = load.demand_noise_tokens_per_s
+    if noise is None:
+        peak = load.demand_tokens_per_s_max_window
+        if peak is None:
+            return None
+        noise = max(0.0, peak - mean - max(0.0, slope) * window_s / 2.0) / _PEAK_SIGMAS
     return Spread(level=max(0.0, mean + slope * window_s / 2.0), trend_per_s=slope, sigma=noise)
 
 
