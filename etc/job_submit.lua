@@ -10,6 +10,12 @@ The `idle` partition runs on GPUs lent by the inference fleet; they are taken ba
     submitted elsewhere with --no-requeue cannot reach the lent GPUs that way. (Slurm's lua API
     does not expose the job record's requeue flag in slurm_job_modify, so the update itself
     carries the flag: the moved job ends up requeueable whatever it had.)
+  * an interactive job (srun or salloc outside an allocation: Slurm hands the plugin no batch
+    script, job_desc.script is nil) is rejected there: Slurm cannot requeue it ("Only batch jobs
+    are accepted"), so a reclaim could only signal and cancel it, and until then it would hold
+    a GPU node the service needs. Set ALLOW_INTERACTIVE = true to accept them anyway: the agent
+    then signals them at reclaim, waits slurm.requeue_grace_s and cancels them.
+    (srun *inside* a batch job starts a step, not a job: this plugin never sees it.)
 Jobs on other partitions are left untouched.
 
 Install: copy beside slurm.conf as job_submit.lua and set `JobSubmitPlugins=lua`
@@ -19,12 +25,20 @@ Install: copy beside slurm.conf as job_submit.lua and set `JobSubmitPlugins=lua`
 
 local LEND_PARTITION = "idle"
 
+-- Accept srun/salloc jobs on the lend partition (they are cancelled, not requeued, at reclaim).
+local ALLOW_INTERACTIVE = false
+
 -- Slurm leaves job_desc.requeue at NO_VAL16 (65534) when the user gave neither flag.
 local NO_VAL16 = 65534
 
 local REJECT_MESSAGE = "slurm-idle: jobs on partition '" .. LEND_PARTITION .. "' run on borrowed GPUs and are " ..
 	"requeued when their node is reclaimed, so --no-requeue is not allowed there. " ..
 	"Drop --no-requeue (and resume from a checkpoint on restart), or submit to another partition."
+
+local INTERACTIVE_MESSAGE = "slurm-idle: partition '" .. LEND_PARTITION .. "' takes batch jobs only: " ..
+	"its GPUs are reclaimed at any time, and Slurm can requeue a batch job but not an " ..
+	"interactive srun/salloc job. Submit a script with sbatch (and resume from a checkpoint), " ..
+	"or use another partition for interactive work."
 
 -- The partitions a job asks for ("a,b" lists allowed), or the default partition when none.
 local function requested_partitions(partition, part_list)
@@ -60,6 +74,12 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 		slurm.log_info("slurm-idle: rejected --no-requeue job '%s' of uid %u on %s",
 			tostring(job_desc.name), submit_uid, LEND_PARTITION)
 		slurm.log_user(REJECT_MESSAGE)
+		return slurm.ERROR
+	end
+	if not ALLOW_INTERACTIVE and (job_desc.script == nil or job_desc.script == "") then
+		slurm.log_info("slurm-idle: rejected interactive job '%s' of uid %u on %s",
+			tostring(job_desc.name), submit_uid, LEND_PARTITION)
+		slurm.log_user(INTERACTIVE_MESSAGE)
 		return slurm.ERROR
 	end
 	if job_desc.requeue == nil or job_desc.requeue == NO_VAL16 then

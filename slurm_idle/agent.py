@@ -14,17 +14,18 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_idle.config import Config
+from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
 from slurm_idle.journal import Journal
 from slurm_idle.lifecycle import PhaseInfo, derive_phase
 from slurm_idle.lock import lock_holder, try_lock
 from slurm_idle.logs import get_logger
+from slurm_idle.metrics.serving import SERVING_PHASES, serving_model_load
 from slurm_idle.model import (
     Action,
     ModelLoad,
@@ -46,13 +47,40 @@ log = get_logger(__name__)
 MAX_ACTION_WORKERS = 32
 
 
-def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation:
+#: Share of the tick budget observe may spend on metrics and identity checks (Slurm reads have
+#: their own command timeout): the rest is for acting, which a surge needs most.
+OBSERVE_SHARE = 0.5
+
+#: model name, replica -> whether its endpoint is the expected engine (engine.Identity).
+Identify = Callable[[str, ReplicaConfig], Any]
+
+
+def observe(
+    config: Config,
+    slurm: Any,
+    metrics: Any,
+    now: float,
+    *,
+    identify: Identify | None = None,
+    budget_s: float | None = None,
+) -> Observation:
     """Build one frozen snapshot of the pool from Slurm and the engines' metrics.
+
+    Phases come first (from Slurm), so that only the replicas we know are ours and serving
+    count: each serving-phase endpoint is checked to be the expected engine (`identify`, every
+    tick), and each model's present demand is summed over those replicas alone
+    (metrics.serving), never over a lent node's port. `budget_s` bounds the metrics calls and
+    identity checks together (each HTTP call has a total deadline within it).
 
     Python's cyclic GC is paused meanwhile: decoding and parsing 10,000 nodes' JSON allocates
     some 10^5 containers and no cycles, and the collector's passes over them cost as much CPU as
     the parsing itself. The previous GC state is restored on the way out, also on errors.
     """
+    started = time.monotonic()
+
+    def left() -> float | None:
+        return None if budget_s is None else max(0.0, budget_s - (time.monotonic() - started))
+
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -62,35 +90,63 @@ def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation
         nodes = {node.name: node for node in slurm.nodes()}
         errors: list[str] = []
         replicas = [(m.name, r) for m in config.models for r in m.replicas]
+        tag = config.slurm.tag
+        infos: dict[str, PhaseInfo] = {}
+        for _, replica in replicas:
+            node = nodes.get(replica.node)
+            if node is None:
+                errors.append(f"pool node {replica.node} is not known to Slurm (check the config)")
+                infos[replica.node] = PhaseInfo(Phase.UNKNOWN)  # nothing to act on, not an admin's
+            else:
+                infos[replica.node] = derive_phase(node, tag)
+        serving = [(m, r) for m, r in replicas if infos[r.node].phase in SERVING_PHASES]
+        foreign: dict[str, str] = {}
+        if identify is not None and serving:
+            foreign = check_identities(identify, serving, left())
+            for name, why in sorted(foreign.items()):
+                errors.append(f"{name}: its endpoint is not the expected engine ({why}): not "
+                              "counted as serving")
+        counted = {r.node for _, r in serving if r.node not in foreign}
         replica_loads: dict[str, ReplicaLoad] = {}
         model_loads: tuple[ModelLoad, ...]
         try:
-            for load in metrics.replica_loads(replicas):
+            for load in metrics.replica_loads(replicas, budget_s=left(), serving=counted):
                 replica_loads[load.node] = load
-            model_loads = tuple(metrics.model_loads(config.models, now))
+            model_loads = tuple(metrics.model_loads(config.models, now, budget_s=left(),
+                                                    serving=counted))
         except MetricsUnavailable as exc:
             errors.append(f"metrics unavailable: {exc}")
             model_loads = tuple(ModelLoad(model=m.name, known=False) for m in config.models)
+        fallen_back = getattr(metrics, "primary_error", None)
+        if fallen_back and getattr(metrics, "source", "") == "scrape":
+            errors.append(f"{fallen_back}: planned on direct scrapes of the serving replicas "
+                          "(nothing new is lent without Prometheus' history)")
+        for model_name, replica in serving:
+            if replica.node in foreign:  # its metrics are not a replica of ours: never counted
+                replica_loads[replica.node] = ReplicaLoad(
+                    model=model_name, node=replica.node, url=replica.url, known=False, foreign=True
+                )
+        counted_of: dict[str, list[ReplicaLoad | None]] = {}
+        for model_name, replica in replicas:
+            if replica.node in counted:
+                counted_of.setdefault(model_name, []).append(replica_loads.get(replica.node))
+        weight = config.policy.prompt_token_weight
+        model_loads = tuple(
+            serving_model_load(load, counted_of.get(load.model, ()), weight) for load in model_loads
+        )
         jobs_by_node: dict[str, list[SlurmJob]] = {}
         for job in jobs:
             if job.state in ACTIVE_JOB_STATES:
                 for name in job.nodes:
                     jobs_by_node.setdefault(name, []).append(job)
-        tag = config.slurm.tag
         views = []
         for model_name, replica in replicas:
             name = replica.node
-            node = nodes.get(name)
-            if node is None:
-                errors.append(f"pool node {name} is not known to Slurm (check the config)")
-                node = SlurmNode(name=name, state="unknown")
-                info = PhaseInfo(Phase.UNKNOWN)  # nothing to act on, and not an admin's either
-            else:
-                info = derive_phase(node, tag)
+            info = infos[name]
             node_jobs = jobs_by_node.get(name)
             views.append(
                 NodeView(
-                    node=node,
+                    node=nodes.get(name) or SlurmNode(name=name, state="unknown"),
                     model=model_name,
                     phase=info.phase,
                     phase_since=info.since,
@@ -99,10 +155,35 @@ def observe(config: Config, slurm: Any, metrics: Any, now: float) -> Observation
                     replica=replica_loads.get(name),
                 )
             )
-        return Observation(now=now, nodes=tuple(views), models=model_loads, errors=tuple(errors))
+        return Observation(now=now, nodes=tuple(views), models=model_loads, errors=tuple(errors),
+                           metrics_source=str(getattr(metrics, "source", "")))
     finally:
         if collecting:
             gc.enable()
+
+
+def check_identities(
+    identify: Identify, serving: Sequence[tuple[str, ReplicaConfig]], budget_s: float | None
+) -> dict[str, str]:
+    """node -> why, for the serving replicas whose endpoint proved not to be the expected
+    engine. Checked in parallel; a check that does not answer within `budget_s` tells nothing
+    (the replica's metrics decide, as before), only a definite "not ours" excludes it."""
+    pool = ThreadPoolExecutor(max_workers=max(1, min(len(serving), MAX_ACTION_WORKERS)))
+    try:
+        futures = {pool.submit(identify, m, r): r.node for m, r in serving}
+        done, _ = wait(futures, timeout=budget_s)
+        foreign = {}
+        for future in done:
+            try:
+                identity = future.result()
+            except Exception as exc:  # noqa: BLE001 - a probe bug tells nothing either way
+                log.warning("%s: identity check failed: %s", futures[future], exc)
+                continue
+            if identity.ours is False:
+                foreign[futures[future]] = identity.why
+        return foreign
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _log_observation(obs: Observation) -> None:
@@ -188,8 +269,16 @@ class Agent:
         if self.journal is None:
             self.journal = Journal(Path(self.config.paths.journal))
 
-    def observe(self) -> Observation:
-        return observe(self.config, self.slurm, self.metrics, self.clock())
+    def observe(self, budget_s: float | None = None) -> Observation:
+        return observe(self.config, self.slurm, self.metrics, self.clock(),
+                       identify=self._identify, budget_s=budget_s)
+
+    def _identify(self, model: str, replica: ReplicaConfig) -> Any:
+        """The model's engine's identity check of one replica (engines without one: ours)."""
+        from slurm_idle.engine import Identity
+
+        check = getattr(self.engine_for(model), "identify", None)
+        return check(replica) if check is not None else Identity(True, "engine cannot tell")
 
     def tick(self, dry_run: bool = False) -> TickResult:
         """One reconcile pass under the lock. A second concurrent tick returns at once."""
@@ -199,12 +288,16 @@ class Agent:
                 return TickResult(None, locked_out=f"another tick is running (pid {holder or '?'})")
             return self._tick_locked(dry_run)
 
-    def run_actions(self, actions: Sequence[Action], observation: Observation) -> list[StepResult]:
+    def run_actions(
+        self, actions: Sequence[Action], observation: Observation, deadline: float | None = None
+    ) -> list[StepResult]:
         """Apply actions (admin commands use this too), a thread per node up to `max_workers`,
-        within the budget."""
-        deadline = self.clock() + self.config.timeouts.tick_budget_s
+        by `deadline` (default: the tick budget from now)."""
+        if deadline is None:
+            deadline = self.clock() + self.config.timeouts.tick_budget_s
         driver = NodeDriver(
-            self.config, self.slurm, self.engine_for, self.clock, self.sleep, on_step=self._journal_step
+            self.config, self.slurm, self.engine_for, self.clock, self.sleep,
+            on_step=self._journal_step, on_event=self._journal_event,
         )
         views = {v.name: v for v in observation.nodes}
         todo = [(views[a.node], a) for a in actions if a.node in views]
@@ -220,7 +313,9 @@ class Agent:
         started = self.clock()
         result = TickResult(None, started=started)
         try:
-            obs = self.observe()
+            # One budget for the whole tick: observe may use part of it, acting has the rest.
+            budget_s = self.config.timeouts.tick_budget_s
+            obs = self.observe(budget_s=budget_s * OBSERVE_SHARE)
             result.observation = obs
             for problem in obs.errors:
                 log.warning("%s", problem)
@@ -232,7 +327,7 @@ class Agent:
                 log.info("plan: %s %s (%s -> %s): %s", action.kind.value, action.node,
                          action.from_phase.value, action.to_phase.value, action.reason)
             if not dry_run:
-                result.steps = self.run_actions(result.actions, obs)
+                result.steps = self.run_actions(result.actions, obs, deadline=started + budget_s)
         except SlurmIdleError as exc:
             result.error = str(exc)
             log.error("tick failed: %s", exc)
@@ -249,6 +344,11 @@ class Agent:
     def _journal_step(self, step: StepResult) -> None:
         assert self.journal is not None
         self.journal.append(step.record())
+
+    def _journal_event(self, record: dict[str, Any]) -> None:
+        """What a reclaim did to one job (eviction.py: signalled, requeued, cancelled, error)."""
+        assert self.journal is not None
+        self.journal.append(record)
 
     def _journal_tick(self, result: TickResult, started: float) -> None:
         assert self.journal is not None

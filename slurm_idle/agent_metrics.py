@@ -43,7 +43,14 @@ METRICS: dict[str, tuple[str, str]] = {
     "slurm_idle_needed_replicas": ("gauge", "Replicas the planner says the traffic needs."),
     "slurm_idle_serving_replicas": ("gauge", "Replicas serving after the last tick."),
     "slurm_idle_min_serving_replicas": ("gauge", "Configured floor of serving replicas."),
+    "slurm_idle_metrics_source": (
+        "gauge",
+        "1 for the metrics source the last tick planned on: prometheus, scrape, or none.",
+    ),
 }
+
+#: Label values of slurm_idle_metrics_source (metrics.fallback), all written so none vanishes.
+METRICS_SOURCES = ("prometheus", "scrape", "none")
 
 
 def write_textfile(
@@ -57,6 +64,7 @@ def write_textfile(
     transitions: Iterable[tuple[str, str]],
     tick_error: bool,
     floors: Mapping[str, int] | None = None,
+    metrics_source: str | None = None,
 ) -> None:
     """Write the agent's metrics for this tick, carrying the counters over from the last file.
 
@@ -76,6 +84,7 @@ def write_textfile(
         tick_error=tick_error,
         floors=floors or {},
         previous=previous,
+        metrics_source=metrics_source,
     )
     atomic_write(target, text)
 
@@ -91,6 +100,7 @@ def render(
     tick_error: bool,
     floors: Mapping[str, int],
     previous: Counters,
+    metrics_source: str | None = None,
 ) -> str:
     """The textfile's content (pure): previous counters + this tick's increments."""
     # Every phase appears, so a phase that empties reads 0 rather than vanishing; when the
@@ -111,6 +121,10 @@ def render(
         "slurm_idle_needed_replicas": [({"model": m}, n) for m, n in sorted(needed.items())],
         "slurm_idle_serving_replicas": [({"model": m}, n) for m, n in sorted(serving.items())],
         "slurm_idle_min_serving_replicas": [({"model": m}, n) for m, n in sorted(floors.items())],
+        # one-hot over the sources; no sample when the source does not say (a single source)
+        "slurm_idle_metrics_source": [
+            ({"source": s}, float(s == metrics_source)) for s in METRICS_SOURCES
+        ] if metrics_source in METRICS_SOURCES else [],
     }
     # HELP/TYPE even without samples: every family is declared in every file.
     lines = [line for name in METRICS for line in _family_lines(name, samples[name])]

@@ -53,7 +53,22 @@ class SlurmConfig(_Strict):
     # requeues at once. Other jobs (plain sbatch scripts end with their step, which would make
     # them COMPLETED/FAILED) are requeued at once and get Slurm's KillWait to checkpoint.
     requeue_grace_s: float = Field(30.0, ge=0)
+    # At reclaim, a plain sbatch job without its own `--signal` (read from its batch script)
+    # gets this one, in sbatch's form (`B:USR2` to the batch shell, `USR2` to its steps), then
+    # requeue_grace_s, then the requeue; unset: requeued at once (SIGTERM, KillWait, SIGKILL).
+    # srun/salloc jobs (Slurm cannot requeue them) get it too, or SIGTERM, then are cancelled.
+    default_job_signal: str | None = None
     bin_dir: str | None = None  # where sinfo/scontrol/... live, if not on PATH
+
+    @field_validator("default_job_signal")
+    @classmethod
+    def _signal_form(cls, value: str | None) -> str | None:
+        from slurm_idle.slurm.parse import parse_signal_option
+
+        if value is not None and parse_signal_option(value) is None:
+            raise ValueError(f"{value!r} is not a signal in sbatch's --signal form "
+                             "(e.g. USR2, B:USR2, TERM)")
+        return value
 
 
 class MetricsConfig(_Strict):
@@ -72,6 +87,9 @@ class MetricsConfig(_Strict):
     scrape_state: str | None = None
     scrape_interval_s: float = Field(1.0, gt=0)
     scrape_timeout_s: float = Field(5.0, gt=0)
+    # source: prometheus only: when Prometheus does not answer, scrape the serving replicas'
+    # /metrics directly in the same tick (enough to reclaim; nothing is lent on it).
+    fallback_scrape: bool = True
 
 
 class EngineConfig(_Strict):
@@ -230,6 +248,9 @@ class PolicyConfig(_Strict):
     # reclaims of models under queue / KV-cache / TTFT pressure (0: no fast check).
     tick_interval_s: int = Field(60, ge=1)
     fast_interval_s: int = Field(10, ge=0)
+    # Like Slurm's PreemptExemptTime: a lent node running a job younger than this is reclaimed
+    # last, only when no other lent node can be (service still comes first); 0 turns it off.
+    min_job_runtime_s: float = Field(0.0, ge=0)
 
     @field_validator("lending_windows")
     @classmethod

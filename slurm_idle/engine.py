@@ -22,19 +22,24 @@ import json
 import re
 import shlex
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from slurm_idle import httpdeadline
 from slurm_idle.config import EngineConfig, ReplicaConfig
+from slurm_idle.engine_version import relied_on, supports, version_from_body
 from slurm_idle.errors import CommandError, EngineError
+from slurm_idle.logs import get_logger
 from slurm_idle.slurm.runner import TIMEOUT_RC, CommandRunner, SubprocessRunner
 
+log = get_logger(__name__)
+
 Clock = Callable[[], float]
+#: Replies of /health, /metrics, /v1/models, /sleep are small; a bigger body is cut here.
+MAX_BODY_BYTES = 8 * 1024 * 1024
 Sleep = Callable[[float], None]
 
 
@@ -72,20 +77,18 @@ class HttpClient(Protocol):
 
 
 class UrllibClient:
-    """The real HTTP client (stdlib): any status is returned, connection errors raise."""
+    """The real HTTP client: any status is returned, no answer raises. `timeout` is the whole
+    request's deadline (connect, headers, body), not each read's: a replica trickling its
+    answer cannot hold a tick (httpdeadline)."""
 
     def request(self, method: str, url: str, timeout: float) -> HttpResponse:
-        req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return HttpResponse(resp.status, resp.read())
-        except urllib.error.HTTPError as exc:
-            return HttpResponse(exc.code, exc.read() or b"")
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, TimeoutError):
-                raise HttpTimeout(f"{method} {url}: no answer within {timeout:g} s") from None
-            raise EngineError(f"{method} {url}: {reason}") from None
+            status, body = httpdeadline.request(method, url, timeout, MAX_BODY_BYTES)
+        except httpdeadline.DeadlineExceeded:
+            raise HttpTimeout(f"{method} {url}: no answer within {timeout:g} s") from None
+        except OSError as exc:
+            raise EngineError(str(exc)) from None
+        return HttpResponse(status, body)
 
 
 # --- health --------------------------------------------------------------------------------
@@ -100,10 +103,35 @@ class EngineHealth:
     running: float | None = None  # requests in model execution, summed over engines
     error: str | None = None
     waiting: float | None = None  # requests queued for execution, summed over engines
+    # Why the endpoint is not the expected engine (another server on the port, our container
+    # not running...), None when it proved to be ours: a foreign /health 200 is not serving.
+    foreign: str | None = None
 
     @property
     def serving(self) -> bool:
-        return self.up and self.awake is not False
+        return self.up and self.awake is not False and self.foreign is None
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Whether a replica's endpoint is the engine we expect: `ours` True when proven, False
+    when proven not (`why` says how), None when it could not be told (no answer in time)."""
+
+    ours: bool | None
+    why: str = ""
+
+
+def parse_model_ids(body: bytes) -> list[str] | None:
+    """The model ids of an OpenAI `/v1/models` answer (`{"data": [{"id": ...}]}`), or None
+    when the body is not such a list."""
+    try:
+        doc = json.loads(body or b"null")
+    except ValueError:
+        return None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [str(item["id"]) for item in data if isinstance(item, dict) and "id" in item]
 
 
 @dataclass(frozen=True)
@@ -158,11 +186,31 @@ def _endpoint(replica: ReplicaConfig, path: str) -> str:
 
 
 class HttpProbe:
-    """Reads /health, /is_sleeping and /metrics of a replica."""
+    """Reads /health, /is_sleeping, /metrics and /v1/models of a replica."""
 
     def __init__(self, http: HttpClient, timeout_s: float) -> None:
         self.http = http
         self.timeout_s = timeout_s
+
+    def identify(self, replica: ReplicaConfig, model: str) -> Identity:
+        """Whether the endpoint serves `model` (its `/v1/models` lists it). vLLM lists its
+        served model names there; anything else answering on the port (a job's leftover
+        server, a fake exporter) does not, or not in that shape."""
+        if not model:
+            return Identity(True, "no model name to check")
+        try:
+            resp = self.get(replica, "/v1/models")
+        except EngineError as exc:
+            return Identity(None, f"/v1/models did not answer ({exc})")
+        if resp.status != 200:
+            return Identity(False, f"/v1/models answered HTTP {resp.status}")
+        ids = parse_model_ids(resp.body)
+        if ids is None:
+            return Identity(False, "/v1/models is not an OpenAI model list")
+        if model not in ids:
+            listed = ", ".join(ids[:3]) or "nothing"
+            return Identity(False, f"/v1/models lists {listed}, not {model}")
+        return Identity(True)
 
     def get(self, replica: ReplicaConfig, path: str) -> HttpResponse:
         return self.http.request("GET", _endpoint(replica, path), self.timeout_s)
@@ -173,6 +221,14 @@ class HttpProbe:
         except EngineError:
             return None
         return parse_is_sleeping(resp.body) if resp.status == 200 else None
+
+    def version(self, replica: ReplicaConfig) -> str | None:
+        """The server's vLLM version from `GET /version`, None when it does not say."""
+        try:
+            resp = self.get(replica, "/version")
+        except EngineError:
+            return None
+        return version_from_body(resp.body) if resp.status == 200 else None
 
     def metrics(self, replica: ReplicaConfig) -> MetricsReading | None:
         try:
@@ -217,14 +273,62 @@ class EngineControl(Protocol):
 
     def in_flight(self, replica: ReplicaConfig) -> float | None: ...
 
+    def identify(self, replica: ReplicaConfig) -> Identity: ...
+
 
 class _HttpHealth:
-    """health() and in_flight() shared by every engine kind."""
+    """health(), identify(), in_flight() and the old-vLLM drain shared by every engine kind."""
 
     probe: HttpProbe
+    model: str
+    config: EngineConfig
+    clock: Clock = staticmethod(time.monotonic)
+    sleep: Sleep = staticmethod(time.sleep)
+    drain_poll_s: float = 0.5
+
+    def identify(self, replica: ReplicaConfig) -> Identity:
+        """Whether the endpoint is this model's engine (see HttpProbe.identify)."""
+        return self.probe.identify(replica, self.model)
 
     def health(self, replica: ReplicaConfig) -> EngineHealth:
-        return self.probe.health(replica)
+        """/health, awake, in flight; and a 200 counts as serving only from the expected
+        engine: an endpoint not proven ours is `foreign` (a start is then still issued)."""
+        health = self.probe.health(replica)
+        if not health.up:
+            return health
+        identity = self.identify(replica)
+        if identity.ours:
+            return health
+        return replace(health, foreign=identity.why or "not confirmed to be the expected engine")
+
+    def version(self, replica: ReplicaConfig) -> str | None:
+        return self.probe.version(replica)
+
+    def drain_if_old(self, replica: ReplicaConfig, given_s: float | None) -> float | None:
+        """Before a stop or sleep: when the server's vLLM lacks what this engine kind relies on
+        to keep in-flight requests (`mode=wait` < 0.17, `--shutdown-timeout` < 0.18) or does
+        not say its version, wait until nothing is in flight, up to engine.drain_timeout_s.
+        The caller's time running out first is an EngineDeadline (asked again next tick); the
+        drain window running out is not: the stop goes ahead, as RETIRING's own drain does.
+        Returns the caller's time left for the stop itself (unchanged when nothing waited)."""
+        feature = relied_on(self.config)
+        version = self.version(replica)
+        if supports(version, feature) or wait_until_idle(self, replica, 0.0, self.clock, self.sleep):
+            return given_s  # nothing in flight (or a server that is down): nothing to drain
+        started = self.clock()
+        limit, cut = _limit(self.config.drain_timeout_s, given_s)
+        drained = wait_until_idle(self, replica, limit, self.clock, self.sleep, self.drain_poll_s)
+        left = None if given_s is None else max(0.0, given_s - (self.clock() - started))
+        if drained:
+            return left
+        if cut:
+            raise EngineDeadline(
+                f"{replica.node}: vLLM {version or '(version unknown)'} lacks {feature.name}: "
+                "requests still in flight at the tick's deadline; the next tick drains on")
+        log.warning("%s: vLLM %s lacks %s and requests are still in flight after the %.0f s "
+                    "drain window; stopping anyway", replica.node, version or "(version unknown)",
+                    feature.name, limit)
+        return left
 
     def in_flight(self, replica: ReplicaConfig) -> float | None:
         """Requests running or waiting now; None when the replica is down or its metrics
@@ -284,9 +388,10 @@ class CommandEngine(_HttpHealth):
 
     def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
         # Always run: an admin stop command is idempotent, and a hung server whose /health
-        # no longer answers still has to be stopped.
+        # no longer answers still has to be stopped (a down server has nothing to drain).
         assert self.config.stop_command
-        self._shell("stop", self.config.stop_command, replica, self.config.stop_timeout_s + 30, timeout_s)
+        left = self.drain_if_old(replica, timeout_s)
+        self._shell("stop", self.config.stop_command, replica, self.config.stop_timeout_s + 30, left)
 
 
 def container_name(template: str, node: str, model: str = "") -> str:
@@ -344,6 +449,18 @@ class DockerEngine(_HttpHealth):
         """The container's state: running, exited, created, ..."""
         return str(self.container(replica).status)
 
+    def identify(self, replica: ReplicaConfig) -> Identity:
+        """Ours only while our container runs and its endpoint lists the model: whatever
+        answers on the port while the container is stopped is someone else's."""
+        try:
+            container = self.container(replica)
+        except EngineError as exc:
+            return Identity(False, str(exc))
+        if container.status != "running":
+            return Identity(False, f"container {container.name} is {container.status}, so what "
+                                   "answers on the port is not it")
+        return super().identify(replica)
+
     def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
         # `docker start` returns once the process runs; health is waited for by the caller.
         import docker
@@ -362,6 +479,7 @@ class DockerEngine(_HttpHealth):
         container = self.container(replica)
         if container.status not in {"running", "restarting", "paused"}:
             return
+        timeout_s = self.drain_if_old(replica, timeout_s)
         # SIGTERM, then SIGKILL after the grace: the server's clean exit. The grace is cut to
         # the caller's time left, so a stop never holds the tick past its deadline; in-flight
         # requests were already drained while RETIRING, and the kernel frees the GPUs either way.
@@ -382,8 +500,10 @@ class HttpSleepEngine(_HttpHealth):
         clock: Clock = time.monotonic,
         sleep: Sleep = time.sleep,
         poll_s: float = 0.2,
+        model: str = "",
     ) -> None:
         self.config = config
+        self.model = model
         self.http = http or UrllibClient()
         self.probe = HttpProbe(self.http, config.http_timeout_s)
         self.clock = clock
@@ -457,7 +577,9 @@ class HttpSleepEngine(_HttpHealth):
                 f"{replica.node}: vLLM at {replica.url} does not answer ({health.error or 'no /health'}); "
                 "cannot confirm it released the GPUs, not lending"
             )
-        # mode=wait lets in-flight requests finish (vLLM's default, abort, would drop them).
+        # mode=wait lets in-flight requests finish (vLLM's default, abort, would drop them);
+        # a server older than 0.17 ignores it, so it is drained by in-flight count first.
+        self.drain_if_old(replica, self._left(end))
         timeout = self.config.drain_timeout_s + self.config.stop_timeout_s
         self._post_within(replica, f"/sleep?level={self.config.sleep_level}&mode=wait", timeout, end)
         self._await_sleeping(replica, True, self.config.stop_timeout_s, end)
@@ -476,14 +598,22 @@ def make_engine(
         return CommandEngine(config, model, runner=runner, http=http)
     if config.kind == "docker":
         return DockerEngine(config, model, client=docker_client, http=http)
-    return HttpSleepEngine(config, http=http)
+    return HttpSleepEngine(config, http=http, model=model)
 
 
 # --- waiting helpers for the agent ---------------------------------------------------------
 
 
+class Drainable(Protocol):
+    """What waiting for a replica to drain reads: requests in flight and health."""
+
+    def health(self, replica: ReplicaConfig) -> EngineHealth: ...
+
+    def in_flight(self, replica: ReplicaConfig) -> float | None: ...
+
+
 def wait_until_idle(
-    engine: EngineControl,
+    engine: Drainable,
     replica: ReplicaConfig,
     timeout_s: float,
     clock: Clock = time.monotonic,

@@ -122,7 +122,13 @@ class JobSpec(_Strict):
     mem: str | None = None  # Slurm syntax: 4096 (MiB), 16G, ...
     time: str | None = None  # Slurm syntax: 30, 2:00:00, 1-12:00:00
     mounts: Mounts = Mounts()
-    max_restarts: int = Field(20, ge=0)  # a job requeued more often than this fails
+    # A job restarted more often than this fails. Preemptions and retries never count (the
+    # runner records why each run ended, see runlog.py): time-limit requeues and killed runs do.
+    max_restarts: int = Field(20, ge=0)
+    # A run whose container fails is retried this many times (requeued, after
+    # retry_backoff_s, doubled each time, capped at 10 min); preemptions never use one up.
+    retries: int = Field(0, ge=0, le=100)
+    retry_backoff_s: float = Field(10.0, ge=0, le=600)
     # SIGTERM -> wait this long -> stop the container. Must be below the site's
     # slurm.requeue_grace_s (checked at submit) and the idle partition's GraceTime.
     grace_s: float = Field(30.0, ge=0)
@@ -375,9 +381,16 @@ def sbatch_args(spec: JobSpec, opts: SubmitOptions = SubmitOptions()) -> list[st
     return args
 
 
+_OMIT_WHEN_DEFAULT = ("retries", "retry_backoff_s")
+
+
 def encode_spec(spec: JobSpec) -> str:
     """The spec as base64 of its JSON: a shell-inert word that carries any user string."""
-    raw = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    data = spec.model_dump(mode="json")
+    for key in _OMIT_WHEN_DEFAULT:  # scripts of specs without them stay byte-identical
+        if data.get(key) == JobSpec.model_fields[key].default:
+            data.pop(key, None)
+    raw = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return base64.b64encode(raw.encode()).decode()
 
 

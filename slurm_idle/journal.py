@@ -11,6 +11,10 @@
     {"event": "tick", "time": ..., "ts": ..., "duration_s": 1.3, "actions": 2, "errors": 0,
      "dry_run": false, "phases": {"serving": 2, "lent": 2}, "needed": {"m": 2},
      "serving": {"m": 2}, "error": "..." (only if the tick itself failed)}
+  job record (what a reclaim did to one job on the node, eviction.py):
+    {"event": "job", "time": ..., "ts": ..., "node": "gpu1", "job_id": 42,
+     "kind": "container" | "plain" | "interactive",
+     "action": "signalled" | "requeued" | "cancelled" | "error", "detail": "..."}
 """
 
 from __future__ import annotations

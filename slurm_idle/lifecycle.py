@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.journal import iso
 from slurm_idle.model import Phase, SlurmNode
+from slurm_idle.powersave import powered_only
 
 #: Phases that are written into a drained node's Reason.
 DRAINED_PHASES = frozenset(
@@ -111,22 +112,31 @@ def is_ours(text: str, tag: str) -> bool:
 
 
 def derive_phase(node: SlurmNode, tag: str) -> PhaseInfo:
-    """Read our phase back from what Slurm shows; never claim a node an admin holds."""
+    """Read our phase back from what Slurm shows; never claim a node an admin holds.
+
+    Power saving: a node Slurm powered down (or is powering down or up) carries no Reason of
+    its own, so its power flags alone do not make it an admin's. A lent node stays LENT
+    whatever its power state (its Comment says so; reclaim powers it up), and a node we are
+    reclaiming stays RECLAIMING while it powers up. A powered-off node in any other phase of
+    ours has no engine to serve from: UNKNOWN, as a dead node with our Reason.
+    """
     reason = node.reason.strip()
-    if node.drained or node.down:
+    powered = powered_only(node)
+    down = node.down and not powered
+    if node.drained or down:
         if not is_ours(reason, tag):
             return PhaseInfo(Phase.ADMIN)
         word = reason[len(tag) + 1 :].split(" ", 1)[0]
         pinned = " pinned" in reason
         since = _parse_since(reason)
-        if node.down:
+        if down:
             # Our reason on a dead node: we cannot act on it until it answers again.
             return PhaseInfo(Phase.UNKNOWN, since, pinned)
         try:
             phase = Phase(word)
         except ValueError:
             return PhaseInfo(Phase.UNKNOWN, since, pinned)
-        if phase not in DRAINED_PHASES:
+        if phase not in DRAINED_PHASES or (powered and phase is not Phase.RECLAIMING):
             return PhaseInfo(Phase.UNKNOWN, since, pinned)
         return PhaseInfo(phase, since, pinned)
     # A lend keeps an admin's Comment after ours (`<ours> | <theirs>`): read only our part, so

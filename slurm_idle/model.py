@@ -71,6 +71,9 @@ class SlurmJob:
     comment: str = ""
     user: str = ""
     state_reason: str = ""
+    # A batch job (sbatch). srun/salloc jobs are not: Slurm refuses to requeue them ("Only
+    # batch jobs are accepted"), so a reclaim signals them, waits the grace, then cancels them.
+    batch: bool = True
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,9 @@ class ReplicaLoad:
     ttft_p95_s: float | None = None
     queue_time_p95_s: float | None = None
     healthy: bool | None = None  # /health answered 200 (None: not checked this tick)
+    # The endpoint proved not to be the expected engine this tick (agent.observe's identity
+    # check): it serves nothing of ours whatever its phase says, like a sleeping one.
+    foreign: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,9 @@ class Observation:
     nodes: tuple[NodeView, ...]
     models: tuple[ModelLoad, ...] = ()
     errors: tuple[str, ...] = ()  # observation problems worth reporting (e.g. metrics down)
+    # Which metrics source answered: prometheus | scrape (the fallback) | none; "" when the
+    # source does not say (a single configured source)
+    metrics_source: str = ""
 
     def model_load(self, model: str) -> ModelLoad | None:
         for load in self.models:

@@ -8,7 +8,9 @@ failed step makes Slurm cancel everything downstream. The ids are recorded in a 
 file (see `state_dir`), which `pipeline status` and `pipeline cancel` read to act on the DAG.
 
 Parsing, ordering and status explanation are pure; submission goes through the narrow
-`Submitter` protocol (the Slurm adapter, or a fake in tests).
+`Submitter` protocol (the Slurm adapter, or a fake in tests). Parameters, `matrix:` fan-out
+and `outputs:` -> `/inputs/<step>` are expanded by pipeline_expand; `pipeline retry` lives in
+pipeline_retry (it resubmits the batch scripts this module records).
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ from slurm_idle.jobs import (
     sbatch_args,
 )
 from slurm_idle.model import SlurmJob
+from slurm_idle.pipeline_expand import (
+    ParamValue,
+    data_mounts,
+    instance_names,
+    matrix_rows,
+    outputs_target,
+    resolve_params,
+    template,
+)
 
 #: Job states after which a step will never run again (afterok then never holds).
 FAILED_STATES = frozenset(
@@ -62,6 +73,16 @@ class StepSpec(_Strict):
     depends_on: tuple[str, ...] = ()
     file: str | None = None
     job: dict[str, Any] = Field(default_factory=dict)
+    retries: int | None = Field(None, ge=0, le=100)  # the job's `retries` (failures only)
+    outputs: bool | str = False  # True: /outputs; mounted as inputs/<step> of dependents
+    matrix: dict[str, tuple[ParamValue, ...]] | None = None  # fan-out, see pipeline_expand
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, value: bool | str) -> bool | str:
+        if isinstance(value, str) and not value.startswith("/"):
+            raise ValueError(f"outputs must be true or an absolute container path, got {value!r}")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -76,7 +97,16 @@ class PipelineSpec(_Strict):
 
     name: str
     defaults: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, ParamValue] = Field(default_factory=dict)  # `-p NAME=VALUE` overrides
+    data_dir: str | None = None  # where step outputs live (shared storage); {pipeline} expands
     steps: tuple[StepSpec, ...] = Field(..., min_length=1)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"data_dir must be an absolute path, got {value!r}")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -94,12 +124,15 @@ class Step:
     depends_on: tuple[str, ...]
     spec: JobSpec
     job_name: str
+    group: str = ""  # the YAML step a matrix job came from ("" : the step itself)
+    matrix: tuple[tuple[str, ParamValue], ...] = ()
 
 
 @dataclass(frozen=True)
 class Pipeline:
     name: str
     steps: tuple[Step, ...]  # in a valid submission (topological) order
+    params: tuple[tuple[str, ParamValue], ...] = ()
 
     def step(self, name: str) -> Step:
         return next(s for s in self.steps if s.name == name)
@@ -189,9 +222,12 @@ def topo_order(deps: Mapping[str, Sequence[str]]) -> list[str]:
 
 
 def parse_pipeline(
-    data: Any, source: str = "<pipeline>", load_file: Callable[[str], Any] | None = None
+    data: Any,
+    source: str = "<pipeline>",
+    load_file: Callable[[str], Any] | None = None,
+    overrides: Mapping[str, str] | None = None,
 ) -> Pipeline:
-    """Validate a pipeline mapping and resolve every step to a JobSpec."""
+    """Validate a pipeline mapping and resolve every step (each matrix job) to a JobSpec."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: a pipeline must be a mapping")
     try:
@@ -202,40 +238,76 @@ def parse_pipeline(
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"{source}: step names must be unique, repeated: {', '.join(dupes)}")
+    try:
+        params = resolve_params(spec.params, overrides or {})
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     order = topo_order({s.name: s.depends_on for s in spec.steps})
     by_name = {s.name: s for s in spec.steps}
-    names_of = job_names(spec.name, names)
+    rows = {n: matrix_rows(by_name[n].matrix) for n in names}
+    instances = {n: instance_names(n, rows[n]) for n in names}
+    all_names = [i for n in names for i in instances[n]]
+    clash = sorted(set(all_names) & set(names) - {n for n in names if instances[n] == [n]})
+    if clash or len(set(all_names)) != len(all_names):
+        raise ConfigError(f"{source}: matrix job names collide with step names: "
+                          f"{', '.join(clash) or 'rename the steps'}")
+    names_of = job_names(spec.name, all_names)
+    data_dir = spec.data_dir.replace("{pipeline}", spec.name) if spec.data_dir else None
     steps = []
     for name in order:
         st = by_name[name]
-        fields: dict[str, Any] = dict(spec.defaults)
-        try:
-            if st.file:
-                if load_file is None:
-                    raise ConfigError(f"refers to {st.file} but no file loader")
-                ref = load_file(st.file)
-                if not isinstance(ref, Mapping):
-                    raise ConfigError(f"{st.file} is not a job spec mapping")
-                try:
-                    fields = _merge(fields, ref)
-                except ConfigError as exc:
-                    raise ConfigError(f"{st.file}: {exc}") from None
-            fields = _merge(fields, st.job)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: step {name!r}: {exc}") from None
-        fields["name"] = names_of[name]
-        fields = _substitute(fields, {"pipeline": spec.name, "step": name})
-        job = parse_job_spec(fields, source=f"{source}: step {name!r}")
-        steps.append(Step(name, st.depends_on, job, job.name))
-    return Pipeline(spec.name, tuple(steps))
+        ups = tuple(i for u in st.depends_on for i in instances[u])
+        with_outputs = [u for u in st.depends_on if by_name[u].outputs is not False]
+        for index, (inst, row) in enumerate(zip(instances[name], rows[name], strict=True)):
+            where = f"{source}: step {inst!r}"
+            fields = _step_fields(spec, st, load_file, where)
+            if st.retries is not None:
+                fields["retries"] = st.retries
+            try:
+                fields = template(fields, {"params": params, "matrix": row})
+                fields = data_mounts(
+                    fields, data_dir=data_dir, step=name,
+                    index=index if st.matrix else None,
+                    outputs=outputs_target(st.outputs), upstream_outputs=with_outputs,
+                )
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+            fields["name"] = names_of[inst]
+            fields = _substitute(fields, {"pipeline": spec.name, "step": inst})
+            job = parse_job_spec(fields, source=where)
+            steps.append(Step(inst, ups, job, job.name, group=name if st.matrix else "",
+                              matrix=tuple(row.items())))
+    return Pipeline(spec.name, tuple(steps), tuple(params.items()))
 
 
-def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
+def _step_fields(spec: PipelineSpec, st: StepSpec, load_file: Callable[[str], Any] | None,
+                 where: str) -> dict[str, Any]:
+    """defaults < referenced file < inline job."""
+    fields: dict[str, Any] = dict(spec.defaults)
+    try:
+        if st.file:
+            if load_file is None:
+                raise ConfigError(f"refers to {st.file} but no file loader")
+            ref = load_file(st.file)
+            if not isinstance(ref, Mapping):
+                raise ConfigError(f"{st.file} is not a job spec mapping")
+            try:
+                fields = _merge(fields, ref)
+            except ConfigError as exc:
+                raise ConfigError(f"{st.file}: {exc}") from None
+        return _merge(fields, st.job)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def load_pipeline(
+    path: str | os.PathLike[str], overrides: Mapping[str, str] | None = None
+) -> Pipeline:
     """Read a pipeline YAML; step `file:` references are relative to it."""
     p = Path(path)
     base = p.resolve().parent
     return parse_pipeline(
-        read_yaml(p), source=str(p), load_file=lambda f: read_yaml(base / f)
+        read_yaml(p), source=str(p), load_file=lambda f: read_yaml(base / f), overrides=overrides
     )
 
 
@@ -304,12 +376,22 @@ def _write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
-def record_job(root: Path, job_id: int, spec: JobSpec, now: float) -> None:
-    """Remember where a submitted job checkpoints, for `slurm-idle jobs`."""
+def record_job(root: Path, job_id: int, spec: JobSpec, now: float,
+               job_name: str | None = None) -> None:
+    """Remember where a submitted job checkpoints and logs, for `slurm-idle jobs` and `web`."""
     ckpt = spec.mounts.checkpoint
     ckpt_dir = ckpt.source.replace("{job_id}", str(job_id)) if ckpt else None
+    log = log_path(spec.log, job_id, job_name or spec.name, os.getcwd())
     _write_json(root / "jobs" / f"{job_id}.json",
-                {"job_id": job_id, "name": spec.name, "checkpoint": ckpt_dir, "submitted_at": now})
+                {"job_id": job_id, "name": spec.name, "checkpoint": ckpt_dir, "log": log,
+                 "submitted_at": now})
+
+
+def log_path(log: str, job_id: int, job_name: str, cwd: str) -> str:
+    """The file sbatch writes for `--output=log`: %j, %x and %% expanded, relative to cwd."""
+    path = log.replace("%%", "\0").replace("%j", str(job_id)).replace("%x", job_name)
+    path = path.replace("\0", "%")
+    return path if os.path.isabs(path) else os.path.join(cwd, path)
 
 
 def job_record(root: Path, job_id: int) -> dict[str, Any] | None:
@@ -321,16 +403,32 @@ def job_record(root: Path, job_id: int) -> dict[str, Any] | None:
 
 
 def record_pipeline(root: Path, pipeline: Pipeline, ids: Mapping[str, int], now: float,
-                    source: str = "") -> Path:
+                    source: str = "", opts: SubmitOptions | None = None) -> Path:
+    """The run's record. With `opts`, each step's batch script too: `pipeline retry`
+    resubmits exactly what ran, even when the file or the -p parameters changed since."""
     path = root / "pipelines" / f"{pipeline.name}.json"
-    _write_json(path, {
+    steps = []
+    for s in pipeline.steps:
+        row: dict[str, Any] = {"name": s.name, "job_id": ids[s.name],
+                               "depends_on": list(s.depends_on), "group": s.group or s.name}
+        if s.matrix:
+            row["matrix"] = dict(s.matrix)
+        if opts is not None:
+            row["script"] = render_script(s.spec, step_options(pipeline, s, opts))
+        steps.append(row)
+    write_record(path, {
         "pipeline": pipeline.name,
         "file": source,
         "submitted_at": now,
-        "steps": [{"name": s.name, "job_id": ids[s.name], "depends_on": list(s.depends_on)}
-                  for s in pipeline.steps],
+        "params": dict(pipeline.params),
+        "attempt": 1,
+        "steps": steps,
     })
     return path
+
+
+def write_record(path: Path, record: Mapping[str, Any]) -> None:
+    _write_json(path, dict(record))
 
 
 def read_pipeline_record(root: Path, name: str) -> dict[str, Any]:
@@ -409,3 +507,26 @@ def cancel_pipeline(record: Mapping[str, Any], slurm: Submitter) -> list[int]:
     ids = [int(s["job_id"]) for s in record["steps"]]
     slurm.cancel(ids)
     return ids
+
+
+def live_status(record: Mapping[str, Any], slurm: Any) -> list[StepStatus]:
+    """pipeline_status with the backend's accounting for steps squeue no longer shows."""
+    since = float(record.get("submitted_at", 0)) - 60
+
+    def accounting(ids: list[int]) -> dict[int, str]:
+        return {a.job_id: a.state for a in slurm.accounting(since, None, job_ids=ids)}
+
+    return pipeline_status(record, slurm, accounting)
+
+
+def pipeline_records(root: Path) -> list[dict[str, Any]]:
+    """Every readable pipeline record of this state dir, newest first."""
+    out = []
+    for path in sorted((root / "pipelines").glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("steps"), list):
+            out.append(data)
+    return sorted(out, key=lambda r: -float(r.get("retried_at") or r.get("submitted_at") or 0))

@@ -26,6 +26,16 @@ Exit codes (the step's exit code; the job's is the same unless Slurm requeues it
   0    the container exited 0              N    the container failed with exit code N
   143  stopped by SIGTERM (preempted)      75   time limit near: checkpointed, requeue me
   64   more restarts than max_restarts     70   the container could not be started
+  75   also: the container failed and `retries` allow another run (after the backoff)
+
+Why each run ended is appended to the job's run ledger (runlog.py, `<state dir>/runs/`):
+max_restarts counts Slurm's restarts minus the recorded preemptions and retries, so a job
+preempted every night never fails for it; `retries` counts only recorded failures.
+
+Completion is final (completion.py): after the container exits 0 the runner records it in a
+marker file (the checkpoint dir, else the user's state dir) before exiting 0; a later run of the
+same job id finds it and exits 0 at once without starting anything. Slurm 24.05+ may start a
+finished job once more after a preemption (docs/slurm-releases.md).
 
 The container always runs as the job's uid:gid, unprivileged, with no-new-privileges, never
 with the engine socket mounted, with `init=True`, and is always removed (finally, plus a
@@ -51,10 +61,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
+from slurm_idle import completion, runlog
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.jobs import (
     ENGINE_SOCKETS,
@@ -65,6 +77,7 @@ from slurm_idle.jobs import (
     exposes_socket,
     load_job_spec,
 )
+from slurm_idle.pipeline import state_dir
 
 EXIT_MAX_RESTARTS = 64
 EXIT_START_FAILED = 70
@@ -87,6 +100,7 @@ class SlurmContext:
     gpus: tuple[str, ...] = ()  # node-level GPU indexes Slurm allocated
     cuda_visible_devices: str | None = None
     job_name: str = ""
+    cluster: str = ""  # SLURM_CLUSTER_NAME: with the job id, names the completion marker and the run ledger
 
 
 def slurm_context(environ: Mapping[str, str]) -> SlurmContext:
@@ -107,6 +121,7 @@ def slurm_context(environ: Mapping[str, str]) -> SlurmContext:
         gpus=gpus,
         cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
         job_name=environ.get("SLURM_JOB_NAME", ""),
+        cluster=environ.get("SLURM_CLUSTER_NAME", ""),
     )
 
 
@@ -278,6 +293,8 @@ class RunSettings:
     # to finish a quick checkpoint, then is force-removed. With the removal it must stay well
     # inside Slurm's KillWait (5 s in etc/slurm.conf.snippet).
     urgent_wait_s: float = 2.0
+    # Where the run ledger lives (runlog.py); None: no ledger, every restart counts.
+    ledger_dir: Path | None = None
 
 
 class Reporter:
@@ -377,6 +394,7 @@ def run_container(
     stream_client: Any = None,
     early_requeue: Callable[[], str] | None = None,
     job_ending: Callable[[], bool] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> int:
     """Run the job's container to its end or to a stop signal; return the runner's exit code.
 
@@ -384,11 +402,122 @@ def run_container(
     requeue_if_preempted): requeueing earlier could kill the runner before its cleanup.
     `job_ending` is asked once after the first SIGTERM: True when Slurm is already ending the
     job (see job_is_ending), so there is no grace to wait out.
+    A job id whose completion is recorded (completion.py) exits 0 before anything starts; a
+    run whose container exits 0 records it first. `environ` (default os.environ) locates the
+    marker of a spec without a checkpoint dir.
     """
+    marker = _completion_marker(spec, ctx, os.environ if environ is None else environ)
+    if marker is not None:
+        done = completion.read_completion(marker)
+        if done is not None:
+            report.say(completion.already_done_message(done, ctx.restart_count))
+            return 0
+    ledger = _Ledger(settings.ledger_dir, ctx, report)
+    ledger.fresh_start()
+    past = ledger.summary()
+    ledger.write({"event": "start"})
+    counted = past.counted_restarts(ctx.restart_count) if ledger.known else ctx.restart_count
+    if counted > spec.max_restarts:
+        report.say(
+            f"job {ctx.job_id} was restarted {counted} times (preemptions and retries not "
+            f"counted), more than max_restarts={spec.max_restarts}: failing instead of running "
+            "again (raise max_restarts to allow more)"
+        )
+        ledger.write({"event": "end", "why": "max_restarts", "exit_code": EXIT_MAX_RESTARTS})
+        return EXIT_MAX_RESTARTS
     code = _run_once(client, spec, ctx, settings, signals, report, stream_client, job_ending)
+    why = runlog.end_reason(code, EXIT_PREEMPTED, EXIT_REQUEUE_ME)
+    failure = past.failures + 1
+    retry = why == "failed" and ledger.known and failure <= spec.retries
+    ledger.write({"event": "end", "why": why, "exit_code": code, "retry": retry})
+    if retry:
+        wait = runlog.backoff_s(spec.retry_backoff_s, failure)
+        report.say(f"run failed with code {code}: retry {failure} of {spec.retries} after "
+                   f"{wait:g} s of backoff (requeueing the job)")
+        # Cut short by SIGUSR1 alone (the time limit is near): requeue now, as planned.
+        if _backoff(wait, signals, settings.poll_s) or not signals.term.is_set():
+            return EXIT_REQUEUE_ME
+        report.say("stop signal during the backoff: leaving the requeue to Slurm")
+        code = EXIT_PREEMPTED
     if code == EXIT_PREEMPTED and signals.term.is_set() and early_requeue is not None:
         report.say(early_requeue())
+    if code == 0 and marker is not None:
+        report.say(_record_completion(marker, ctx))
     return code
+
+
+def _completion_marker(spec: JobSpec, ctx: SlurmContext, environ: Mapping[str, str]) -> Path | None:
+    """Where this job's completion is recorded; None outside Slurm (no job id to key it)."""
+    if not ctx.job_id:
+        return None
+    ck = spec.for_job(ctx.job_id).mounts.checkpoint
+    return completion.marker_path(
+        completion.marker_dir(ck.source if ck else None, environ), ctx.job_id, ctx.cluster
+    )
+
+
+def _record_completion(marker: Path, ctx: SlurmContext) -> str:
+    done = completion.Completion(
+        job_id=ctx.job_id, cluster=ctx.cluster, exit_code=0, restart_count=ctx.restart_count,
+        finished_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
+    try:
+        completion.write_completion(marker, done)
+    except OSError as exc:
+        return (f"could not record the completion in {marker}: {exc} (a later run of this job "
+                "would run the work again)")
+    return f"completion recorded in {marker}: a later run of job {ctx.job_id} exits at once"
+
+
+def _backoff(seconds: float, signals: Signals, poll_s: float) -> bool:
+    """Wait out a retry's backoff; False when a stop signal cut it short."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if signals.stop_requested():
+            return False
+        time.sleep(min(poll_s, left))
+    return not signals.stop_requested()
+
+
+class _Ledger:
+    """Best-effort writer of this run's ledger records: a full disk never stops a job."""
+
+    def __init__(self, root: Path | None, ctx: SlurmContext, report: Reporter) -> None:
+        self.root = root if ctx.job_id else None
+        self.ctx = ctx
+        self.report = report
+        self.known = self.root is not None  # False: every restart counts, no retries
+
+    def fresh_start(self) -> None:
+        """Run 0 has no past: a ledger already there belongs to an older job of the same id
+        (slurmctld state reset), so it is set aside instead of being counted."""
+        if self.root is None or self.ctx.restart_count != 0:
+            return
+        path = runlog.ledger_path(self.root, self.ctx.job_id, self.ctx.cluster)
+        try:
+            path.replace(path.with_suffix(".jsonl.old"))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.known = False
+            self.report.say(f"cannot set aside the old run ledger {path}: {exc}")
+
+    def summary(self) -> runlog.RunSummary:
+        if self.root is None:
+            return runlog.RunSummary()
+        records = runlog.read(self.root, self.ctx.job_id, self.ctx.cluster)
+        return runlog.summarize(records, self.ctx.restart_count)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.root is None:
+            return
+        record = {**record, "run": self.ctx.restart_count, "t": round(time.time(), 3),
+                  "node": os.uname().nodename}
+        try:
+            runlog.append(self.root, self.ctx.job_id, record, self.ctx.cluster)
+        except OSError as exc:
+            self.known = False
+            self.report.say(f"cannot write the run ledger in {self.root}: {exc}")
 
 
 def _run_once(
@@ -403,12 +532,6 @@ def _run_once(
 ) -> int:
     import docker.errors
 
-    if ctx.restart_count > spec.max_restarts:
-        report.say(
-            f"job {ctx.job_id} was restarted {ctx.restart_count} times, more than max_restarts="
-            f"{spec.max_restarts}: failing instead of running again (raise max_restarts to allow more)"
-        )
-        return EXIT_MAX_RESTARTS
     spec = spec.for_job(ctx.job_id or "none")
     container = None
     params_dir = None
@@ -421,7 +544,7 @@ def _run_once(
         runtimes = list((client.info().get("Runtimes") or {}).keys())
         use_dr = wants_device_requests(settings.gpu_mode, runtimes)
         if settings.gpu_mode == "off":
-            ctx = SlurmContext(ctx.job_id, ctx.restart_count, (), None, ctx.job_name)
+            ctx = replace(ctx, gpus=(), cuda_visible_devices=None)
         _ensure_image(client, spec.image, report)
         if signals.stop_requested():
             report.say("stop signal before the container started: nothing to checkpoint")
@@ -714,6 +837,7 @@ def _main(argv: Sequence[str] | None, signals: Signals) -> int:
     # Logs and wait block for as long as the container runs: no read timeout on that client.
     stream_client = _client(args.docker_host, timeout=None)
     ctx = slurm_context(os.environ)
+    settings = replace(settings, ledger_dir=state_dir(os.environ))
     return run_container(
         client, spec, ctx, settings, signals, report, stream_client=stream_client,
         early_requeue=lambda: requeue_if_preempted(ctx.job_id, _run_command),

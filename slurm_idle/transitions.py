@@ -26,7 +26,7 @@ from typing import Any
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.jobs import parse_job_comment
+from slurm_idle.eviction import Evictor
 from slurm_idle.lifecycle import (
     COMMENT_SEP,
     check_transition,
@@ -38,6 +38,7 @@ from slurm_idle.lifecycle import (
 )
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Action, ActionKind, NodeView, Phase
+from slurm_idle.powersave import needs_power_up, power_flags
 
 log = get_logger(__name__)
 
@@ -146,14 +147,21 @@ class NodeDriver:
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
+    on_event: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
 
     def __post_init__(self) -> None:
         self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
         self._nodes_poll = SharedPoll(self.slurm.nodes, POLL_S, self.clock)
-        # Per node, touched only by that node's thread: jobs already requeued, and whether
-        # this process already started the node's engine (never start it twice in a tick).
-        self._requeued: dict[str, set[int]] = {}
+        steps = getattr(self.slurm, "workload_steps", None)
+        self._steps_poll = SharedPoll(steps or dict, POLL_S, self.clock)
+        self._evictor = Evictor(self.config, self.slurm, self.clock, self._steps_poll.get,
+                                self.on_event)
+        # Per node, touched only by that node's thread: whether this process drained it for
+        # a reclaim (its jobs are warned now, not by an earlier tick), and whether it already
+        # started the node's engine (never start it twice in a tick).
+        self._drained: set[str] = set()
         self._started: set[str] = set()
+        self._powered_up: set[str] = set()  # nodes asked to POWER_UP in this tick
 
     @property
     def tag(self) -> str:
@@ -341,10 +349,33 @@ class NodeDriver:
     def _drain_and_requeue(self, view: NodeView, deadline: float) -> bool:
         self._mark(view, Phase.RECLAIMING)
         self._restore_comment(view)
-        self._requeue_lent_jobs(view.name)
+        self._drained.add(view.name)
+        self._evict(view)
+        if needs_power_up(view.node):
+            # Drained first, so no job lands on it once it is up; the wait is the next step's.
+            log.info("%s: powered down by Slurm's power saving; asking for POWER_UP", view.name)
+            self.slurm.power_up(view.name)
+            self._powered_up.add(view.name)
         return True
 
-    def _still_on(self, node: str) -> str:
+    def _wait_powered(self, view: NodeView, deadline: float) -> None:
+        """Wait until Slurm's power saving has the node up (no power flag left), asking for
+        POWER_UP again when nothing is under way (a tick killed before it asked). Raise
+        CarryOver at the deadline: the node stays RECLAIMING and the next tick waits on."""
+        while True:
+            node = next((n for n in self._nodes_poll.get() if n.name == view.name), None)
+            if node is None or not power_flags(node):
+                return
+            if needs_power_up(node) and view.name not in self._powered_up:
+                self.slurm.power_up(view.name)
+                self._powered_up.add(view.name)
+            now = self.clock()
+            if now >= deadline:
+                raise CarryOver(f"powering up ({'+'.join(sorted(power_flags(node)))}) at the tick's "
+                                "deadline; stays reclaiming, the next tick waits on")
+            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+
+    def _still_on(self, node: str, problems: list[str]) -> str:
         """Why a reclaimed node is not empty yet, naming the jobs. Jobs of another partition
         are not ours to requeue: the admin has to see which ones hold the reclaim up."""
         lend_partition = self.config.slurm.lend_partition
@@ -357,54 +388,38 @@ class NodeDriver:
             parts.append(f"waiting for {names}, not ours to requeue")
         if ours:
             ids = ", ".join(str(j.job_id) for j in ours)
-            parts.append(f"requeued {lend_partition} job(s) {ids} still leaving the node")
+            parts.append(f"{lend_partition} job(s) {ids} still on the node (warned, requeued or "
+                         f"cancelled after slurm.requeue_grace_s)")
+        parts.extend(problems)
         return "; ".join(parts) or "waiting for the node to empty"
 
-    def _requeue_lent_jobs(self, node: str, again: bool = False) -> None:
-        """Requeue the lend partition's RUNNING jobs on `node` not requeued yet (all active
-        ones, whatever was done before, when `again`).
-
-        Reads the shared job poll (at most POLL_S old): a job that started just before the
-        drain shows up in a later poll of the wait loop and is requeued there.
-        """
+    def _evict(self, view: NodeView, again: bool = False) -> list[str]:
+        """One pass of the evictor over the lend partition's jobs on the node (eviction.py):
+        each job warned, then requeued (or cancelled) on its own. Reads the shared job poll (at
+        most POLL_S old): a job that started just before the drain shows up in a later poll of
+        the wait loop and is handled there."""
         lend_partition = self.config.slurm.lend_partition
-        done = self._requeued.setdefault(node, set())
-        if again:
-            done.clear()
-        jobs = [j for j in self._jobs_on(node) if j.partition == lend_partition
-                and j.job_id not in done and (again or j.state == "RUNNING")]
-        if not jobs:
-            return
-        done.update(j.job_id for j in jobs)
-        ours = [j.job_id for j in jobs if parse_job_comment(j.comment, self.tag) is not None]
-        plain = [j.job_id for j in jobs if parse_job_comment(j.comment, self.tag) is None]
-        log.info("%s: requeueing %s job(s) %s", node, lend_partition, ours + plain)
-        if plain:
-            # A plain `sbatch --requeue` script ends when its step does: signalling the step
-            # first would end the job COMPLETED/FAILED instead of requeued. Slurm's own
-            # requeue gives every process SIGTERM and KillWait seconds instead.
-            self.slurm.requeue(plain, grace_s=0)
-        if ours:
-            # Our batch scripts outlive their step: the runner checkpoints on SIGTERM within
-            # requeue_grace_s, then the requeue turns the job back to PENDING.
-            self.slurm.requeue(ours, grace_s=self.config.slurm.requeue_grace_s)
+        jobs = [j for j in self._jobs_on(view.name) if j.partition == lend_partition]
+        since = None if view.name in self._drained else view.phase_since
+        return self._evictor.step(view.name, jobs, since, again=again)
 
     def _wait_empty_then_start(self, view: NodeView, deadline: float) -> bool:
         requeued_again = False
         while True:
             # Also covers a tick killed between the drain and the requeue, and a job that
-            # started just before the drain: requeue whatever still runs, once.
-            self._requeue_lent_jobs(view.name)
+            # started just before the drain. The grace is waited here, under the deadline.
+            problems = self._evict(view)
             if not self._jobs_on(view.name):
                 break
             now = self.clock()
             if not requeued_again and self._overdue(view, now):
                 # Still not empty long after the requeue: ask again, whatever the state.
-                self._requeue_lent_jobs(view.name, again=True)
+                problems = self._evict(view, again=True)
                 requeued_again = True
             if now >= deadline:
-                raise CarryOver(self._still_on(view.name))
+                raise CarryOver(self._still_on(view.name, problems))
             self.sleep(min(POLL_S, max(0.0, deadline - now)))
+        self._wait_powered(view, deadline)
         self._mark(view, Phase.STARTING)
         self._start(view, deadline)
         return True

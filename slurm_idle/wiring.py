@@ -69,6 +69,8 @@ def _textfile_writer(config: Config) -> Any:
             ],
             tick_error=result.errors > 0,
             floors={m.name: m.min_serving_replicas for m in config.models},
+            metrics_source=(result.observation.metrics_source or None)
+            if result.observation is not None else None,
         )
 
     return write
@@ -88,7 +90,8 @@ def serving_after(result: TickResult) -> dict[str, int]:
     counts = {p.model: 0 for p in result.plans}
     for view in result.observation.nodes:
         moved = view.name in final
-        asleep = not moved and view.replica is not None and view.replica.sleeping
+        asleep = not moved and view.replica is not None and (
+            view.replica.sleeping or view.replica.foreign)
         if final.get(view.name, view.phase) in _TAKING_TRAFFIC and not asleep:
             counts[view.model] = counts.get(view.model, 0) + 1
     return counts

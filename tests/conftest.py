@@ -17,6 +17,18 @@ from pathlib import Path
 import pytest
 
 
+def pytest_report_header() -> str:
+    """Which Slurm release the contract and e2e tests run against (some differ by release)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["slurmd", "-V"], capture_output=True, text=True, timeout=10,
+                             check=False).stdout.strip()
+    except OSError:
+        out = ""
+    return f"slurm: {out or 'not installed'}"
+
+
 @pytest.fixture(scope="session")
 def sandbox() -> Iterator[object]:
     """A running sandbox (Slurm, slurmdbd, dockerd, Prometheus, 4 emulators) for the session."""

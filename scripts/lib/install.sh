@@ -1,8 +1,11 @@
 # Shared install steps for scripts/test, scripts/demo and scripts/sandbox (sourced, not run).
 # Idempotent: does nothing when everything is already there.
 
+# man-db: systemd-analyze (257, Debian 13) runs `man` to check the units' Documentation=man:
+# links; a minimal Debian 13 has none, and the units' verification test would fail.
 APT_PACKAGES=(slurmctld slurmd slurm-client munge prometheus mariadb-server slurmdbd
-              docker.io busybox-static prometheus-node-exporter python3-venv python3-pip lua5.3)
+              docker.io busybox-static prometheus-node-exporter python3-venv python3-pip lua5.3
+              man-db chromium chromium-driver)
 
 _need_root() {
   if [ "$(id -u)" != 0 ]; then
@@ -45,7 +48,7 @@ install_python_env() {
   local stamp=.venv/.slurm-idle-installed
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-    .venv/bin/python -m pip install -q -e '.[test,plot]'
+    .venv/bin/python -m pip install -q -e '.[test,plot,web,browser-test]'
     touch "$stamp"
   fi
 }

@@ -52,11 +52,13 @@ def _register() -> None:
     from slurm_idle.cli import (  # noqa: F401
         agent_cmd,
         config_cmd,
+        doctor_cmd,
         jobs_cmd,
         metrics_cmd,
         report_cmd,
         simulate_cmd,
         tick_cmd,
+        web_cmd,
     )
 
 

@@ -7,6 +7,7 @@ import click
 from slurm_idle.cli import main
 from slurm_idle.cli.common import Context, echo_json, pass_ctx
 from slurm_idle.config import load_config
+from slurm_idle.errors import ConfigError
 
 
 @main.group()
@@ -22,6 +23,13 @@ def check(ctx: Context, file: str | None, as_json: bool) -> None:
     """Validate FILE (default: the --config path). Exit 0 if valid, 2 with the reason if not."""
     path = file or ctx.resolved_config_path
     cfg = load_config(path)
+    grace, budget = cfg.slurm.requeue_grace_s, cfg.timeouts.tick_budget_s
+    if grace >= budget:
+        raise ConfigError(
+            f"{path}: slurm.requeue_grace_s ({grace:g}) must be shorter than "
+            f"timeouts.tick_budget_s ({budget:g}): a reclaim waits the grace within one tick, "
+            "then requeues and starts the engine; lower the grace or raise the budget"
+        )
     if as_json:
         echo_json(cfg.model_dump(mode="json"))
         return

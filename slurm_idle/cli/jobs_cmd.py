@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from slurm_idle import dag, runlog
 from slurm_idle.cli import main
 from slurm_idle.cli.common import Context, echo_json, pass_ctx
 from slurm_idle.config import Config
@@ -23,26 +24,28 @@ from slurm_idle.jobs import (
     SubmitOptions,
     check_grace,
     load_job_spec,
-    parse_job_comment,
     render_script,
     sbatch_args,
 )
+from slurm_idle.jobview import job_rows
 from slurm_idle.pipeline import (
     Submitter,
     cancel_pipeline,
-    job_record,
+    live_status,
     load_pipeline,
-    pipeline_status,
     read_pipeline_record,
     record_job,
     record_pipeline,
     state_dir,
     step_options,
     submit_pipeline,
+    write_record,
 )
 from slurm_idle.pipeline import (
     dry_run as pipeline_dry_run,
 )
+from slurm_idle.pipeline_expand import parse_overrides
+from slurm_idle.pipeline_retry import plan_retry, retry_pipeline
 
 
 def _config(ctx: Context) -> Config | None:
@@ -119,62 +122,35 @@ def _make_log_dir(log: str) -> None:
         os.makedirs(parent, exist_ok=True)
 
 
-def checkpoint_age_s(path: str | None, now: float) -> float | None:
-    """Seconds since the newest file under a local checkpoint dir was written (None: unknown)."""
-    if not path or not os.path.isdir(path):
-        return None
-    newest = None
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                m = os.stat(os.path.join(root, f)).st_mtime
-            except OSError:
-                continue
-            newest = m if newest is None else max(newest, m)
-    return None if newest is None else round(max(now - newest, 0.0), 1)
-
-
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def jobs(ctx: Context, as_json: bool) -> None:
     """List our jobs with state, restarts, node and last checkpoint age.
 
-    JSON: {"jobs": [{"job_id", "name", "state", "restarts", "node", "checkpoint_age_s",
-    "pipeline", "step", "reason"}]}. The checkpoint age is known for jobs submitted from this
+    JSON: {"jobs": [{"job_id", "name", "user", "state", "restarts", "preemptions",
+    "failures", "node", "gpus", "checkpoint_age_s", "pipeline", "step", "reason", "log"}]}.
+    Restarts are Slurm's count; preemptions and failures come from the runner's ledger (None
+    when it is not readable here). The checkpoint age is known for jobs submitted from this
     account on a machine that sees their checkpoint dir.
     """
     cfg = _config(ctx)
     opts = _options(cfg)
-    now = time.time()
-    rows = []
-    for job in _slurm(cfg).jobs():
-        tags = parse_job_comment(job.comment, opts.tag)
-        if tags is None:
-            continue
-        rec = job_record(state_dir(), job.job_id) or {}
-        rows.append({
-            "job_id": job.job_id,
-            "name": job.name,
-            "state": job.state,
-            "restarts": job.restart_count,
-            "node": ",".join(job.nodes),
-            "checkpoint_age_s": checkpoint_age_s(rec.get("checkpoint"), now),
-            "pipeline": tags.get("pipeline"),
-            "step": tags.get("step"),
-            "reason": job.state_reason,
-        })
+    rows = job_rows(_slurm(cfg).jobs(), opts.tag, state_dir(), time.time())
     if as_json:
         echo_json({"jobs": rows})
         return
     if not rows:
         click.echo("no slurm-idle jobs in the queue")
         return
-    click.echo(f"{'JOBID':>8}  {'NAME':24} {'STATE':11} {'RESTARTS':>8}  {'NODE':10} CKPT_AGE")
+    click.echo(f"{'JOBID':>8}  {'NAME':24} {'STATE':11} {'RESTARTS':>8} {'PREEMPT':>7} "
+               f"{'FAILED':>6}  {'NODE':10} CKPT_AGE")
     for r in rows:
         age = "-" if r["checkpoint_age_s"] is None else f"{r['checkpoint_age_s']:.0f}s"
+        pre = "-" if r["preemptions"] is None else r["preemptions"]
+        fail = "-" if r["failures"] is None else r["failures"]
         click.echo(f"{r['job_id']:>8}  {r['name'][:24]:24} {r['state'][:11]:11} "
-                   f"{r['restarts']:>8}  {r['node'][:10] or '-':10} {age}")
+                   f"{r['restarts']:>8} {pre:>7} {fail:>6}  {r['node'][:10] or '-':10} {age}")
 
 
 @main.group()
@@ -188,12 +164,19 @@ def pipeline() -> None:
 
 @pipeline.command("run")
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-p", "--param", "params", multiple=True, metavar="NAME=VALUE",
+              help="Override one of the pipeline's `params:` (repeatable), e.g. -p lr=3e-4.")
 @click.option("--dry-run", is_flag=True, help="Print the steps; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
-def pipeline_run(ctx: Context, file: str, dry_run: bool, as_json: bool) -> None:
-    """Submit every step of a pipeline with afterok dependencies."""
-    pipe = load_pipeline(file)
+def pipeline_run(ctx: Context, file: str, params: tuple[str, ...], dry_run: bool,
+                 as_json: bool) -> None:
+    """Submit every step of a pipeline with afterok dependencies.
+
+    Steps may fan out (`matrix:`), pass their `outputs:` to dependents (read-only at
+    /inputs/<step>), retry failures (`retries:`) and use `{params.NAME}` templates.
+    """
+    pipe = load_pipeline(file, parse_overrides(params))
     cfg = _config(ctx)
     opts = _options(cfg)
     _warn_grace(cfg, [st.spec for st in pipe.steps])
@@ -214,8 +197,9 @@ def pipeline_run(ctx: Context, file: str, dry_run: bool, as_json: bool) -> None:
     ids = submit_pipeline(pipe, slurm, opts)
     now = time.time()
     for st in pipe.steps:
-        record_job(state_dir(), ids[st.name], st.spec, now)
-    path = record_pipeline(state_dir(), pipe, ids, now, source=str(Path(file).resolve()))
+        record_job(state_dir(), ids[st.name], st.spec, now, st.job_name)
+    path = record_pipeline(state_dir(), pipe, ids, now, source=str(Path(file).resolve()),
+                           opts=opts)
     if as_json:
         echo_json({"pipeline": pipe.name, "state_file": str(path),
                    "steps": [{"name": s.name, "job_id": ids[s.name],
@@ -237,24 +221,60 @@ def _record_for(target: str) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def pipeline_status_cmd(ctx: Context, target: str, as_json: bool) -> None:
-    """State of every step of the last run of a pipeline (squeue, then sacct for finished ones)."""
+    """State of every step of the last run of a pipeline (squeue, then sacct for finished ones),
+    drawn as its DAG stage by stage (JSON: the rows, each with its upstreams)."""
     record = _record_for(target)
-    slurm = _slurm(_config(ctx))
-    since = float(record.get("submitted_at", 0)) - 60
-
-    def accounting(ids: list[int]) -> dict[int, str]:
-        return {a.job_id: a.state for a in slurm.accounting(since, None, job_ids=ids)}
-
-    rows = pipeline_status(record, slurm, accounting)
+    rows = live_status(record, _slurm(_config(ctx)))
     if as_json:
         echo_json({"pipeline": record["pipeline"], "steps": [
             {"name": r.name, "job_id": r.job_id, "state": r.state, "depends_on": list(r.depends_on),
              "restarts": r.restarts, "node": r.node, "reason": r.reason} for r in rows]})
         return
-    click.echo(f"pipeline {record['pipeline']}")
-    for r in rows:
-        extra = f"  ({r.reason})" if r.reason else ""
-        click.echo(f"  {r.name:16} job {r.job_id:<8} {r.state:11} restarts={r.restarts}{extra}")
+    click.echo(dag.render_text(record["pipeline"], rows))
+
+
+@pipeline.command("retry")
+@click.argument("target", metavar="FILE|NAME")
+@click.option("--dry-run", is_flag=True, help="Say which steps would be resubmitted.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def pipeline_retry_cmd(ctx: Context, target: str, dry_run: bool, as_json: bool) -> None:
+    """Resubmit the failed steps of a pipeline and everything downstream of them.
+
+    Completed steps are kept (their outputs stay where they are); steps still queued or
+    running that do not depend on a failed one are left alone. The recorded batch scripts are
+    resubmitted, so the run keeps its parameters. JSON: {"pipeline", "attempt", "resubmitted":
+    {step: job_id}, "kept": [step]}.
+    """
+    record = _record_for(target)
+    slurm = _slurm(_config(ctx))
+    rows = live_status(record, slurm)
+    root = state_dir()
+    done = frozenset(r.name for r in rows if r.state == "UNKNOWN" and _ledger_completed(root, r.job_id))
+    plan = plan_retry(rows, done)
+    if dry_run:
+        doc = {"pipeline": record["pipeline"], "attempt": record.get("attempt", 1),
+               "resubmitted": {n: None for n in plan.redo}, "kept": list(plan.kept)}
+        if as_json:
+            echo_json(doc)
+        else:
+            click.echo(f"would resubmit {', '.join(plan.redo)}; keep {', '.join(plan.kept) or '-'}")
+        return
+    new = retry_pipeline(record, rows, slurm, plan, time.time())
+    write_record(root / "pipelines" / f"{record['pipeline']}.json", new)
+    ids = {s["name"]: s["job_id"] for s in new["steps"] if s["name"] in plan.redo}
+    if as_json:
+        echo_json({"pipeline": record["pipeline"], "attempt": new["attempt"],
+                   "resubmitted": ids, "kept": list(plan.kept)})
+        return
+    for name, job_id in ids.items():
+        click.echo(f"{name}: resubmitted as job {job_id}")
+    click.echo(f"kept: {', '.join(plan.kept) or '-'}")
+
+
+def _ledger_completed(root: Path, job_id: int) -> bool:
+    last = runlog.summarize(runlog.read(root, job_id)).last_end
+    return bool(last and last.get("why") == "completed")
 
 
 @pipeline.command("cancel")

@@ -71,14 +71,17 @@ def status(ctx: Context, as_json: bool) -> None:
     Phases: serving, retiring, lending, lent, reclaiming, starting, admin (drained by someone
     else: never touched), unknown (not managed yet, or down).
     """
+    from slurm_idle.doctor import status_warnings
+
     agent = _agent(ctx, read_only=True)
     obs = agent.observe()
     plans = agent.assessor(obs, agent.config, obs.now)
     nodes, models = node_rows(obs), model_rows(obs, plans)
+    errors = [*obs.errors, *status_warnings(agent.config, obs)]
     if as_json:
-        echo_json({"nodes": nodes, "models": models, "errors": list(obs.errors)})
+        echo_json({"nodes": nodes, "models": models, "errors": errors})
     else:
-        click.echo(render_status(nodes, models, obs.errors))
+        click.echo(render_status(nodes, models, errors))
 
 
 @main.command()
@@ -228,7 +231,10 @@ def _set_pin(ctx: Context, node: str, pinned: bool, dry_run: bool) -> None:
         if not pinned:
             click.echo(f"{node} is {view.phase.value}; nothing to unpin")
             return
-        if view.phase in {Phase.LENT, Phase.UNKNOWN} and not view.node.down:
+        from slurm_idle.powersave import powered_only
+
+        # A lent node Slurm powered down is pinned like any other: the reclaim powers it up.
+        if view.phase in {Phase.LENT, Phase.UNKNOWN} and (not view.node.down or powered_only(view.node)):
             # Pinning a lent node means: bring it back now and keep it.
             from slurm_idle.transitions import action_for_admin
 

@@ -8,7 +8,7 @@ mistake an unreachable replica for an idle one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
 
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
@@ -22,25 +22,45 @@ from slurm_idle.policy.capacity import demand_tokens_per_s
 class MetricsSource(Protocol):
     """Where the agent reads engine load from."""
 
-    def replica_loads(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> list[ReplicaLoad]:
-        """One ReplicaLoad per (model name, replica), in the same order."""
+    def replica_loads(
+        self,
+        replicas: Sequence[tuple[str, ReplicaConfig]],
+        *,
+        budget_s: float | None = None,
+        serving: Collection[str] | None = None,
+    ) -> list[ReplicaLoad]:
+        """One ReplicaLoad per (model name, replica), in the same order. `budget_s`: the whole
+        call ends within it (MetricsUnavailable otherwise); `serving`: the nodes whose replicas
+        are ours and serving (a source may read only those; the others may come back unknown)."""
         ...
 
-    def model_loads(self, models: Sequence[ModelConfig], now: float) -> list[ModelLoad]:
-        """One fleet-wide ModelLoad per model, in the same order."""
+    def model_loads(
+        self,
+        models: Sequence[ModelConfig],
+        now: float,
+        *,
+        budget_s: float | None = None,
+        serving: Collection[str] | None = None,
+    ) -> list[ModelLoad]:
+        """One fleet-wide ModelLoad per model, in the same order (same keywords)."""
         ...
 
 
 def make_source(config: Config, read_only: bool = False) -> MetricsSource:
     """The metrics source the config asks for (metrics.source). `read_only`: for commands that
     only look (status, tick --dry-run): the scrape source then keeps its state file as it is."""
-    if config.metrics.source == "scrape":
-        from slurm_idle.metrics.scrape import ScrapeSource
+    from slurm_idle.metrics.scrape import ScrapeSource
 
+    if config.metrics.source == "scrape":
         return ScrapeSource(config, read_only=read_only)
     from slurm_idle.metrics.prometheus import PrometheusSource
 
-    return PrometheusSource(config)
+    prometheus = PrometheusSource(config)
+    if not config.metrics.fallback_scrape:
+        return prometheus
+    from slurm_idle.metrics.fallback import FallbackSource
+
+    return FallbackSource(prometheus, ScrapeSource(config, read_only=read_only))
 
 
 __all__ = ["MetricsSource", "demand_tokens_per_s", "make_source"]

@@ -31,6 +31,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable
+from slurm_idle.httpdeadline import DeadlineExceeded, call_within
 from slurm_idle.logs import get_logger
 from slurm_idle.metrics import demand_tokens_per_s, names
 from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S, Peak, forecast_leads, forecasts
@@ -80,14 +81,18 @@ class Queries:
         inner = ",".join(p for p in (self.selector.strip("{}"), extra) if p)
         return "{" + inner + "}" if inner else ""
 
-    def _rate(self, metric: str, offset_s: int = 0) -> str:
+    def _rate(self, metric: str, offset_s: int = 0, valid: bool = False) -> str:
         off = f" offset {offset_s}s" if offset_s else ""
-        return f"rate({metric}{self._sel()}[{self.rate_window_s}s]{off})"
+        expr = f"rate({metric}{self._sel()}[{self.rate_window_s}s]{off})"
+        return _valid(expr) if valid else expr
 
-    def _p95(self, hist: str, by: str) -> str:
+    def _gauge(self, metric: str, valid: bool = False) -> str:
+        return _valid(f"{metric}{self._sel()}") if valid else f"{metric}{self._sel()}"
+
+    def _p95(self, hist: str, by: str, valid: bool = False) -> str:
         return (
             f"histogram_quantile(0.95, sum by (le, {by}) "
-            f"(rate({hist}_bucket{self._sel()}[{self.rate_window_s}s])))"
+            f"({self._rate(hist + '_bucket', valid=valid)}))"
         )
 
     # Per replica (grouped by the scrape target and the served model: a series of another
@@ -125,26 +130,27 @@ class Queries:
 
     def demand(self, offset_s: int = 0) -> str:
         m = names.MODEL_LABEL
-        return (
-            f"(sum by ({m}) ({self._rate(names.GENERATION_TOKENS, offset_s)}) + "
-            f"{self.prompt_token_weight!r} * sum by ({m}) ({self._rate(names.PROMPT_TOKENS, offset_s)}))"
-        )
+        gen = self._rate(names.GENERATION_TOKENS, offset_s, valid=True)
+        prompt = self._rate(names.PROMPT_TOKENS, offset_s, valid=True)
+        return f"(sum by ({m}) ({gen}) + {self.prompt_token_weight!r} * sum by ({m}) ({prompt}))"
 
     # Fleet-wide per model.
     def model(self, window_s: int, leads: Collection[int] | None) -> dict[str, str]:
         """The per-model queries; `leads`: the models' forecast lead times (None: no forecast)."""
         m = names.MODEL_LABEL
-        waiting = f"sum by ({m}) ({names.WAITING}{self._sel()})"
+        # Every series passes `_valid` before it is summed: one NaN or negative series (a fake
+        # exporter on a lent node's port) must not poison a model's fleet-wide figures.
+        waiting = f"sum by ({m}) ({self._gauge(names.WAITING, valid=True)})"
         q = {
-            "generation": f"sum by ({m}) ({self._rate(names.GENERATION_TOKENS)})",
-            "prompt": f"sum by ({m}) ({self._rate(names.PROMPT_TOKENS)})",
-            "running": f"sum by ({m}) ({names.RUNNING}{self._sel()})",
+            "generation": f"sum by ({m}) ({self._rate(names.GENERATION_TOKENS, valid=True)})",
+            "prompt": f"sum by ({m}) ({self._rate(names.PROMPT_TOKENS, valid=True)})",
+            "running": f"sum by ({m}) ({self._gauge(names.RUNNING, valid=True)})",
             "waiting": waiting,
             "kv": (
-                f"max by ({m}) ({names.KV_CACHE_USAGE}{self._sel()}) "
-                f"or max by ({m}) ({names.KV_CACHE_USAGE_LEGACY}{self._sel()})"
+                f"max by ({m}) ({self._gauge(names.KV_CACHE_USAGE, valid=True)}) "
+                f"or max by ({m}) ({self._gauge(names.KV_CACHE_USAGE_LEGACY, valid=True)})"
             ),
-            "ttft": self._p95(names.TTFT, m),
+            "ttft": self._p95(names.TTFT, m, valid=True),
         }
         if self.queue_sustain_s > 0:
             # the queue now, and its minimum over the sustain span with the span's points
@@ -201,6 +207,11 @@ class Queries:
             trend = f"deriv({self.demand()}[{window_s}s:{step}s])"
             parts.append(f'label_replace({trend}, "kind", "trend", "", "")')
         return " or ".join(parts)
+
+
+def _valid(expr: str) -> str:
+    """Only the series of `expr` that are finite and not negative (`>= 0` drops NaN too)."""
+    return f"({expr} >= 0 < +Inf)"
 
 
 def _kind(expr: str, kind: str) -> str:
@@ -342,17 +353,37 @@ class PrometheusSource:
         self.q = queries_for(config)
         self.queries = 0
         self.last_engines: dict[str, tuple[str, ...]] = {}  # node -> engine labels seen (for the CLI)
+        self.dropped: list[str] = []  # "node signal=value" of invalid series dropped at the last call
+        self._deadline: float | None = None  # monotonic; set by a caller's budget_s
         # the replica list, its target_index, and node -> configured model name
         self._index: tuple[list[tuple[str, ReplicaConfig]], dict[str, str], dict[str, str]] | None = None
 
     # One round trip, with every failure turned into one MetricsUnavailable line.
+    def _budget(self, budget_s: float | None) -> None:
+        self._deadline = None if budget_s is None else monotonic() + budget_s
+
     def query(self, promql: str, time: float | None = None) -> _Vector:
         self.queries += 1
         params = {"time": repr(time)} if time is not None else None
         started = monotonic()
+        # The whole query, not each read, within query_timeout_s and what the caller has left.
+        timeout_s = self.config.metrics.query_timeout_s
+        if self._deadline is not None:
+            timeout_s = min(timeout_s, self._deadline - started)
+            if timeout_s <= 0:
+                raise MetricsUnavailable(
+                    f"no time left in the tick's observe budget for Prometheus at {self.url}"
+                )
         try:
-            result = self.prom.custom_query(promql, params=params)
+            result = call_within(
+                lambda: self.prom.custom_query(promql, params=params), timeout_s, "prometheus query"
+            )
             log.debug("query %s: %.2fs", promql[:200], monotonic() - started)
+        except DeadlineExceeded:
+            raise MetricsUnavailable(
+                f"Prometheus at {self.url} did not answer within {timeout_s:.3g}s (the query's "
+                "total deadline): check its load or raise metrics.query_timeout_s"
+            ) from None
         except requests.exceptions.ConnectionError as exc:
             raise MetricsUnavailable(
                 f"cannot connect to Prometheus at {self.url} ({_reason(exc)}): check "
@@ -392,7 +423,17 @@ class PrometheusSource:
             self._index = (current, target_index(current), {r.node: m for m, r in current})
         return self._index[1], self._index[2]
 
-    def replica_loads(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> list[ReplicaLoad]:
+    def replica_loads(
+        self,
+        replicas: Sequence[tuple[str, ReplicaConfig]],
+        *,
+        budget_s: float | None = None,
+        serving: Collection[str] | None = None,
+    ) -> list[ReplicaLoad]:
+        """`budget_s`: every query of the call ends within it; `serving` is not needed here
+        (Prometheus already scrapes every replica; the agent keeps only serving ones)."""
+        self._budget(budget_s)
+        self.dropped = []
         index, model_of = self._target_index(replicas)
         # label value -> node, memoised across the queries; the index's own (lower-case) keys
         # are what match_target returns for them, so they seed it.
@@ -452,6 +493,13 @@ class PrometheusSource:
             if served is not None and served != model_of[node]:
                 continue
             value = float(item["value"][1])
+            if not 0 <= value < math.inf:
+                # NaN, infinite or negative: not a vLLM's reading (a fake exporter's, or a bug).
+                # Dropped, so the replica reads as unknown on this signal, never as a number.
+                self.dropped.append(f"{node} {signal}={value!r}")
+                log.warning("%s: dropped an invalid %s series (%r) from %s", node, signal, value,
+                            labels.get(label, "?"))
+                continue
             if running:
                 engine = labels.get(engine_label) or "0"
                 seen = engines.get(node)
@@ -527,7 +575,21 @@ class PrometheusSource:
             )
         return out
 
-    def model_loads(self, models: Sequence[ModelConfig], now: float) -> list[ModelLoad]:
+    def model_loads(
+        self,
+        models: Sequence[ModelConfig],
+        now: float,
+        *,
+        budget_s: float | None = None,
+        serving: Collection[str] | None = None,
+    ) -> list[ModelLoad]:
+        """Fleet-wide figures per model. `serving` is not applied here: a query naming every
+        serving target would not scale to 10,000 replicas. The agent recomputes the present
+        from the serving replicas (metrics.serving); the window and forecast stay fleet-wide,
+        every series checked by `_valid`, where a foreign series can only raise a maximum
+        (which delays lending, never a reclaim)."""
+        if budget_s is not None:
+            self._budget(budget_s)
         policy = self.config.policy
         leads = forecast_leads(self.config, models) if policy.forecast and models else None
         queries = self.q.model(policy.scale_down_window_s, None if leads is None else leads.values())

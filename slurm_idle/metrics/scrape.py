@@ -27,20 +27,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 import time
 import urllib.error
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from slurm_idle import httpdeadline
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable
+from slurm_idle.logs import get_logger
 from slurm_idle.metrics import demand_tokens_per_s
 from slurm_idle.metrics import history as kept
 from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S, forecast_leads, forecasts
@@ -58,6 +60,8 @@ from slurm_idle.metrics.parse import (
 )
 from slurm_idle.model import ModelLoad, ReplicaLoad
 
+log = get_logger(__name__)
+
 MAX_PAGE_BYTES = 32 * 1024 * 1024
 STATE_VERSION = 1
 
@@ -73,14 +77,10 @@ HttpGet = Callable[[str, float], HttpResponse]
 
 
 def urllib_get(url: str, timeout_s: float) -> HttpResponse:
-    """The default HTTP client: stdlib urllib, no proxies (replicas are on the cluster network)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=timeout_s) as resp:
-            body = resp.read(MAX_PAGE_BYTES)
-            return HttpResponse(resp.status, body.decode("utf-8", errors="replace"))
-    except urllib.error.HTTPError as exc:
-        return HttpResponse(exc.code, exc.read(4096).decode("utf-8", errors="replace"))
+    """The default HTTP client: no proxies (replicas are on the cluster network), and
+    `timeout_s` is the whole exchange's deadline, not each read's (httpdeadline)."""
+    status, body = httpdeadline.request("GET", url, timeout_s, MAX_PAGE_BYTES)
+    return HttpResponse(status, body.decode("utf-8", errors="replace"))
 
 
 def metrics_url(url: str) -> str:
@@ -235,9 +235,10 @@ class ScrapeSource:
         self.errors: dict[str, str] = {}  # url -> why it was unknown at the last tick
         self._last: dict[str, tuple[str, ServerReading | None]] = {}  # node -> (model, reading)
         self._dark: set[str] = set()  # nodes busy at their last answer that did not answer now
+        self._deadline: float | None = None  # monotonic; set by a caller's budget_s
 
     def _fetch_all(self, urls: Sequence[str]) -> dict[str, list[EngineSnapshot] | MetricsUnavailable]:
-        timeout = self.config.metrics.scrape_timeout_s
+        timeout = self._timeout()
 
         def one(url: str) -> list[EngineSnapshot] | MetricsUnavailable:
             try:
@@ -251,7 +252,35 @@ class ScrapeSource:
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(urls))) as pool:
             return dict(zip(urls, pool.map(one, urls)))
 
-    def replica_loads(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> list[ReplicaLoad]:
+    def replica_loads(
+        self,
+        replicas: Sequence[tuple[str, ReplicaConfig]],
+        *,
+        budget_s: float | None = None,
+        serving: Collection[str] | None = None,
+    ) -> list[ReplicaLoad]:
+        """`serving`: scrape only these nodes' replicas (the others read as unknown: a lent
+        node's port may be anyone's). `budget_s`: each scrape's deadline is cut to it, and
+        the second round of a double scrape is skipped when it would not fit."""
+        self._deadline = None if budget_s is None else time.monotonic() + budget_s
+        if serving is None:
+            return self._replica_loads(replicas)
+        wanted = set(serving)
+        scraped = iter(self._replica_loads([(m, r) for m, r in replicas if r.node in wanted]))
+        return [
+            next(scraped) if r.node in wanted
+            else ReplicaLoad(model=m, node=r.node, url=r.url, known=False)
+            for m, r in replicas
+        ]
+
+    def _timeout(self) -> float:
+        """A scrape's total deadline: its own, cut to what the caller's budget has left."""
+        timeout = self.config.metrics.scrape_timeout_s
+        if self._deadline is not None:
+            timeout = min(timeout, max(self._deadline - time.monotonic(), 0.001))
+        return timeout
+
+    def _replica_loads(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> list[ReplicaLoad]:
         state = ScrapeState.load(self.state_path)
         urls = sorted({r.url for _, r in replicas})
         t1 = self.clock()
@@ -274,6 +303,13 @@ class ScrapeSource:
             else:
                 again.append(url)
         t_now = t1
+        if again and self._deadline is not None and (
+            time.monotonic() + self.config.metrics.scrape_interval_s >= self._deadline
+        ):
+            for url in again:  # no time for the second reading: rates unknown, never guessed
+                readings[url] = MetricsUnavailable(f"{metrics_url(url)}: no time left in the "
+                                                   "tick's observe budget for a second scrape")
+            again = []
         if again:
             self.sleep(self.config.metrics.scrape_interval_s)
             t2 = self.clock()
@@ -298,6 +334,12 @@ class ScrapeSource:
         for model, replica in replicas:
             r = readings[replica.url]
             server = None if isinstance(r, MetricsUnavailable) else sum_engines(r)
+            bad = invalid_reading(server)
+            if bad:
+                # NaN, infinite or negative: not a vLLM's reading. Dropped, never summed.
+                log.warning("%s: dropped the reading of %s (%s)", replica.node, replica.url, bad)
+                self.errors[replica.url] = f"invalid reading dropped: {bad}"
+                server = None
             self._last[replica.node] = (model, server)
             if (server is None or not server.complete) and _went_dark(
                 last_answer.get(replica.url), t1, self.config.metrics.staleness_s
@@ -306,17 +348,31 @@ class ScrapeSource:
             loads.append(_replica_load(model, replica, server))
         return loads
 
-    def model_loads(self, models: Sequence[ModelConfig], now: float) -> list[ModelLoad]:
+    def model_loads(
+        self,
+        models: Sequence[ModelConfig],
+        now: float,
+        *,
+        budget_s: float | None = None,
+        serving: Collection[str] | None = None,
+    ) -> list[ModelLoad]:
+        """Each model's figures, summed over its replicas that answered, or only over the
+        `serving` nodes' replicas when given (so is the kept history)."""
         wanted = [(m.name, r) for m in models for r in m.replicas]
         if any(r.node not in self._last for _, r in wanted):
-            self.replica_loads(wanted)
+            self.replica_loads(wanted, budget_s=budget_s, serving=serving)
+        counted = None if serving is None else set(serving)
         policy = self.config.policy
         state = ScrapeState.load(self.state_path) if self.state_path else None
         leads = forecast_leads(self.config, models)
         out = []
         staleness = self.config.metrics.staleness_s
         for m in models:
-            servers = [s for r in m.replicas if (s := self._last[r.node][1]) is not None and s.complete]
+            servers = [
+                s for r in m.replicas
+                if (counted is None or r.node in counted)
+                and (s := self._last.get(r.node, (m.name, None))[1]) is not None and s.complete
+            ]
             if not servers:
                 out.append(ModelLoad(model=m.name, known=False))
                 if state is not None:
@@ -382,6 +438,21 @@ class ScrapeSource:
         self._last = {}  # the next tick scrapes afresh
         self._dark = set()
         return out
+
+
+def invalid_reading(s: ServerReading | None) -> str | None:
+    """Why a server's reading cannot be a vLLM's (a NaN, infinite or negative figure), or None."""
+    if s is None:
+        return None
+    figures = {
+        "running": s.running, "waiting": s.waiting, "kv_cache_usage": s.kv_cache_usage,
+        "prompt_tokens_per_s": s.prompt_tokens_per_s,
+        "generation_tokens_per_s": s.generation_tokens_per_s,
+    }
+    for name, value in figures.items():
+        if value is not None and not 0 <= value < math.inf:
+            return f"{name}={value!r}"
+    return None
 
 
 def _went_dark(last: tuple[float, list[EngineSnapshot]] | None, now: float, staleness_s: float) -> bool:

@@ -3,7 +3,8 @@
 Per model: count supply by phase, compute the need (capacity.py), then
 - scale up at once when the need exceeds what serves or is coming back: abort RETIRING nodes
   first (cheapest), then bring LENDING nodes straight back (no jobs yet), then reclaim LENT
-  nodes whose jobs lose the least work. Never rate-limited, never held by the window;
+  nodes in `reclaim_order.reclaim_rank` order (jobs under policy.min_job_runtime_s last, then
+  least work lost). Never rate-limited, never held by the window;
 - scale down only when the need over the whole scale-down window is below what serves, the
   metrics are known, no scale-up is under way, inside the lending windows, above the floor and
   under the lent-fraction cap; at most `max_transitions_per_tick` LENDs per tick, pool-wide;
@@ -32,6 +33,7 @@ from slurm_idle.model import (
     Phase,
 )
 from slurm_idle.policy.capacity import Need, assess_need, default_forecast_lead_s
+from slurm_idle.policy.reclaim_order import reclaim_rank, young_jobs
 from slurm_idle.policy.windows import in_windows
 
 
@@ -58,8 +60,9 @@ class _Model:
 
 
 def _asleep(view: NodeView) -> bool:
-    """The replica's engine reports sleeping (even on stale metrics: then it may still be)."""
-    return view.replica is not None and view.replica.sleeping
+    """The replica serves nothing: its engine reports sleeping (even on stale metrics: then it
+    may still be), or its endpoint proved not to be the expected engine (`foreign`)."""
+    return view.replica is not None and (view.replica.sleeping or view.replica.foreign)
 
 
 def _load_known(load: ModelLoad | None, serving: list[NodeView]) -> tuple[bool, str]:
@@ -67,6 +70,9 @@ def _load_known(load: ModelLoad | None, serving: list[NodeView]) -> tuple[bool, 
         return False, "no load metrics for the model"
     if not load.known:
         return False, "model load metrics missing or stale"
+    foreign = [n.name for n in serving if n.replica is not None and n.replica.foreign]
+    if foreign:
+        return False, f"serving replica(s) {', '.join(foreign)} not the expected engine (not counted)"
     blind = [n.name for n in serving if n.replica is None or not n.replica.known]
     if blind:
         return False, f"metrics unknown for serving replica(s) {', '.join(blind)}"
@@ -124,22 +130,6 @@ def _examine(
         needed = total
         reason += f"; {outside}"
     return _Model(model, by_phase, adoptable, total, known, window_ok, need, needed, reason)
-
-
-def _lost_work(view: NodeView, now: float, checkpoint_interval_s: float | None) -> tuple[float, int, str]:
-    """GPU-seconds of work the node's jobs would lose (unknown start: assume the worst).
-
-    Slurm does not know checkpoints: with `report.checkpoint_interval_s` set, a job is taken
-    to have checkpointed at every multiple of it since its start (so it loses `age % interval`);
-    without it, all of its run (the youngest job loses least).
-    """
-    lost = 0.0
-    for job in view.jobs:
-        age = now - job.start_time if job.start_time is not None else float("inf")
-        if checkpoint_interval_s and age != float("inf"):
-            age %= checkpoint_interval_s
-        lost += max(1, job.gpus) * max(0.0, age)
-    return lost, view.node.gpus_used, view.name
 
 
 def _running(view: NodeView) -> tuple[float, str]:
@@ -203,14 +193,18 @@ def _plan_model(m: _Model, config: Config, now: float, lend_budget: int) -> list
             [(ActionKind.ABORT_LEND, v, Phase.SERVING)
              for v in sorted(retiring, key=_running, reverse=True) if not _asleep(v)]
             + [(ActionKind.RECLAIM, v, Phase.STARTING) for v in lending]
-            + [(ActionKind.RECLAIM, v, Phase.RECLAIMING) for v in sorted(lent, key=lambda v: _lost_work(v, now, ckpt_s))]
+            + [(ActionKind.RECLAIM, v, Phase.RECLAIMING) for v in sorted(
+                lent, key=lambda v: reclaim_rank(v, now, ckpt_s, policy.min_job_runtime_s))]
         )
         for kind, view, to in candidates:
             if deficit <= 0:
                 break
             if view.name in touched:
                 continue
-            actions.append(_act(kind, view, to, f"{up_reason}: needs {m.needed}",
+            young = young_jobs(view, now, policy.min_job_runtime_s) if kind is ActionKind.RECLAIM else []
+            exempt = (f"; job(s) {', '.join(map(str, young))} under policy.min_job_runtime_s, but no "
+                      "other lent node is left") if young else ""
+            actions.append(_act(kind, view, to, f"{up_reason}: needs {m.needed}{exempt}",
                                 needed=m.needed, supply=supply))
             touched.add(view.name)
             deficit -= 1

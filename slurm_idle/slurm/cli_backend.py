@@ -22,7 +22,7 @@ from typing import Any
 from slurm_idle.errors import CommandError
 from slurm_idle.model import SlurmJob, SlurmNode
 from slurm_idle.slurm import parse
-from slurm_idle.slurm.protocol import AcctJob
+from slurm_idle.slurm.protocol import AcctJob, NotRequeueable
 from slurm_idle.slurm.runner import CommandRunner, CompletedResult, SubprocessRunner
 
 #: First release whose `scontrol show node` knows `--json`.
@@ -31,6 +31,9 @@ SCONTROL_JSON_SINCE = (23, 2)
 _HOUSEKEEPING_STEPS = ("batch", "extern", "interactive")
 #: `scontrol requeue` complaints that mean there is nothing left to do for that job.
 _REQUEUE_DONE = ("job is pending execution", "invalid job id specified")
+#: What `scontrol requeue` says of an srun/salloc job (22.05: "Only batch jobs are accepted or
+#: processed for job 2").
+_NOT_BATCH = "only batch jobs are accepted"
 
 
 class CliBackend:
@@ -138,6 +141,16 @@ class CliBackend:
                 return
             raise
 
+    def power_up(self, node: str) -> None:
+        try:
+            self._run("scontrol", "update", f"nodename={node}", "state=POWER_UP")
+        except CommandError as exc:
+            # 22.05 answers rc=1 "Invalid node state specified" for a node that is already up
+            # (or being powered up), as for a RESUME of an undrained node.
+            if exc.rc == 1 and "invalid node state" in exc.stderr.lower():
+                return
+            raise
+
     def set_comment(self, node: str, comment: str) -> None:
         self._run("scontrol", "update", f"nodename={node}", f"comment={comment}")
 
@@ -160,41 +173,58 @@ class CliBackend:
     def requeue(self, job_ids: Sequence[int], grace_s: float = 0) -> None:
         """Requeue jobs so they go back to PENDING (restart count + 1), never FAILED.
 
-        `scontrol requeue` alone is already graceful up to KillWait: every process of the job
-        gets SIGTERM at once and SIGKILL KillWait seconds later; meanwhile the job shows
-        COMPLETING on its node. With `grace_s > 0` the job's srun steps (not its batch shell,
-        as Slurm's own preemption GraceTime does) get SIGTERM first, and the requeue follows
-        once no workload step is left or after grace_s, whichever comes first. Signalling the
-        batch shell ourselves (`scancel --full`) is avoided: a shell that exits on it ends the
-        run as FAILED in accounting before the requeue can turn it back to PENDING.
+        `scontrol requeue` is graceful up to KillWait: every process of the job gets SIGTERM at
+        once and SIGKILL KillWait seconds later; meanwhile the job shows COMPLETING on its node.
+        An earlier warning (the job's own --signal, our runner's SIGTERM) and the wait for it
+        are the caller's: `signal`, then `workload_steps` through its shared poll, under its
+        deadline (the agent's NodeDriver). `grace_s` is accepted for callers of the old
+        signature and must be 0: this call never waits. A job Slurm cannot requeue (an srun or
+        salloc job: "Only batch jobs are accepted") raises NotRequeueable.
         """
+        if grace_s:
+            raise ValueError("requeue() no longer waits: signal() first and wait in the caller")
         if not job_ids:
             return
-        ids = [str(j) for j in job_ids]
-        if grace_s > 0:
-            self._run("scancel", "--signal=TERM", *ids)
-            deadline = self.clock() + grace_s
-            while self._workload_steps(ids) and self.clock() < deadline:
-                self.sleep(min(self.poll_s, max(deadline - self.clock(), 0)))
         try:
-            self._run("scontrol", "requeue", ",".join(ids))
+            self._run("scontrol", "requeue", ",".join(str(j) for j in job_ids))
         except CommandError as exc:
             # Slurm still requeues the other jobs of the list; a job already requeued (it
             # reads "pending execution", also while COMPLETING) or gone needs nothing more.
             lines = [line.strip().lower() for line in exc.stderr.splitlines() if line.strip()]
             if exc.rc == 1 and lines and all(any(b in ln for b in _REQUEUE_DONE) for ln in lines):
                 return
+            if any(_NOT_BATCH in ln for ln in lines):
+                raise NotRequeueable(exc.argv, exc.rc, exc.stderr) from None
             raise
 
-    def _workload_steps(self, ids: Sequence[str]) -> list[str]:
+    def signal(self, job_ids: Sequence[int], signal: str, batch_shell: bool = False) -> None:
+        """Send `signal` to the jobs' steps (Slurm's `--signal` default), or to their batch
+        shell only (`batch_shell`, a `--signal=B:...` job). Nothing else happens to the job."""
+        if not job_ids:
+            return
+        args = [f"--signal={signal}"] + (["--batch"] if batch_shell else [])
+        self._run("scancel", *args, *(str(j) for j in job_ids))
+
+    def workload_steps(self) -> dict[int, int]:
+        """job id -> its running workload steps (not batch/extern/interactive), every job in
+        one `squeue --steps` call (for a poll shared by every node being reclaimed)."""
+        out = self._run("squeue", "--steps", "--all", "--noheader", "--format=%i").stdout
+        counts: dict[int, int] = {}
+        for line in out.splitlines():
+            job, _, step = line.strip().partition(".")
+            if job.split("_")[0].isdigit() and step and step not in _HOUSEKEEPING_STEPS:
+                key = int(job.split("_")[0])
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def job_signal(self, job_id: int) -> parse.JobSignal | None:
+        """The job's own `#SBATCH --signal` from its batch script (Slurm's job JSON does not
+        carry the option); None without one, or for a job without a script (srun/salloc)."""
         try:
-            out = self._run(
-                "squeue", "--steps", "--noheader", "--format=%i", "--jobs=" + ",".join(ids)
-            ).stdout
+            script = self._run("scontrol", "write", "batch_script", str(job_id), "-").stdout
         except CommandError:
-            return []  # jobs already gone from the controller: nothing left to wait for
-        steps = [line.strip() for line in out.splitlines() if line.strip()]
-        return [s for s in steps if s.rsplit(".", 1)[-1] not in _HOUSEKEEPING_STEPS]
+            return None
+        return parse.signal_from_script(script)
 
 
 def _slurm_time(ts: float) -> str:

@@ -12,7 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from slurm_idle.errors import CommandError
 from slurm_idle.model import SlurmJob, SlurmNode
+
+
+class NotRequeueable(CommandError):
+    """Slurm refuses to requeue the job: it is not a batch job (srun/salloc)."""
 
 
 @dataclass(frozen=True)
@@ -62,12 +67,26 @@ class SlurmBackend(Protocol):
         """RESUME a node; a node that is not drained is left as it is (idempotent)."""
         ...
 
+    def power_up(self, node: str) -> None:
+        """Ask Slurm to power up a node its power saving suspended (`state=POWER_UP`); a node
+        that is already up is left as it is (idempotent)."""
+        ...
+
     def set_comment(self, node: str, comment: str) -> None:
         """Set the node's free-text Comment (our machine-readable phase data)."""
         ...
 
     def requeue(self, job_ids: Sequence[int], grace_s: float = 0) -> None:
-        """Requeue jobs; with grace_s > 0 their steps get SIGTERM first and up to grace_s to end."""
+        """Requeue jobs at once (grace_s must be 0: the caller signals and waits); a job that
+        is not a batch job raises NotRequeueable."""
+        ...
+
+    def signal(self, job_ids: Sequence[int], signal: str, batch_shell: bool = False) -> None:
+        """Send `signal` to the jobs' steps, or to their batch shell only."""
+        ...
+
+    def workload_steps(self) -> dict[int, int]:
+        """job id -> running workload steps, for every job, in one query."""
         ...
 
     def submit(self, script: str, extra_args: Sequence[str] = ()) -> int:

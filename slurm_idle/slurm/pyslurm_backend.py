@@ -20,7 +20,7 @@ from slurm_idle.hostlist import expand_hostlist
 from slurm_idle.model import SlurmJob, SlurmNode
 from slurm_idle.slurm import parse
 from slurm_idle.slurm.cli_backend import CliBackend
-from slurm_idle.slurm.protocol import AcctJob
+from slurm_idle.slurm.protocol import AcctJob, NotRequeueable
 
 
 def import_pyslurm() -> ModuleType:
@@ -143,20 +143,38 @@ class PyslurmBackend:
                 return  # not drained: nothing to resume
             raise
 
+    def power_up(self, node: str) -> None:
+        try:
+            self._modify_node(node, state="POWER_UP")
+        except CommandError as exc:
+            if "invalid node state" in exc.stderr.lower():
+                return  # already up: nothing to do
+            raise
+
     def set_comment(self, node: str, comment: str) -> None:
         self._modify_node(node, comment=comment)
 
     def requeue(self, job_ids: Sequence[int], grace_s: float = 0) -> None:
-        if grace_s > 0:
-            # Same signalling semantics as the CLI backend; it owns the step polling.
-            self.cli.requeue(job_ids, grace_s)
-            return
+        if grace_s:
+            raise ValueError("requeue() no longer waits: signal() first and wait in the caller")
         for job_id in job_ids:
             try:
                 self._call("Job.requeue", self.pyslurm.Job(job_id).requeue)
             except CommandError as exc:
+                if "only batch jobs are accepted" in exc.stderr.lower():
+                    raise NotRequeueable(exc.argv, exc.rc, exc.stderr) from None
                 if "pending execution" not in exc.stderr.lower():
                     raise
+
+    def signal(self, job_ids: Sequence[int], signal: str, batch_shell: bool = False) -> None:
+        # scancel's --batch has no stable pyslurm spelling across releases: the CLI's.
+        self.cli.signal(job_ids, signal, batch_shell)
+
+    def workload_steps(self) -> dict[int, int]:
+        return self.cli.workload_steps()
+
+    def job_signal(self, job_id: int) -> Any:
+        return self.cli.job_signal(job_id)
 
     def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None:
         for job_id in job_ids:

@@ -134,8 +134,7 @@ class Story:
     def reset(self) -> None:
         """Start from a plain cluster: no jobs, nodes undrained without comments, engines up."""
         reset_cluster(self.sb, self.config.paths.journal)
-        subprocess.run([sys.executable, "-m", "slurm_idle.testing.images"], env=os.environ.copy(),
-                       check=True, capture_output=True, text=True)
+        build_images()
 
     # -- the story ----------------------------------------------------------------------------
     def run(self) -> DemoReport:
@@ -268,9 +267,16 @@ def lost_gpu_seconds(lines: list[str], gpus: int = 1, step_s: float = 1.0) -> fl
     return lost
 
 
-def main(argv: list[str] | None = None) -> int:
-    from slurm_idle.testing.sandbox import Sandbox
+def build_images() -> None:
+    """The demo's images, through the sandbox's dockerd; its own error message on failure."""
+    r = subprocess.run([sys.executable, "-m", "slurm_idle.testing.images"], env=os.environ.copy(),
+                       capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        lines = (r.stderr or r.stdout).strip().splitlines() or [f"exit {r.returncode}"]
+        raise RuntimeError(f"demo: building the demo image failed: {lines[-1]}")
 
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="/tmp/slurm-idle-sandbox", help="sandbox directory")
     parser.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
@@ -282,24 +288,43 @@ def main(argv: list[str] | None = None) -> int:
     # Same ports as `scripts/sandbox` for the default root, so `--keep` leaves a sandbox that
     # `scripts/sandbox status|env|down` find.
     base = DEFAULT_BASE_PORT if root == DEFAULT_ROOT and not (root / "sandbox.json").exists() else None
-    sb = Sandbox(root, base)
-    started = time.monotonic()
-    print(f"bringing the sandbox up under {args.root} ...", flush=True)
-    sb.up()
-    print(f"sandbox up in {time.monotonic() - started:.1f}s", flush=True)
     try:
-        report = Story(sb, out=lambda s: print(s, flush=True)).run()
-    finally:
-        if not args.keep:
-            sb.down()
-        else:
-            print(f"sandbox left running: eval \"$(scripts/sandbox --root {root} env)\"; "
-                  f"scripts/sandbox --root {root} down", flush=True)
+        report = _run(root, base, args.keep)
+    except KeyboardInterrupt:
+        print("demo: interrupted; everything it started is stopped", file=sys.stderr, flush=True)
+        return 130
+    except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as exc:
+        # One line with the underlying error (a daemon's last log lines, dockerd's message);
+        # the sandbox is down already unless --keep asked otherwise.
+        msg = " ".join(str(exc).split())
+        print(msg if msg.startswith(("demo:", "sandbox:")) else f"demo: {msg}",
+              file=sys.stderr, flush=True)
+        return 1
     if args.json:
         print(json.dumps(asdict(report), indent=2))
     ok = report.job_restarts >= 1 and (report.resumed_from or 0) > 0
     print("demo: OK" if ok else "demo: the story did not complete as expected", flush=True)
     return 0 if ok else 1
+
+
+def _run(root: Path, base: int | None, keep: bool) -> DemoReport:
+    """Bring the sandbox up (a failed start stops what it started), run the story, and
+    bring it down again unless `keep`."""
+    from slurm_idle.testing.sandbox import Sandbox
+
+    sb = Sandbox(root, base)
+    started = time.monotonic()
+    print(f"bringing the sandbox up under {root} ...", flush=True)
+    try:
+        sb.up()
+        print(f"sandbox up in {time.monotonic() - started:.1f}s", flush=True)
+        return Story(sb, out=lambda s: print(s, flush=True)).run()
+    finally:
+        if not keep:
+            sb.down()
+        else:
+            print(f"sandbox left running: eval \"$(scripts/sandbox --root {root} env)\"; "
+                  f"scripts/sandbox --root {root} down", flush=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,8 +9,12 @@ Background load: the total request rate in `--load-file` (JSON `{"rps": R}`, wri
 emulator announces itself in `--state-dir/<node>.json` (a heartbeat) so the others know how
 many share the load. The capacity model lives in engine_model.py.
 
+Version: `GET /version` answers `--vllm-version` (default DEFAULT_VLLM_VERSION). Below 0.17
+the emulator behaves as those servers do: `/sleep` ignores `mode` and aborts whatever is in
+flight (slurm_idle.engine_version has the feature table).
+
 Run: python -m slurm_idle.testing.emulator --port P --model sandbox-model --node gpu1 \
-        --state-dir DIR [--load-file FILE]
+        --state-dir DIR [--load-file FILE] [--vllm-version 0.16.0]
 """
 
 from __future__ import annotations
@@ -31,9 +35,12 @@ from urllib.parse import parse_qs, urlparse
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from slurm_idle.engine_version import SLEEP_MODE_WAIT, supports
 from slurm_idle.testing.engine_model import Capacity, EngineModel, Request
 
 TICK_S = 0.1
+#: The first release with every feature slurm-idle uses (sleep mode=wait, --shutdown-timeout).
+DEFAULT_VLLM_VERSION = "0.18.0"
 HEARTBEAT_STALE_S = 3.0
 
 
@@ -73,8 +80,10 @@ def count_awake(state_dir: Path, now: float, pid_alive: Callable[[int], bool] = 
 class Emulator:
     """The simulation thread and state shared by HTTP handlers (all under one lock)."""
 
-    def __init__(self, model: EngineModel, node: str, state_dir: Path | None, load_file: Path | None) -> None:
+    def __init__(self, model: EngineModel, node: str, state_dir: Path | None, load_file: Path | None,
+                 vllm_version: str = DEFAULT_VLLM_VERSION) -> None:
         self.model = model
+        self.vllm_version = vllm_version
         self.node = node
         self.state_dir = state_dir
         self.load_file = load_file
@@ -124,6 +133,8 @@ class Emulator:
     # --- lifecycle API ------------------------------------------------------------------
 
     def sleep(self, level: int, mode: str, timeout_s: float = 300.0) -> None:
+        if not supports(self.vllm_version, SLEEP_MODE_WAIT):
+            mode = "abort"  # before 0.17 /sleep had no mode: in-flight requests were aborted
         if mode == "wait":
             with self.lock:
                 self.draining = True
@@ -194,7 +205,7 @@ def make_handler(emu: Emulator) -> type[BaseHTTPRequestHandler]:
                     "id": model_name, "object": "model", "created": int(time.time()),
                     "owned_by": "vllm", "root": model_name, "parent": None, "max_model_len": 8192}]})
             elif path == "/version":
-                self._json(200, {"version": "0.0.0-emulator"})
+                self._json(200, {"version": emu.vllm_version})
             else:
                 self._json(404, {"detail": "Not Found"})
 
@@ -209,6 +220,8 @@ def make_handler(emu: Emulator) -> type[BaseHTTPRequestHandler]:
                 except ValueError:
                     level = 0
                 mode = query.get("mode", "abort")
+                if not supports(emu.vllm_version, SLEEP_MODE_WAIT):
+                    mode = "abort"  # an old server never looks at `mode`
                 if level not in (1, 2) or mode not in ("abort", "wait", "keep"):
                     self._json(400, {"detail": "level must be 1|2, mode abort|wait|keep"})
                     return
@@ -266,6 +279,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-tokens-per-s", type=float, default=Capacity.seq_tokens_per_s)
     p.add_argument("--start-delay-s", type=float, default=0.0, help="simulated cold start before listening")
     p.add_argument("--asleep", action="store_true", help="start in sleep level 1")
+    p.add_argument("--vllm-version", default=DEFAULT_VLLM_VERSION,
+                   help="what GET /version says; below 0.17 /sleep ignores mode and aborts")
     return p.parse_args(argv)
 
 
@@ -278,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         model.go_to_sleep(1)
     if args.state_dir is not None:
         args.state_dir.mkdir(parents=True, exist_ok=True)
-    emu = Emulator(model, args.node, args.state_dir, args.load_file)
+    emu = Emulator(model, args.node, args.state_dir, args.load_file, args.vllm_version)
     if args.start_delay_s > 0:
         time.sleep(args.start_delay_s)
     ThreadingHTTPServer.allow_reuse_address = True

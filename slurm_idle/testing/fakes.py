@@ -7,11 +7,12 @@ Slurm or vLLM behaviour: contract tests run the real adapters against the real s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from slurm_idle.config import ModelConfig, ReplicaConfig
 from slurm_idle.model import ModelLoad, ReplicaLoad, SlurmJob, SlurmNode
+from slurm_idle.slurm.parse import JobSignal
 
 
 @dataclass
@@ -24,6 +25,12 @@ class FakeSlurm:
     calls: int = 0
     fail_on: set[str] = field(default_factory=set)  # method names that raise CommandError
     requeues: list[tuple[tuple[int, ...], float]] = field(default_factory=list)  # (ids, grace_s)
+    signals: list[tuple[tuple[int, ...], str, bool]] = field(default_factory=list)
+    no_steps: set[int] = field(default_factory=set)  # jobs whose steps ended (workload_steps)
+    job_signals: dict[int, JobSignal] = field(default_factory=dict)  # each job's own --signal
+    fail_jobs: set[int] = field(default_factory=set)  # jobs whose requeue fails (CommandError)
+    power_up_polls: int = 0  # nodes() shows POWERING_UP this many times after a power_up
+    _powering: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def with_nodes(cls, names: Sequence[str], gpus: int = 4) -> FakeSlurm:
@@ -40,6 +47,13 @@ class FakeSlurm:
 
     def nodes(self) -> list[SlurmNode]:
         self._call("nodes")
+        for name, left in list(self._powering.items()):
+            if left <= 0:
+                n = self.node_map[name]
+                self.node_map[name] = replace(n, flags=n.flags - {"POWERING_UP"})
+                del self._powering[name]
+            else:
+                self._powering[name] = left - 1
         return list(self.node_map.values())
 
     def jobs(self) -> list[SlurmJob]:
@@ -58,18 +72,58 @@ class FakeSlurm:
         n = self.node_map[node]
         self.node_map[node] = replace(n, flags=n.flags - {"DRAIN", "DRAINING", "DRAINED"}, reason="")
 
+    def power_up(self, node: str) -> None:
+        """Clears the power-saving flags, after `power_up_polls` reads showing POWERING_UP."""
+        self._call("power_up", node)
+        n = self.node_map[node]
+        powered = {"POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "POWER_DOWN", "POWER_UP"}
+        flags = n.flags - powered
+        if self.power_up_polls > 0:
+            flags |= {"POWERING_UP"}
+            self._powering[node] = self.power_up_polls
+        self.node_map[node] = replace(n, flags=frozenset(flags))
+
     def set_comment(self, node: str, comment: str) -> None:
         self._call("set_comment", node, comment)
         self.node_map[node] = replace(self.node_map[node], comment=comment)
 
     def requeue(self, job_ids: Sequence[int], grace_s: float = 0) -> None:
+        from slurm_idle.slurm.protocol import NotRequeueable
+
         self._call("requeue", *map(str, job_ids))
         self.requeues.append((tuple(job_ids), grace_s))
+        from slurm_idle.errors import CommandError
+
+        failing = sorted(set(job_ids) & self.fail_jobs)
+        if failing:
+            raise CommandError(["scontrol", "requeue"], 1, f"requeue of job {failing[0]} failed (injected)")
+        interactive = [j.job_id for j in self.job_list if j.job_id in job_ids and not j.batch]
+        if interactive:  # what Slurm answers for srun/salloc jobs (and requeues none of them)
+            raise NotRequeueable(["scontrol", "requeue"], 1,
+                                 f"Only batch jobs are accepted or processed for job {interactive[0]}")
         self.job_list = [
             replace(j, state="PENDING", nodes=(), restart_count=j.restart_count + 1)
             if j.job_id in job_ids else j
             for j in self.job_list
         ]
+
+
+    def signal(self, job_ids: Sequence[int], signal: str, batch_shell: bool = False) -> None:
+        self._call("signal", signal, "batch" if batch_shell else "steps", *map(str, job_ids))
+        self.signals.append((tuple(job_ids), signal, batch_shell))
+
+    def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None:
+        self._call("cancel", *map(str, job_ids))
+        self.job_list = [j for j in self.job_list if j.job_id not in job_ids]
+
+    def workload_steps(self) -> dict[int, int]:
+        """Running jobs have one workload step unless `no_steps` lists them."""
+        self._call("workload_steps")
+        return {j.job_id: 1 for j in self.job_list
+                if j.state == "RUNNING" and j.job_id not in self.no_steps}
+
+    def job_signal(self, job_id: int) -> JobSignal | None:
+        return self.job_signals.get(job_id)
 
 
 @dataclass(frozen=True)
@@ -127,7 +181,13 @@ class FakeMetrics:
     fail: bool = False
     queries: int = 0
 
-    def replica_loads(self, replicas: Sequence[tuple[str, ReplicaConfig]]) -> list[ReplicaLoad]:
+    def replica_loads(
+        self,
+        replicas: Sequence[tuple[str, ReplicaConfig]],
+        *,
+        budget_s: float | None = None,
+        serving: Collection[str] | None = None,
+    ) -> list[ReplicaLoad]:
         from slurm_idle.errors import MetricsUnavailable
 
         self.queries += 1
@@ -135,7 +195,14 @@ class FakeMetrics:
             raise MetricsUnavailable("fake metrics source is down")
         return [self.replicas[r.node] for _, r in replicas if r.node in self.replicas]
 
-    def model_loads(self, models: Sequence[ModelConfig], now: float) -> list[ModelLoad]:
+    def model_loads(
+        self,
+        models: Sequence[ModelConfig],
+        now: float,
+        *,
+        budget_s: float | None = None,
+        serving: Collection[str] | None = None,
+    ) -> list[ModelLoad]:
         from slurm_idle.errors import MetricsUnavailable
 
         self.queries += 1

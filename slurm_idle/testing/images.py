@@ -120,11 +120,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if the images exist")
     args = p.parse_args(argv)
     import docker
+    import docker.errors
 
-    client = (docker.DockerClient(base_url=args.docker_host) if args.docker_host
-              else docker.from_env())
-    print(import_busybox(client, force=args.force))
-    print(build_demo_image(client, force=args.force))
+    try:
+        client = (docker.DockerClient(base_url=args.docker_host) if args.docker_host
+                  else docker.from_env())
+        print(import_busybox(client, force=args.force))
+        print(build_demo_image(client, force=args.force))
+    except (docker.errors.DockerException, RuntimeError, OSError) as exc:
+        # One line with the engine's own message (e.g. dockerd refusing to import the rootfs).
+        print(f"images: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
     return 0
 
 

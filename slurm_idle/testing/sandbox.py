@@ -246,7 +246,27 @@ class Sandbox:
         """Start whatever is not running and wait until all is ready.
 
         Returns when each part was ready, in seconds since up() began (cumulative), and total.
+        A start that fails stops what this call started (everything, when nothing ran
+        before), so no daemon outlives the error, which names the part and its log's last lines.
         """
+        before = self._recorded()
+        try:
+            return self._up(timeout_s)
+        except BaseException:
+            self._undo_up(before)
+            raise
+
+    def _undo_up(self, before: dict[str, int]) -> None:
+        if not before:
+            self.down()
+            return
+        started = [pid for name, pid in self._recorded().items() if before.get(name) != pid]
+        procs.terminate(started, timeout_s=15)
+        for name, pid in self._recorded().items():
+            if before.get(name) != pid:
+                self._pidfile(name).clear()
+
+    def _up(self, timeout_s: float) -> dict[str, float]:
         t0 = time.monotonic()
         timings: dict[str, float] = {}
         lay = self.layout
@@ -262,10 +282,7 @@ class Sandbox:
             "--ip-masq=false", "--bridge=none", "--storage-driver=vfs",
             f"--data-root={root}/docker/data", f"--exec-root={root}/docker/exec",
             f"--pidfile={lay.run}/dockerd.pid", f"--host=unix://{lay.docker_socket}"])
-        self._spawn("prometheus", [
-            "prometheus", f"--config.file={root}/prometheus.yml",
-            f"--storage.tsdb.path={root}/prometheus", "--storage.tsdb.retention.time=1d",
-            f"--web.listen-address=127.0.0.1:{lay.prometheus_port}", "--web.enable-lifecycle"])
+        self._spawn("prometheus", self._prometheus_argv())
         for node in NODES:
             self.engine_start(node, start_delay_s=0)
         self._start_mariadb(timings, t0)
@@ -296,6 +313,24 @@ class Sandbox:
         timings["dockerd"] = time.monotonic() - t0
         timings["total"] = time.monotonic() - t0
         return {k: round(v, 2) for k, v in timings.items()}
+
+    def _prometheus_argv(self) -> list[str]:
+        root, lay = self.root, self.layout
+        return ["prometheus", f"--config.file={root}/prometheus.yml",
+                f"--storage.tsdb.path={root}/prometheus", "--storage.tsdb.retention.time=1d",
+                f"--web.listen-address=127.0.0.1:{lay.prometheus_port}", "--web.enable-lifecycle"]
+
+    def stop_prometheus(self) -> None:
+        """A Prometheus outage (tests of the scrape fallback): stop it by pid."""
+        pid = self._pidfile("prometheus").read()
+        if pid is not None:
+            procs.terminate([pid], timeout_s=15)
+        self._pidfile("prometheus").clear()
+
+    def start_prometheus(self, timeout_s: float = 60.0) -> None:
+        """Start Prometheus again (same TSDB) and wait until it scrapes every emulator that runs."""
+        self._spawn("prometheus", self._prometheus_argv())
+        self._wait("prometheus", lambda: _http_get(f"{self.prometheus_url}/-/ready")[0] == 200, timeout_s)
 
     def restart_slurmctld(self, timeout_s: float = 90.0) -> float:
         """Stop slurmctld and start it again from its saved state, as `systemctl restart

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "engine-stop":
             sb.engine_stop(args.node)
             return 0
-    except (RuntimeError, TimeoutError, ValueError, OSError) as e:
-        msg = str(e)
+    except KeyboardInterrupt:
+        print("sandbox: interrupted", file=sys.stderr)
+        return 130
+    except (RuntimeError, TimeoutError, ValueError, OSError, subprocess.SubprocessError) as e:
+        # One line: a failed `up` has already stopped what it started (Sandbox.up).
+        msg = " ".join(str(e).split())
         print(msg if msg.startswith("sandbox:") else f"sandbox: {msg}", file=sys.stderr)
         return 1
     return 2

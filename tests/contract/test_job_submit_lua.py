@@ -60,3 +60,23 @@ def test_other_partitions_keep_no_requeue(sandbox: Any) -> None:
         assert show(sandbox, job, "Requeue") == "0"
     finally:
         sandbox.run(["scancel", job])
+
+
+def test_interactive_jobs_on_idle_are_rejected(sandbox: Any) -> None:
+    """`srun -p idle` and `salloc -p idle` (no batch script: Slurm could not requeue them) are
+    refused with our message; an sbatch script that runs srun steps inside is accepted."""
+    for command in (["srun", "--test-only", "-p", "idle", "true"], ["salloc", "-p", "idle", "true"]):
+        r = sandbox.run(["timeout", "30", *command])
+        assert r.returncode != 0, command
+        assert "takes batch jobs only" in r.stderr, r.stderr
+    r = sandbox.run(["sbatch", "--parsable", "-o", "/dev/null", "--hold", "-p", "idle",
+                     "--wrap", "srun true"])
+    assert r.returncode == 0, r.stderr
+    sandbox.run(["scancel", r.stdout.strip().split(";")[0]])
+
+
+def test_interactive_jobs_elsewhere_are_left_alone(sandbox: Any) -> None:
+    """The batch-only rule is the lend partition's: `srun -p inference` passes the plugin
+    (--test-only: whether a node is free now, serving nodes being drained, is not the point)."""
+    r = sandbox.run(["timeout", "30", "srun", "--test-only", "-p", "inference", "true"])
+    assert "takes batch jobs only" not in r.stderr, r.stderr

@@ -8,6 +8,7 @@ runs; commands time out.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,10 +149,12 @@ while true; do sleep 0.1; done
 """
 
 
-def test_graceful_requeue_signals_steps_first(
+def test_signal_list_then_requeue_gives_the_step_its_grace(
     slurm: CliBackend, jobs_to_cancel: list[int], tmp_path: Path
 ) -> None:
-    """requeue(grace_s) TERMs the srun step, waits for it to end, then requeues (batch TERM)."""
+    """The agent's reclaim through the adapter: signal() TERMs the srun step (not the batch
+    shell), workload_steps() sees it end, requeue() then TERMs the batch shell and requeues
+    the job. None of these calls waits (the driver does, under its tick deadline)."""
     log = tmp_path / "signals.log"
     log.touch()
     job_id = slurm.submit(
@@ -161,15 +164,49 @@ def test_graceful_requeue_signals_steps_first(
     )
     jobs_to_cancel.append(job_id)
     poll(lambda: "step-start" in log.read_text(), 30, "srun step started")
+    assert slurm.workload_steps().get(job_id, 0) >= 1
     start = time.monotonic()
-    slurm.requeue([job_id], grace_s=20)
-    took = time.monotonic() - start
-    assert took < 15, f"requeue waited {took:.1f}s although the step ended on SIGTERM"
+    slurm.signal([job_id], "TERM")
+    assert time.monotonic() - start < 5, "signal() must not wait"
+    poll(lambda: slurm.workload_steps().get(job_id, 0) == 0, 15, "the step ended on SIGTERM")
+    slurm.requeue([job_id])
     poll(lambda: "batch-term" in log.read_text(), 15, "batch shell got SIGTERM from the requeue")
     assert log.read_text().split() == ["step-start", "step-term", "step-ended", "batch-term"]
     requeued = poll(lambda: (j := job(slurm, job_id)) and j.restart_count >= 1 and j, 20,
                     "restart counted")
     assert requeued.state not in NEVER
+
+
+def test_an_interactive_job_cannot_be_requeued_only_cancelled(
+    slurm: CliBackend, sandbox: Any
+) -> None:
+    """Slurm refuses `scontrol requeue` for an srun job (NotRequeueable, so the agent cancels
+    it instead); its job record says batch=False. Run with job_submit.lua relaxed, since the
+    shipped one refuses srun on the lend partition."""
+    import subprocess
+
+    from slurm_idle.slurm.protocol import NotRequeueable
+
+    lua = Path(sandbox.env()["SLURM_CONF"]).with_name("job_submit.lua")
+    original = lua.read_text()
+    lua.write_text(original.replace("local ALLOW_INTERACTIVE = false", "local ALLOW_INTERACTIVE = true"))
+    srun = None
+    try:
+        time.sleep(1.5)  # slurmctld re-reads the script when it changes
+        srun = subprocess.Popen(["srun", "-p", "idle", "-w", "gpu3", "-J", "contract-srun",
+                                 "sleep", "300"], env={**os.environ, **sandbox.env()},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        found = poll(lambda: next((j for j in slurm.jobs() if j.name == "contract-srun"
+                                   and j.state == "RUNNING"), None), 30, "srun job running")
+        assert found.batch is False
+        with pytest.raises(NotRequeueable):
+            slurm.requeue([found.job_id])
+        slurm.cancel([found.job_id])
+        srun.wait(timeout=30)
+    finally:
+        lua.write_text(original)
+        if srun is not None and srun.poll() is None:
+            srun.terminate()
 
 
 PLAIN_JOB = """\

@@ -11,7 +11,15 @@ from slurm_idle.config import Config, parse_config
 from slurm_idle.journal import Journal
 from slurm_idle.lifecycle import format_lent_comment, format_reason
 from slurm_idle.lock import try_lock
-from slurm_idle.model import Action, ActionKind, ModelLoad, Observation, Phase, SlurmJob
+from slurm_idle.model import (
+    Action,
+    ActionKind,
+    ModelLoad,
+    Observation,
+    Phase,
+    ReplicaLoad,
+    SlurmJob,
+)
 from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
 from slurm_idle.transitions import POLL_S
 
@@ -270,8 +278,13 @@ def test_real_planner_reclaims_when_queue_builds(tmp_path: Path) -> None:
     for _ in range(4):
         agent.tick()
     metrics.models["m"] = ModelLoad(model="m", generation_tokens_per_s=50_000.0, waiting=40,
+                                    waiting_min_recent=30,
                                     demand_tokens_per_s_max_window=50_000.0,
                                     waiting_max_window=40, waiting_min_window=30)
+    # the present demand is the serving replica's (metrics.serving): the load shows there
+    serving = next(n for n, p in phases(agent).items() if p is Phase.SERVING)
+    metrics.replicas[serving] = ReplicaLoad(model="m", node=serving, running=16, waiting=40,
+                                            generation_tokens_per_s=50_000.0)
     agent.tick()
     assert set(phases(agent).values()) == {Phase.SERVING}
 
@@ -387,11 +400,13 @@ def test_plain_jobs_are_requeued_by_slurm_ours_get_the_step_grace(tmp_path: Path
                  comment="slurm-idle:job,pipeline=p"),
         SlurmJob(job_id=9, name="inference", partition="inference", state="RUNNING", nodes=("gpu3",)),
     ]})
+    slurm.no_steps = {8}  # our runner's step ends on the SIGTERM (it checkpointed)
     steps = reclaim_all(agent, ["gpu1"])
     assert steps[-1].to_phase is Phase.SERVING and steps[-1].outcome == "ok"
-    grace = agent.config.slurm.requeue_grace_s
-    assert grace > 0
-    assert sorted(slurm.requeues) == [((7,), 0), ((8,), grace)]
+    assert agent.config.slurm.requeue_grace_s > 0
+    # ours: SIGTERM to its steps, requeued once they ended; the plain one: requeued at once
+    assert slurm.signals == [((8,), "TERM", False)]
+    assert sorted(slurm.requeues) == [((7,), 0), ((8,), 0)]
 
 
 def test_a_surge_reclaim_shares_its_job_queries_and_starts_each_engine_once(tmp_path: Path) -> None:

@@ -122,6 +122,10 @@ def test_duplicate_node_rejected() -> None:
         (MINIMAL + "  - name: m\n    nodes: gpu3\n", "models: model 'm' is listed twice"),
         ("engine: {kind: http-sleep, sleep_level: 2}\nmodels: [{name: m, nodes: gpu1}]\n",
          "engine.sleep_level: sleep_level must be 1"),
+        # the grace is waited within one tick (issue 12): it must fit the tick's budget
+        (MINIMAL + "slurm: {requeue_grace_s: 60}\ntimeouts: {tick_budget_s: 50}\n",
+         "slurm.requeue_grace_s (60) must be shorter than timeouts.tick_budget_s (50)"),
+        (MINIMAL + "slurm: {default_job_signal: 'USR2; rm'}\n", "slurm.default_job_signal"),
     ],
 )
 def test_cli_config_check_bad_input_exits_2(tmp_path: Path, content: str, expected: str) -> None:

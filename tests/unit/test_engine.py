@@ -56,6 +56,7 @@ class FakeVllm:
     dev_mode: bool = True  # /is_sleeping, /sleep, /wake_up exist
     running: float = 0.0
     posts: list[str] = field(default_factory=list)
+    version: str | None = "0.18.0"  # GET /version; None: an endpoint that is not there
 
     def metrics(self) -> str:
         awake = 0.0 if self.sleeping else 1.0
@@ -88,6 +89,8 @@ def _handler(state: FakeVllm) -> type[BaseHTTPRequestHandler]:
                 self._send(200, json.dumps({"is_sleeping": state.sleeping}))
             elif self.path == "/metrics":
                 self._send(200, state.metrics())
+            elif self.path == "/version" and state.version is not None:
+                self._send(200, json.dumps({"version": state.version}))
             else:
                 self._send(404, '{"detail": "Not Found"}')
 
@@ -480,7 +483,8 @@ def test_command_engine_waits_no_longer_than_the_caller_gives() -> None:
 def sleepy_routes() -> dict[tuple[str, str], Any]:
     return {("GET", "/health"): HttpResponse(200, b""),
             ("GET", "/is_sleeping"): HttpResponse(200, b'{"is_sleeping": false}'),
-            ("POST", "/sleep"): HttpResponse(200, b""), ("POST", "/wake_up"): HttpResponse(200, b"")}
+            ("POST", "/sleep"): HttpResponse(200, b""), ("POST", "/wake_up"): HttpResponse(200, b""),
+            ("GET", "/version"): HttpResponse(200, b'{"version": "0.18.0"}')}
 
 
 def test_sleep_stop_waits_no_longer_than_the_caller_gives() -> None:

@@ -77,3 +77,23 @@ def test_submit_warns_when_grace_outlasts_the_sites_requeue_grace(tmp_path: Path
     assert res.exit_code == 0, res.output
     assert "warning" in res.stderr and "grace_s 25" in res.stderr and "10" in res.stderr
     assert "#SBATCH" in res.stdout
+
+
+def test_pipeline_params_and_matrix_in_the_dry_run() -> None:
+    """-p overrides reach the steps; the matrix example fans out into 3 train jobs; a bad
+    -p is one line and exit 2."""
+    r = cli("pipeline", "run", "--dry-run", "--json", "-p", "lr=1e-4",
+            str(EXAMPLES / "sweep.yaml"))
+    assert r.returncode == 0, r.stderr
+    steps = json.loads(r.stdout)["steps"]
+    assert [s["name"] for s in steps] == ["prep", "train-0", "train-1", "train-2", "eval"]
+    assert steps[-1]["depends_on"] == ["train-0", "train-1", "train-2"]
+    r = cli("pipeline", "run", "--dry-run", "-p", "nope=1", str(EXAMPLES / "sweep.yaml"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "unknown pipeline parameter" in r.stderr
+
+
+def test_web_without_the_extra_or_with_help() -> None:
+    """`web --help` documents the safe default bind and the missing-login caveat."""
+    r = cli("web", "--help")
+    assert r.returncode == 0 and "127.0.0.1" in r.stdout and "SSO" in r.stdout

@@ -26,7 +26,7 @@ slurm = {SUCCESS = 0, ERROR = -1,
 dofile(SCRIPT)
 local parts = {idle = {name = "idle", flag_default = PART_DEFAULT_IDLE},
                inference = {name = "inference", flag_default = 0}}
-local job = {partition = PARTITION, requeue = REQUEUE, name = "j"}
+local job = {partition = PARTITION, requeue = REQUEUE, name = "j", script = SCRIPT_TEXT}
 local rc
 if MODIFY then
   rc = slurm_job_modify(job, {partition = RECORD_PARTITION}, parts, 0)
@@ -40,14 +40,16 @@ NO_VAL16 = 65534
 
 
 def run_lua(partition: str | None, requeue: int | None, modify: bool = False,
-            record_partition: str = "idle", idle_default: int = 1) -> tuple[int, str, str]:
+            record_partition: str = "idle", idle_default: int = 1,
+            script: str | None = "#!/bin/sh\\nsleep 1") -> tuple[int, str, str]:
     def lua_value(v: object) -> str:
         return "nil" if v is None else (f'"{v}"' if isinstance(v, str) else str(v))
 
     prelude = (f"SCRIPT = {lua_value(str(LUA_SCRIPT))}\nPARTITION = {lua_value(partition)}\n"
                f"REQUEUE = {lua_value(requeue)}\nMODIFY = {'true' if modify else 'false'}\n"
                f"RECORD_PARTITION = {lua_value(record_partition)}\n"
-               f"PART_DEFAULT_IDLE = {idle_default}\n")
+               f"PART_DEFAULT_IDLE = {idle_default}\n"
+               f"SCRIPT_TEXT = {lua_value(script)}\n")
     assert LUA is not None
     out = subprocess.run([LUA, "-"], input=prelude + DRIVER, capture_output=True, text=True,
                          timeout=30, check=True).stdout
@@ -100,3 +102,11 @@ def test_other_updates_leave_the_requeue_flag_alone() -> None:
     """An update that does not change the partition, or moves a job off idle, sets nothing."""
     assert run_lua(None, NO_VAL16, modify=True)[:2] == (0, str(NO_VAL16))
     assert run_lua("inference", NO_VAL16, modify=True)[:2] == (0, str(NO_VAL16))
+
+
+def test_interactive_job_on_idle_is_rejected() -> None:
+    """srun/salloc hand the plugin no script (job_desc.script nil): refused on idle with a
+    message; on inference the same job passes."""
+    rc, _, msg = run_lua("idle", NO_VAL16, script=None)
+    assert rc == -1 and "takes batch jobs only" in msg
+    assert run_lua("inference", NO_VAL16, script=None)[0] == 0

@@ -338,11 +338,20 @@ def test_window_and_sustain_queries_count_their_points() -> None:
     """The demand window and the queue's sustain span come with their count_over_time, in the
     same queries (the number of queries per tick does not change)."""
     model_q = queries_for(parse_config(CONFIG)).model(600, [300])
-    assert "count_over_time((sum by (model_name) (rate(" in model_q["demand_max"]
+    assert "count_over_time((sum by (model_name) ((rate(" in model_q["demand_max"]
     assert '[600s:15s]), "kind", "points", "", "")' in model_q["demand_max"]
     waiting = model_q["waiting"]
-    assert 'min_over_time(sum by (model_name) (vllm:num_requests_waiting{job="vllm"})[60s:6s])' in waiting
+    assert ('min_over_time(sum by (model_name) ((vllm:num_requests_waiting{job="vllm"} >= 0 < +Inf))'
+            '[60s:6s])') in waiting
     assert '"kind", "recent_min"' in waiting and '"kind", "recent_points"' in waiting
+
+
+def test_fleet_wide_series_are_checked_before_they_are_summed() -> None:
+    """Every model-level query keeps only finite, non-negative series (`>= 0 < +Inf`) before
+    summing: one NaN or negative series from a fake exporter cannot poison the model's load."""
+    model_q = queries_for(parse_config(CONFIG)).model(600, [300])
+    for name in ("generation", "prompt", "running", "demand_max"):
+        assert ">= 0 < +Inf" in model_q[name], name
 
 
 PROMTOOL = shutil.which("promtool")
@@ -509,3 +518,23 @@ def test_model_loads_carry_the_adaptive_headroom_inputs() -> None:
     assert len(fake.seen) == 10
     src, _ = make(models={"llama": {**base, "demand_max:noise_points": 10.0}})
     assert src.model_loads(src.config.models, 1_700_000_100.0)[0].demand_noise_tokens_per_s is None
+
+
+def test_an_invalid_replica_series_is_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A NaN or negative series (a fake exporter on the port) makes that replica unknown on the
+    signal and is named in a warning; the other replicas are untouched."""
+    ts = 1_700_000_000.0
+    src, _ = make(
+        targets={
+            "gpu1.cluster:8000": {"running": 3.0, "fresh": ts, **FULL},
+            "gpu2:8000": {"running": 1.0, "fresh": ts, **{**FULL, "generation": math.nan}},
+            "gpu3:8000": {"running": 1.0, "fresh": ts, **{**FULL, "waiting": -50.0}},
+        },
+        eval_ts=ts,
+    )
+    with caplog.at_level("WARNING"):
+        loads = {l.node: l for l in src.replica_loads(pairs(src.config))}
+    assert loads["gpu1"].known
+    assert not loads["gpu2"].known and not loads["gpu3"].known
+    assert {d.split()[0] for d in src.dropped} == {"gpu2", "gpu3"}
+    assert "dropped an invalid generation series" in caplog.text

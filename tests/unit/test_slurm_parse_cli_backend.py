@@ -11,6 +11,7 @@ import pytest
 from slurm_idle.config import Config
 from slurm_idle.errors import CommandError
 from slurm_idle.slurm import CliBackend, make_backend
+from slurm_idle.slurm.parse import JobSignal
 from slurm_idle.slurm.runner import TIMEOUT_RC, ReplayRunner, SubprocessRunner
 
 DATA = Path(__file__).parent.parent / "data" / "slurm-json"
@@ -138,48 +139,52 @@ def test_requeue_other_error_raises() -> None:
         b.requeue([7])
 
 
-class SteppingRunner(ReplayRunner):
-    """Reports a workload step for the first `steps_for` polls, then only the batch step."""
-
-    def __init__(self, steps_for: int) -> None:
-        super().__init__({("scancel",): "", ("scontrol", "requeue"): ""})
-        self.steps_for = steps_for
-
-    def run(self, argv, input=None, timeout=None):  # type: ignore[no-untyped-def]
-        if argv[:2] == ["squeue", "--steps"]:
-            self.calls.append((tuple(argv), input))
-            self.steps_for -= 1
-            out = "7.0\n7.batch\n" if self.steps_for >= 0 else "7.batch\n7.extern\n"
-            from slurm_idle.slurm.runner import CompletedResult
-            return CompletedResult(tuple(argv), 0, out, "")
-        return super().run(argv, input, timeout)
+def test_requeue_never_waits() -> None:
+    """requeue() is one `scontrol requeue` and never polls: the grace is the caller's, under its
+    tick deadline (issue 12: it used to block for the whole grace in its own loop)."""
+    b, runner = backend({("scontrol", "requeue"): ""})
+    b.requeue([7])
+    assert [c[0] for c in runner.calls] == [("scontrol", "requeue", "7")]
+    with pytest.raises(ValueError, match="no longer waits"):
+        b.requeue([7], grace_s=30)
 
 
-def _fake_time() -> tuple[list[float], object, object]:
-    now = [0.0]
-    return now, (lambda: now[0]), (lambda s: now.__setitem__(0, now[0] + s))
+def test_requeue_of_an_interactive_job_raises_not_requeueable() -> None:
+    """Slurm's answer for an srun/salloc job (captured on 22.05) is NotRequeueable, so the
+    caller can cancel it instead of retrying forever."""
+    from slurm_idle.slurm.protocol import NotRequeueable
+
+    err = CommandError(["scontrol"], 1, "Only batch jobs are accepted or processed for job 2\n")
+    b, _ = backend({("scontrol", "requeue"): err})
+    with pytest.raises(NotRequeueable):
+        b.requeue([2])
 
 
-def test_requeue_with_grace_waits_for_steps() -> None:
-    """With grace, steps get SIGTERM, the requeue waits until no workload step is left."""
-    runner = SteppingRunner(steps_for=2)
-    now, clock, sleep = _fake_time()
-    b = CliBackend(runner=runner, clock=clock, sleep=sleep)  # type: ignore[arg-type]
-    b.requeue([7], grace_s=30)
-    names = [c[0][:2] for c in runner.calls]
-    assert names[0] == ("scancel", "--signal=TERM") and names[-1] == ("scontrol", "requeue")
-    assert names.count(("squeue", "--steps")) == 3
-    assert now[0] == 2.0
+def test_signal_goes_to_steps_or_the_batch_shell() -> None:
+    """signal() is one scancel --signal, with --batch only for a `B:` signal."""
+    b, runner = backend({("scancel",): ""})
+    b.signal([7], "TERM")
+    b.signal([8], "USR2", batch_shell=True)
+    assert [c[0] for c in runner.calls] == [("scancel", "--signal=TERM", "7"),
+                                            ("scancel", "--signal=USR2", "--batch", "8")]
 
 
-def test_requeue_with_grace_gives_up_at_deadline() -> None:
-    """Steps that ignore SIGTERM delay the requeue by grace_s at most."""
-    runner = SteppingRunner(steps_for=10_000)
-    now, clock, sleep = _fake_time()
-    b = CliBackend(runner=runner, clock=clock, sleep=sleep)  # type: ignore[arg-type]
-    b.requeue([7], grace_s=5)
-    assert runner.calls[-1][0][:2] == ("scontrol", "requeue")
-    assert now[0] == 5.0
+def test_workload_steps_lists_every_job_in_one_call() -> None:
+    """workload_steps() counts each job's steps other than batch/extern/interactive."""
+    b, runner = backend({("squeue", "--steps"): "7.0\n7.batch\n7.extern\n8.batch\n9.0\n9.1\n"})
+    assert b.workload_steps() == {7: 1, 9: 2}
+    assert len(runner.calls) == 1
+
+
+def test_job_signal_is_read_from_the_batch_script() -> None:
+    """The job's own --signal comes from its batch script (captured 22.05 output); a job
+    without a script (srun) has none."""
+    script = (DATA / "22.05" / "batch-script-signal.txt").read_text()
+    b, _ = backend({("scontrol", "write", "batch_script", "3"): script,
+                    ("scontrol", "write", "batch_script", "4"):
+                        CommandError(["scontrol"], 1, "job script retrieval failed")})
+    assert b.job_signal(3) == JobSignal("USR2", batch_shell=True)
+    assert b.job_signal(4) is None
 
 
 def test_bad_json_is_command_error() -> None:

@@ -1,0 +1,350 @@
+"""The doctor's checks: pure functions from what was read off the site (`SiteFacts`) and the
+config to `Check` verdicts, each `ok`, `warn` or `fail` with the fix in one line.
+
+Nothing here runs a command or opens a socket (gather.py does, once), so every verdict is
+unit-tested on captured Slurm output of both releases. A part of the site that could not be
+read at all (scontrol missing, Prometheus down) is a `fail` of the checks that need it, named
+with the reading's own error, never a silent pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from slurm_idle import powersave
+from slurm_idle.config import Config
+from slurm_idle.lifecycle import derive_phase
+from slurm_idle.model import Phase, ReplicaLoad, SlurmNode
+from slurm_idle.slurm.text import PartitionInfo, is_unset, parse_duration_s
+
+Status = Literal["ok", "warn", "fail"]
+#: Phases whose replica is expected to answer and report metrics.
+TAKING_TRAFFIC = frozenset({Phase.SERVING, Phase.RETIRING})
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verdict: `detail` says what was found and, unless ok, what to do."""
+
+    name: str
+    status: Status
+    detail: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class SubmitProbe:
+    """`sbatch --test-only` on the lend partition, with --no-requeue and with --requeue."""
+
+    no_requeue_rc: int
+    no_requeue_output: str
+    requeue_rc: int
+    requeue_output: str
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What was found about one replica's engine control (problems empty when all is well)."""
+
+    node: str
+    model: str
+    kind: str
+    problems: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SiteFacts:
+    """Everything the doctor read, each part None with an error when it could not be read."""
+
+    slurm_config: Mapping[str, str] | None = None
+    partitions: tuple[PartitionInfo, ...] | None = None
+    nodes: tuple[SlurmNode, ...] | None = None
+    submit: SubmitProbe | None = None
+    replicas: Mapping[str, ReplicaLoad] | None = None  # node -> load, from the metrics source
+    engines: tuple[EngineFacts, ...] = ()
+    paths: tuple[tuple[str, str, str | None], ...] = ()  # (config key, path, problem)
+    errors: Mapping[str, str] = field(default_factory=dict)  # part -> why it is missing
+
+
+def _unread(name: str, facts: SiteFacts, part: str, what: str) -> Check:
+    why = facts.errors.get(part, "not read")
+    return Check(name, "fail", f"could not read {what}: {why}")
+
+
+# --- Slurm configuration -------------------------------------------------------------------
+
+
+def _partition(facts: SiteFacts, name: str) -> PartitionInfo | None:
+    return next((p for p in facts.partitions or () if p.name == name), None)
+
+
+def check_preemption(facts: SiteFacts, config: Config) -> list[Check]:
+    """Slurm preempts (and requeues) lend-partition jobs for the serve partition's."""
+    name = "slurm.preemption"
+    if facts.slurm_config is None:
+        return [_unread(name, facts, "slurm_config", "`scontrol show config`")]
+    cfg = facts.slurm_config
+    lend, serve = config.slurm.lend_partition, config.slurm.serve_partition
+    ptype = cfg.get("PreemptType", "")
+    problems = []
+    if is_unset(ptype) or ptype.endswith("/none"):
+        problems.append(f"PreemptType is {ptype or 'unset'}: set PreemptType=preempt/partition_prio")
+    mode = cfg.get("PreemptMode", "").upper()
+    if mode in {"", "OFF"}:
+        problems.append(f"PreemptMode is {mode or 'unset'}: set PreemptMode=REQUEUE in slurm.conf")
+    idle, inference = _partition(facts, lend), _partition(facts, serve)
+    if idle is not None and idle.preempt_modes and "REQUEUE" not in idle.preempt_modes:
+        problems.append(
+            f"partition {lend} has PreemptMode={idle.preempt_mode}: its jobs are not requeued on "
+            f"preemption; set PreemptMode=REQUEUE on it (scontrol update partitionname={lend} "
+            "preemptmode=requeue, and in slurm.conf)")
+    if (idle is not None and inference is not None and None not in
+            (idle.priority_tier, inference.priority_tier)
+            and (inference.priority_tier or 0) <= (idle.priority_tier or 0)):
+        problems.append(
+            f"PriorityTier of {serve} ({inference.priority_tier}) is not above {lend}'s "
+            f"({idle.priority_tier}): {serve} jobs cannot preempt {lend} jobs; raise {serve}'s")
+    if problems:
+        return [Check(name, "fail", "; ".join(problems))]
+    return [Check(name, "ok", f"{ptype}, PreemptMode={mode}; {lend} jobs are requeued on preemption")]
+
+
+def check_job_requeue(facts: SiteFacts, config: Config) -> list[Check]:
+    name = "slurm.job_requeue"
+    if facts.slurm_config is None:
+        return [_unread(name, facts, "slurm_config", "`scontrol show config`")]
+    value = facts.slurm_config.get("JobRequeue", "")
+    if value.strip() == "1":
+        return [Check(name, "ok", "JobRequeue=1: batch jobs are requeueable by default")]
+    return [Check(name, "warn",
+                  f"JobRequeue={value or 'unset'}: jobs without --requeue are killed, not requeued, "
+                  "unless job_submit.lua makes them requeueable; set JobRequeue=1")]
+
+
+def check_partitions(facts: SiteFacts, config: Config) -> list[Check]:
+    """Both partitions exist, are up and cover every pool node."""
+    name = "slurm.partitions"
+    if facts.partitions is None:
+        return [_unread(name, facts, "partitions", "`scontrol show partition`")]
+    pool = config.pool_nodes
+    problems = []
+    for part_name in (config.slurm.serve_partition, config.slurm.lend_partition):
+        part = _partition(facts, part_name)
+        if part is None:
+            problems.append(f"partition {part_name} does not exist: add it over the pool nodes "
+                            "(see etc/slurm.conf.snippet)")
+            continue
+        missing = [n for n in pool if n not in part.nodes]
+        if missing:
+            problems.append(f"partition {part_name} lacks pool node(s) {', '.join(missing)}: "
+                            "add them to its Nodes=")
+        if part.state and part.state != "UP":
+            problems.append(f"partition {part_name} is {part.state}: scontrol update "
+                            f"partitionname={part_name} state=up")
+    if problems:
+        return [Check(name, "fail", "; ".join(problems))]
+    return [Check(name, "ok", f"{config.slurm.serve_partition} and {config.slurm.lend_partition} "
+                  f"cover all {len(pool)} pool node(s)")]
+
+
+def check_grace_time(facts: SiteFacts, config: Config) -> list[Check]:
+    """GraceTime (Slurm's preemption) vs requeue_grace_s (our reclaim) vs the tick budget."""
+    name = "slurm.grace_time"
+    budget = config.timeouts.tick_budget_s
+    grace = config.slurm.requeue_grace_s
+    kill_wait = parse_duration_s((facts.slurm_config or {}).get("KillWait")) or 0.0
+    part = _partition(facts, config.slurm.lend_partition)
+    slurm_grace = part.grace_time_s if part is not None else None
+    fails, warns = [], []
+    if grace >= budget:
+        fails.append(f"slurm.requeue_grace_s ({grace:g} s) >= timeouts.tick_budget_s ({budget:g} s): "
+                     "a reclaim can never finish within one tick; lower requeue_grace_s")
+    elif grace + kill_wait > budget:
+        warns.append(f"requeue_grace_s + KillWait ({grace:g} + {kill_wait:g} s) exceeds the tick "
+                     f"budget ({budget:g} s): reclaims spill into the next tick; lower one of them")
+    if part is not None and not slurm_grace:
+        warns.append(f"partition {config.slurm.lend_partition} has GraceTime=0: jobs Slurm preempts "
+                     "get no time to checkpoint; set GraceTime (e.g. 60)")
+    elif slurm_grace and slurm_grace > grace:
+        warns.append(f"GraceTime of {config.slurm.lend_partition} ({slurm_grace:g} s) is longer than "
+                     f"slurm.requeue_grace_s ({grace:g} s): a job that needs its GraceTime to "
+                     "checkpoint is cut short at a reclaim; raise requeue_grace_s")
+    if fails:
+        return [Check(name, "fail", "; ".join(fails + warns))]
+    if warns:
+        return [Check(name, "warn", "; ".join(warns))]
+    return [Check(name, "ok", f"GraceTime {slurm_grace or 0:g} s <= requeue_grace_s {grace:g} s; "
+                  f"+ KillWait {kill_wait:g} s within the tick budget {budget:g} s")]
+
+
+def check_job_submit(facts: SiteFacts, config: Config) -> list[Check]:
+    """job_submit.lua is configured and rejects --no-requeue on the lend partition."""
+    name = "slurm.job_submit"
+    lend = config.slurm.lend_partition
+    plugins = (facts.slurm_config or {}).get("JobSubmitPlugins", "")
+    if facts.slurm_config is not None and "lua" not in plugins.lower():
+        return [Check(name, "fail",
+                      f"JobSubmitPlugins={plugins or 'unset'}: --no-requeue jobs on {lend} would be "
+                      "killed at a reclaim; install etc/job_submit.lua beside slurm.conf and set "
+                      "JobSubmitPlugins=lua")]
+    probe = facts.submit
+    if probe is None:
+        return [_unread(name, facts, "submit", f"`sbatch --test-only -p {lend}`")]
+    if probe.no_requeue_rc == 0:
+        return [Check(name, "fail",
+                      f"`sbatch --test-only -p {lend} --no-requeue` was accepted: job_submit.lua is "
+                      f"not effective; check its LEND_PARTITION ({lend!r}) and slurmctld's log")]
+    if probe.requeue_rc != 0:
+        last = (probe.requeue_output.strip().splitlines() or ["no output"])[-1]
+        return [Check(name, "warn",
+                      f"--no-requeue was refused, but so was a plain --requeue test job ({last}): "
+                      "cannot tell the lua plugin's refusal apart; submit to "
+                      f"{lend} by hand to check")]
+    return [Check(name, "ok", f"job_submit.lua refuses --no-requeue on {lend} (sbatch --test-only)")]
+
+
+def check_power_save(facts: SiteFacts, config: Config) -> list[Check]:
+    """Pool nodes that serve must never be suspended by Slurm."""
+    name = "slurm.power_save"
+    if facts.slurm_config is None:
+        return [_unread(name, facts, "slurm_config", "`scontrol show config`")]
+    cfg = facts.slurm_config
+    if not powersave.power_saving_enabled(cfg):
+        return [Check(name, "ok", "power saving is off (no SuspendProgram)")]
+    pool = set(config.pool_nodes)
+    nodes = [n for n in facts.nodes or () if n.name in pool]
+    if facts.nodes is None:  # judge by name alone: partitions unknown
+        nodes = [SlurmNode(name=n, state="unknown") for n in config.pool_nodes]
+    gaps = powersave.unprotected(cfg, nodes)
+    if not gaps:
+        return [Check(name, "ok", "power saving is on and every pool node is excluded while it serves")]
+    status: Status = "fail" if powersave.automatic_suspend(cfg) else "warn"
+    has_states = "SuspendExcStates" in cfg
+    fix = ("add SuspendExcStates=DRAIN (our serving nodes are drained)" if has_states
+           else "add them to SuspendExcNodes (or the serve partition to SuspendExcParts)")
+    return [Check(name, status,
+                  f"Slurm may power down serving pool node(s) {', '.join(gaps)}: {fix}")]
+
+
+def check_accounting(facts: SiteFacts, config: Config) -> list[Check]:
+    name = "slurm.accounting"
+    if facts.slurm_config is None:
+        return [_unread(name, facts, "slurm_config", "`scontrol show config`")]
+    storage = facts.slurm_config.get("AccountingStorageType", "")
+    if is_unset(storage) or storage.endswith("/none"):
+        return [Check(name, "warn", f"AccountingStorageType={storage or 'unset'}: `slurm-idle report` "
+                      "needs accounting; set up slurmdbd (AccountingStorageType=accounting_storage/slurmdbd)")]
+    tres = facts.slurm_config.get("AccountingStorageTRES", "")
+    if "gres/gpu" not in tres:
+        return [Check(name, "warn", f"{storage} records no GPUs: add gres/gpu to AccountingStorageTRES "
+                      "so report can count GPU-hours")]
+    return [Check(name, "ok", f"{storage}, GPUs recorded")]
+
+
+def check_nodes(facts: SiteFacts, config: Config) -> list[Check]:
+    """Every pool node is known to Slurm with the GPUs its model's replica needs."""
+    name = "slurm.nodes"
+    if facts.nodes is None:
+        return [_unread(name, facts, "nodes", "the nodes (sinfo/scontrol show node)")]
+    known = {n.name: n for n in facts.nodes}
+    fails, warns = [], []
+    for model in config.models:
+        want = model.gpus_per_replica
+        for replica in model.replicas:
+            node = known.get(replica.node)
+            if node is None:
+                fails.append(f"{replica.node} is not known to Slurm: fix the config or slurm.conf")
+            elif node.gpus_total < want:
+                fails.append(f"{replica.node} has {node.gpus_total} GPU(s) in Slurm, model {model.name} "
+                             f"needs {want}: fix its Gres= in slurm.conf/gres.conf or gpus_per_replica")
+            elif node.gpus_total > want:
+                warns.append(f"{replica.node} has {node.gpus_total} GPUs, model {model.name} uses {want}: "
+                             "the rest are lent only with the node")
+            elif node.down and not powersave.power_flags(node):
+                warns.append(f"{replica.node} is {node.state.upper()} in Slurm ({node.reason or 'no reason'})")
+    if fails:
+        return [Check(name, "fail", "; ".join(fails + warns))]
+    if warns:
+        return [Check(name, "warn", "; ".join(warns))]
+    return [Check(name, "ok", f"all {len(config.pool_nodes)} pool node(s) known with their GPUs")]
+
+
+# --- metrics, engines, files ---------------------------------------------------------------
+
+
+def check_metrics(facts: SiteFacts, config: Config) -> list[Check]:
+    """Prometheus (or the scrape URLs) answers, and every serving replica's series are fresh."""
+    name = "metrics"
+    source = config.metrics.source
+    where = config.metrics.prometheus_url if source == "prometheus" else "the replicas' /metrics"
+    if facts.replicas is None:
+        return [Check(name, "fail", f"{source} at {where} did not answer: "
+                      f"{facts.errors.get('replicas', 'not read')}")]
+    phases = {n.name: derive_phase(n, config.slurm.tag).phase for n in facts.nodes or ()}
+    serving = [r.node for m in config.models for r in m.replicas
+               if phases.get(r.node) in TAKING_TRAFFIC]
+    blind = [n for n in serving if n not in facts.replicas or not facts.replicas[n].known]
+    if blind:
+        return [Check(name, "fail",
+                      f"no fresh series for serving replica(s) {', '.join(blind)} from {where}: "
+                      "check the scrape config (etc/prometheus.yml), metrics.instance_label and the URLs")]
+    return [Check(name, "ok", f"{source}: fresh series for all {len(serving)} serving replica(s)")]
+
+
+def check_engines(facts: SiteFacts, config: Config) -> list[Check]:
+    name = "engine"
+    problems = [f"{e.node}: {p}" for e in facts.engines for p in e.problems]
+    warnings = [f"{e.node}: {w}" for e in facts.engines for w in e.warnings]
+    if problems:
+        return [Check(name, "fail", "; ".join(problems + warnings))]
+    if warnings:
+        return [Check(name, "warn", "; ".join(warnings))]
+    kinds = sorted({e.kind for e in facts.engines})
+    return [Check(name, "ok", f"{', '.join(kinds) or 'no'} engine control present for "
+                  f"{len(facts.engines)} replica(s)")]
+
+
+def check_paths(facts: SiteFacts, config: Config) -> list[Check]:
+    name = "paths"
+    problems = [f"{key} {path}: {problem}" for key, path, problem in facts.paths if problem]
+    if problems:
+        return [Check(name, "fail", "; ".join(problems))]
+    return [Check(name, "ok", ", ".join(f"{key} {path}" for key, path, _ in facts.paths)
+                  + " writable and safely owned")]
+
+
+def check_router(facts: SiteFacts, config: Config) -> list[Check]:
+    """Hook for the router adapters (issue 14): reachable router, replicas known to it.
+    No router is configured in this version, so there is nothing to check."""
+    return []
+
+
+CHECKS: tuple[Callable[[SiteFacts, Config], list[Check]], ...] = (
+    check_preemption,
+    check_job_requeue,
+    check_partitions,
+    check_grace_time,
+    check_job_submit,
+    check_power_save,
+    check_accounting,
+    check_nodes,
+    check_metrics,
+    check_engines,
+    check_paths,
+    check_router,
+)
+
+
+def run_checks(facts: SiteFacts, config: Config) -> list[Check]:
+    """Every check, in a fixed order."""
+    return [check for fn in CHECKS for check in fn(facts, config)]
+
+
+def exit_code(checks: list[Check]) -> int:
+    """0 when nothing fails (warnings allowed), 1 otherwise."""
+    return 1 if any(c.status == "fail" for c in checks) else 0

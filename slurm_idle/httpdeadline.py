@@ -1,0 +1,109 @@
+"""HTTP with a total deadline: connect, headers and body together, not per read.
+
+urllib's `timeout` bounds each socket operation, so a page trickled one byte every 2 s never
+times out (measured: 81 s for a `--timeout 5` scrape). Here the whole exchange runs in a worker
+thread and the caller waits at most `timeout_s`; at the deadline the socket is shut down, which
+ends the worker's blocked read at once, and `DeadlineExceeded` (a TimeoutError, so an OSError as
+urllib's own errors are) is raised. No proxies: replicas and Prometheus are on the cluster
+network. Used by the scrape source and the engine probes; `call_within` bounds any other
+blocking call (the Prometheus client) the same way, abandoning it at the deadline.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+T = TypeVar("T")
+
+#: Ceiling of any body read (a metrics page of 10,000 series is a few MB).
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class DeadlineExceeded(TimeoutError):
+    """The call did not finish within its total deadline."""
+
+
+def _open(url: str, timeout_s: float) -> http.client.HTTPConnection:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.scheme == "https":
+        return http.client.HTTPSConnection(host, parts.port or 443, timeout=timeout_s)
+    if parts.scheme != "http":
+        raise OSError(f"unsupported URL scheme in {url!r} (http or https)")
+    return http.client.HTTPConnection(host, parts.port or 80, timeout=timeout_s)
+
+
+def request(
+    method: str, url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES
+) -> tuple[int, bytes]:
+    """(status, body) of one request, the whole of it within `timeout_s` seconds.
+
+    Any status is returned; no answer raises OSError (DeadlineExceeded at the deadline). A body
+    over `max_bytes` is cut there (a metrics page that big is refused by its parser anyway).
+    """
+    parts = urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn = _open(url, max(timeout_s, 0.001))
+    results: list[tuple[int, bytes]] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            conn.request(method, path, body=b"" if method == "POST" else None,
+                         headers={"Connection": "close"})
+            resp = conn.getresponse()
+            results.append((resp.status, resp.read(max_bytes)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=work, name=f"http {url[:60]}", daemon=True)
+    worker.start()
+    worker.join(max(timeout_s, 0.0))
+    if worker.is_alive():
+        _abort(conn)
+        worker.join(1.0)
+        raise DeadlineExceeded(f"{method} {url}: no complete answer within {timeout_s:g} s")
+    conn.close()
+    if errors:
+        if isinstance(errors[0], OSError | http.client.HTTPException):
+            raise OSError(f"{method} {url}: {errors[0]}") from None
+        raise errors[0]
+    return results[0]
+
+
+def _abort(conn: http.client.HTTPConnection) -> None:
+    """Wake a read blocked on this connection's socket (shutdown), then close it."""
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    conn.close()
+
+
+def call_within(fn: Callable[[], T], timeout_s: float, what: str) -> T:
+    """`fn()`'s result if it returns within `timeout_s`, else DeadlineExceeded (the call is left
+    to finish on its own daemon thread; its own timeouts end it)."""
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            results.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=work, name=what[:60], daemon=True)
+    worker.start()
+    worker.join(max(timeout_s, 0.0))
+    if worker.is_alive():
+        raise DeadlineExceeded(f"{what}: no answer within {timeout_s:g} s")
+    if errors:
+        raise errors[0]
+    return results[0]

@@ -1,0 +1,76 @@
+"""A model's present demand from the replicas we know are ours and serving, nothing else.
+
+A source's fleet-wide figures sum every series carrying the model's name: a job on a lent node
+that binds the freed vLLM port and serves `NaN` (or huge or negative numbers) would be summed
+into the model's load. So the agent rebuilds each model's present figures (token rates, running,
+queue, KV cache, TTFT) from the per-replica loads of its nodes in a serving phase (SERVING,
+RETIRING) whose endpoint did not prove foreign; a lent node's metrics never count. The window
+and forecast fields stay the source's (Prometheus holds the history; each series there is
+checked finite and non-negative first), raised to the present where they are its maxima. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from slurm_idle.model import ModelLoad, Phase, ReplicaLoad
+from slurm_idle.policy.capacity import demand_tokens_per_s
+
+#: Phases whose replica takes traffic, so whose load is the model's demand.
+SERVING_PHASES = frozenset({Phase.SERVING, Phase.RETIRING})
+
+
+def _ok(value: float) -> bool:
+    return 0 <= value < math.inf
+
+
+def usable(load: ReplicaLoad | None) -> bool:
+    """A replica load fit to count: known, ours, and every figure finite and non-negative."""
+    if load is None or not load.known or load.foreign:
+        return False
+    return all(_ok(v) for v in (load.running, load.waiting, load.kv_cache_usage,
+                                load.prompt_tokens_per_s, load.generation_tokens_per_s))
+
+
+def serving_model_load(
+    load: ModelLoad, replicas: Sequence[ReplicaLoad | None], prompt_token_weight: float
+) -> ModelLoad:
+    """`load` with its present figures summed over the serving replicas' loads.
+
+    Without a single usable serving replica the source's own figures are all there is (the
+    planner then already refuses to lend: a serving replica is unknown). The window fields
+    keep the source's history, but never below the present (they are maxima over a span that
+    ends now), and the queue's recent minimum never above it.
+    """
+    counted = [r for r in replicas if r is not None and usable(r)]
+    if not counted:
+        return load
+    gen = sum(r.generation_tokens_per_s for r in counted)
+    prompt = sum(r.prompt_tokens_per_s for r in counted)
+    waiting = sum(r.waiting for r in counted)
+    demand = demand_tokens_per_s(gen, prompt, prompt_token_weight)
+    ttfts = [r.ttft_p95_s for r in counted if r.ttft_p95_s is not None and _ok(r.ttft_p95_s)]
+    return replace(
+        load,
+        known=True,
+        generation_tokens_per_s=gen,
+        prompt_tokens_per_s=prompt,
+        running=sum(r.running for r in counted),
+        waiting=waiting,
+        kv_cache_usage_max=max(r.kv_cache_usage for r in counted),
+        # The worst replica's p95: a fleet-wide percentile cannot be rebuilt from per-replica
+        # ones, and the worst errs on the service's side.
+        ttft_p95_s=max(ttfts) if ttfts else load.ttft_p95_s,
+        waiting_min_recent=(
+            None if load.waiting_min_recent is None else min(load.waiting_min_recent, waiting)
+        ),
+        demand_tokens_per_s_max_window=(
+            None if load.demand_tokens_per_s_max_window is None
+            else max(load.demand_tokens_per_s_max_window, demand)
+        ),
+        waiting_max_window=(
+            None if load.waiting_max_window is None else max(load.waiting_max_window, waiting)
+        ),
+    )

@@ -1,0 +1,39 @@
+"""`slurm-idle web`: a read-only view of the pool, the jobs and the pipelines (extra `web`).
+
+Flask + Jinja2: a small, long-maintained WSGI framework whose templates escape by default,
+synchronous like the rest of slurm-idle (subprocess calls to Slurm, blocking HTTP to
+Prometheus), with a test client that needs no server. Waitress serves it (pure Python,
+production-grade, no C build). Plots are PNGs drawn here with matplotlib; the pages load
+nothing from elsewhere (no CDN, no JavaScript framework).
+
+Only GET routes exist: the view changes nothing. It has no login of its own: it binds
+127.0.0.1 by default; a site exposes it behind its SSO / reverse proxy (README, "Web view").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slurm_idle.errors import SlurmIdleError
+
+
+def create_app(data: Any, timezone: str = "UTC") -> Any:
+    """The Flask app over a `PoolData` (slurm_idle.web.data); needs the `web` extra."""
+    try:
+        from slurm_idle.web.app import make_app
+    except ImportError:
+        raise SlurmIdleError(
+            "`slurm-idle web` needs the web extra: pip install 'slurm-idle[web]'"
+        ) from None
+    return make_app(data, timezone)
+
+
+def serve(app: Any, host: str, port: int, threads: int = 4) -> None:
+    """Serve with waitress until interrupted."""
+    try:
+        import waitress
+    except ImportError:
+        raise SlurmIdleError(
+            "`slurm-idle web` needs the web extra: pip install 'slurm-idle[web]'"
+        ) from None
+    waitress.serve(app, host=host, port=port, threads=threads, ident="slurm-idle")

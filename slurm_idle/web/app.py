@@ -1,0 +1,50 @@
+"""The Flask routes of the web view: every one a GET that renders a PoolData document."""
+
+from __future__ import annotations
+
+import flask
+
+from slurm_idle.web import data as d
+from slurm_idle.web.plots import pool_24h_png
+
+
+def make_app(data: d.PoolData, timezone: str = "UTC") -> flask.Flask:
+    app = flask.Flask("slurm_idle.web")
+    app.jinja_env.filters["localtime"] = lambda v: d.local_time(v, timezone)
+    app.jinja_env.filters["age"] = d.age
+
+    @app.get("/")
+    def pool_view() -> str:
+        doc = data.pool()
+        return flask.render_template("pool.html", doc=doc, gpus=d.gpu_counts(doc), page="pool")
+
+    @app.get("/jobs")
+    def jobs_view() -> str:
+        user = flask.request.args.get("user") or None
+        return flask.render_template("jobs.html", doc=data.jobs(user), page="jobs")
+
+    @app.get("/plot/pool-24h.png")
+    def pool_plot() -> flask.Response:
+        png = pool_24h_png(data.pool(), timezone)
+        return flask.Response(png, mimetype="image/png", headers={"Cache-Control": "no-store"})
+
+    @app.get("/api/pool")
+    def api_pool() -> flask.Response:
+        return flask.jsonify(data.pool())
+
+    @app.get("/api/jobs")
+    def api_jobs() -> flask.Response:
+        return flask.jsonify(data.jobs(flask.request.args.get("user") or None))
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.after_request
+    def headers(resp: flask.Response) -> flask.Response:
+        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
+        resp.headers.setdefault("Content-Security-Policy",
+                                "default-src 'self'; img-src 'self' data:; style-src 'self'")
+        return resp
+
+    return app

@@ -1,0 +1,281 @@
+"""The documents the web view renders, gathered with the library functions the CLI uses.
+
+`status` (wiring.build_agent -> observe -> status.node_rows/model_rows), `report`
+(report_io.fetch_runs/make_report, report.journal_facts), `jobs` (jobview.job_rows) and
+`pipeline status` (pipeline.live_status, dag) all do the real work; this module only calls
+them, joins their rows and shapes `/api/pool` and `/api/jobs` (README documents both shapes).
+A part that fails (Prometheus down, accounting off) becomes a line in `errors`, never a 500.
+
+`PoolData` is the Protocol the Flask app needs: the real `LiveData` here, a fake in tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+from zoneinfo import ZoneInfo
+
+from slurm_idle import dag
+from slurm_idle.config import Config
+from slurm_idle.errors import SlurmIdleError
+from slurm_idle.jobs import DEFAULT_TAG
+from slurm_idle.jobview import job_rows, log_tail, users
+from slurm_idle.journal import iso
+from slurm_idle.web.outlook import best_time, outlook, timeline
+
+log = logging.getLogger(__name__)
+
+DAY_S = 86400.0
+WEEK_S = 7 * DAY_S
+LOG_LINES = 15
+
+
+class PoolData(Protocol):
+    """What the web app renders: two JSON documents (see README, "Web view")."""
+
+    def pool(self) -> dict[str, Any]: ...
+
+    def jobs(self, user: str | None = None) -> dict[str, Any]: ...
+
+
+class LiveData:
+    """The real cluster, read through the same code as the CLI; answers cached `ttl_s`."""
+
+    def __init__(self, config: Config | None, state_root: Path,
+                 clock: Callable[[], float] = time.time, ttl_s: float = 15.0) -> None:
+        self.config = config
+        self.state_root = state_root
+        self.clock = clock
+        self.ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def _cached(self, key: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        with self._lock:
+            hit = self._cache.get(key)
+            now = time.monotonic()
+            if hit and now - hit[0] < self.ttl_s:
+                return hit[1]
+            doc = make()
+            self._cache[key] = (now, doc)
+            return doc
+
+    # ------------------------------------------------------------ pool
+
+    def pool(self) -> dict[str, Any]:
+        return self._cached("pool", self._pool)
+
+    def _pool(self) -> dict[str, Any]:
+        now = self.clock()
+        doc: dict[str, Any] = {"generated_at": iso(now), "nodes": [], "models": [], "errors": [],
+                               "lent_gpu_hours": {"today": None, "week": None},
+                               "gpu_hours_used": {"today": None, "week": None},
+                               "timeline": {"t": [], "serving_gpus": [], "lent_gpus": [],
+                                            "demand_tokens_per_s": []},
+                               "outlook": [], "best_time_to_submit": None}
+        cfg = self.config
+        if cfg is None:
+            doc["errors"].append("no config: the pool view needs the agent's config (--config)")
+            return doc
+        self._nodes(cfg, doc)
+        report = self._report(cfg, now, doc["errors"])
+        if report is not None and report.days:
+            doc["lent_gpu_hours"] = {"today": _r(report.days[-1].lent_gpu_hours),
+                                     "week": _r(report.lent_gpu_hours)}
+            doc["gpu_hours_used"] = {"today": _r(report.days[-1].gpu_hours),
+                                     "week": _r(report.gpu_hours)}
+        self._timeline(cfg, now, doc)
+        return doc
+
+    def _nodes(self, cfg: Config, doc: dict[str, Any]) -> None:
+        from slurm_idle.status import model_rows, node_rows
+        from slurm_idle.wiring import build_agent
+
+        try:
+            agent = build_agent(cfg, with_textfile=False, read_only=True)
+            obs = agent.observe()
+            plans = agent.assessor(obs, cfg, obs.now)
+        except SlurmIdleError as exc:
+            doc["errors"].append(f"pool: {exc}")
+            return
+        doc["nodes"] = [{**r, "phase_since_iso": iso(r["phase_since"]) if r["phase_since"] else None}
+                        for r in node_rows(obs)]
+        doc["models"] = model_rows(obs, plans)
+        doc["errors"].extend(obs.errors)
+
+    def _report(self, cfg: Config, now: float, errors: list[str]) -> Any:
+        from slurm_idle.report_io import fetch_runs, make_report
+
+        runs: list[Any] = []
+        try:
+            runs = fetch_runs(cfg, now - WEEK_S, now)
+        except SlurmIdleError as exc:
+            errors.append(f"accounting: {exc}")
+        try:
+            return make_report(cfg, now - WEEK_S, now, now, runs)
+        except SlurmIdleError as exc:
+            errors.append(f"report: {exc}")
+            return None
+
+    def _timeline(self, cfg: Config, now: float, doc: dict[str, Any]) -> None:
+        from slurm_idle.journal import Journal
+        from slurm_idle.report import journal_facts
+
+        node_gpus = {r.node: m.gpus_per_replica for m in cfg.models for r in m.replicas}
+        facts = journal_facts(Journal(Path(cfg.paths.journal)).records(),
+                              since=now - DAY_S, until=now, now=now)
+        line = timeline(facts.intervals, node_gpus, now - DAY_S, now)
+        demand = self._demand_series(cfg, now, doc["errors"])
+        line["demand_tokens_per_s"] = demand[:len(line["t"])]
+        doc["timeline"] = line
+        history = self._demand_history(cfg, now)
+        rows = outlook(cfg, now, lambda t: history.get(round(t / 3600)))
+        doc["outlook"] = [{**r, "time": iso(r["t"])} for r in rows]
+        best = best_time(rows)
+        doc["best_time_to_submit"] = iso(best) if best is not None else None
+
+    # Prometheus: two subqueries (24 h of demand; the next hours a day and a week ago).
+    def _prom(self, cfg: Config) -> Any:
+        if cfg.metrics.source != "prometheus":
+            return None
+        from slurm_idle.metrics.prometheus import connect, queries_for
+
+        return connect(cfg.metrics.prometheus_url, cfg.metrics.query_timeout_s), queries_for(cfg)
+
+    def _demand_series(self, cfg: Config, now: float, errors: list[str]) -> list[float | None]:
+        """Total demand (tokens/s) at each 10-minute point of the timeline (now - 24 h .. now)."""
+        since = now - DAY_S
+        out: list[float | None] = [None] * (int(DAY_S // 600) + 1)
+        try:
+            got = self._prom(cfg)
+            if got is None:
+                return out
+            prom, q = got
+            result = prom.custom_query(f"(sum({q.demand()}))[86400s:600s]",
+                                       params={"time": repr(now)})
+        except Exception as exc:  # noqa: BLE001 - the plot does without the load line
+            errors.append(f"load history: {exc}")
+            return out
+        # Subquery points sit on multiples of the step: each goes to its nearest sample.
+        for series in result or []:
+            for t, v in series.get("values", []):
+                i = round((float(t) - since) / 600)
+                if 0 <= i < len(out):
+                    out[i] = float(v)
+        return out
+
+    def _demand_history(self, cfg: Config, now: float) -> dict[int, dict[str, float]]:
+        """{hour index: {model: demand}} for the hours 1 day and 1 week before the outlook's."""
+        from slurm_idle.metrics.names import MODEL_LABEL
+
+        out: dict[int, dict[str, float]] = {}
+        try:
+            got = self._prom(cfg)
+            if got is None:
+                return out
+            prom, q = got
+            for off in (DAY_S, WEEK_S):
+                end = now - off + 6 * 3600
+                result = prom.custom_query(f"({q.demand()})[6h:1h]",
+                                           params={"time": repr(end)})
+                for series in result or []:
+                    model = series.get("metric", {}).get(MODEL_LABEL, "")
+                    for t, v in series.get("values", []):
+                        out.setdefault(round(float(t) / 3600), {})[model] = float(v)
+        except Exception as exc:  # noqa: BLE001 - no history: the outlook says unknown
+            log.debug("demand history: %s", exc)
+        return out
+
+    # ------------------------------------------------------------ jobs
+
+    def jobs(self, user: str | None = None) -> dict[str, Any]:
+        return self._cached(f"jobs:{user or ''}", lambda: self._jobs(user))
+
+    def _jobs(self, user: str | None) -> dict[str, Any]:
+        from slurm_idle.pipeline import live_status, pipeline_records
+        from slurm_idle.slurm import CliBackend, make_backend
+
+        now = self.clock()
+        cfg = self.config
+        errors: list[str] = []
+        slurm = make_backend(cfg) if cfg is not None else CliBackend()
+        tag = cfg.slurm.tag if cfg is not None else DEFAULT_TAG
+        try:
+            all_rows = job_rows(slurm.jobs(), tag, self.state_root, now)
+        except SlurmIdleError as exc:
+            return {"generated_at": iso(now), "user": user, "users": [], "jobs": [],
+                    "pipelines": [], "errors": [f"squeue: {exc}"]}
+        usage = self._usage(cfg, now, errors)
+        rows = [r for r in all_rows if not user or r["user"] == user]
+        for r in rows:
+            used = usage.get(r["job_id"], {})
+            r["gpu_hours"] = used.get("gpu_hours")
+            r["lost_gpu_hours"] = used.get("lost_gpu_hours")
+            r["log_tail"] = log_tail(r.get("log"), LOG_LINES)
+        pipelines = []
+        for record in pipeline_records(self.state_root):
+            try:
+                steps = live_status(record, slurm)
+            except SlurmIdleError as exc:
+                errors.append(f"pipeline {record.get('pipeline')}: {exc}")
+                continue
+            mine = {r["job_id"] for r in rows}
+            if user and not any(s.job_id in mine for s in steps):
+                continue
+            pipelines.append({
+                "pipeline": record.get("pipeline"),
+                "attempt": record.get("attempt", 1),
+                "params": record.get("params", {}),
+                "submitted_at": iso(float(record.get("submitted_at") or 0)),
+                "steps": [{"name": s.name, "job_id": s.job_id, "state": s.state,
+                           "depends_on": list(s.depends_on), "restarts": s.restarts,
+                           "node": s.node, "reason": s.reason} for s in steps],
+                "svg": dag.render_svg(steps),
+            })
+        return {"generated_at": iso(now), "user": user, "users": users(all_rows), "jobs": rows,
+                "pipelines": pipelines, "errors": errors}
+
+    def _usage(self, cfg: Config | None, now: float, errors: list[str]) -> dict[int, dict[str, Any]]:
+        """GPU-hours used and lost per job over the last week (report's per-job rows)."""
+        if cfg is None:
+            return {}
+        report = self._report(cfg, now, errors)
+        if report is None:
+            return {}
+        return {j.job_id: {"gpu_hours": _r(j.gpu_hours), "lost_gpu_hours": _r(j.lost_gpu_hours)}
+                for j in report.per_job}
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def local_time(ts_iso: str | None, tz: str) -> str:
+    """An ISO time shown as local HH:MM (templates)."""
+    if not ts_iso:
+        return "-"
+    from datetime import datetime
+
+    return datetime.fromisoformat(ts_iso).astimezone(ZoneInfo(tz)).strftime("%a %H:%M")
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def gpu_counts(doc: Mapping[str, Any]) -> dict[str, int]:
+    """GPUs per phase now (the pool view's header)."""
+    out: dict[str, int] = {}
+    for n in doc.get("nodes", []):
+        out[n["phase"]] = out.get(n["phase"], 0) + int(n.get("gpus") or 0)
+    return out

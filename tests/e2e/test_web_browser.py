@@ -1,0 +1,178 @@
+"""`slurm-idle web` in a real headless Chromium (Debian's /usr/bin/chromium + chromedriver).
+
+With the sandbox up and gpu1 lent: the pool view shows every node and its phase, the jobs
+view shows a running demo job and a pipeline's DAG; `slurm-idle reclaim gpu1` then shows
+the job requeued with preemptions 1, failures 0, in the page and in /api/jobs. Screenshots
+go to the test's tmp_path (and, with SLURM_IDLE_DOCS_SCREENSHOT=PATH, the pool view there:
+that is how docs/img/pool-view.png is made).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slurm_idle.config import load_config
+from slurm_idle.testing.demo import DEMO_SPEC, reset_cluster
+from slurm_idle.testing.images import BUSYBOX_IMAGE
+from slurm_idle.testing.waiting import poll
+
+pytestmark = pytest.mark.sandbox
+CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli(sb: Any, env: dict[str, str], *args: str) -> Any:
+    proc = sb.run([sys.executable, "-m", "slurm_idle.cli", *args], env=env, timeout=180)
+    assert proc.returncode == 0, (args, proc.stderr)
+    return proc
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    webdriver = pytest.importorskip("selenium.webdriver")
+    if not (os.path.exists(CHROMIUM) and os.path.exists(DRIVER)):
+        pytest.skip("Debian's chromium and chromium-driver are not installed")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1100",
+                "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium'}"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def web(sandbox: Any, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    env = {"SLURM_IDLE_STATE_DIR": str(tmp_path / "state")}
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurm_idle.cli", "web", "--port", str(port), "--cache-s", "0"],
+        env={**os.environ, **sandbox.env(), **env}, stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "web.log", "wb"),  # noqa: SIM115 - closed with the process
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    try:
+        poll(up, 30, "slurm-idle web answering")
+        yield url, env
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_pool_jobs_and_a_reclaim_in_the_browser(
+    sandbox: Any, web: tuple[str, dict[str, str]], browser: Any, tmp_path: Path
+) -> None:
+    """Pool view: gpu1 lent, the others serving. Jobs view: the demo job RUNNING, the
+    pipeline's DAG drawn. After a reclaim: the job requeued, preemptions 1, failures 0."""
+    from selenium.webdriver.common.by import By
+
+    url, env = web
+    sb = sandbox
+    reset_cluster(sb, load_config(sb.config_path).paths.journal)
+    subprocess.run([sys.executable, "-m", "slurm_idle.testing.images"], env=sb.env(),
+                   check=True, capture_output=True)
+    cli(sb, env, "tick")
+    for node in ("gpu2", "gpu3", "gpu4"):
+        cli(sb, env, "pin", node)
+    cli(sb, env, "lend", "gpu1")
+    spec = yaml.safe_load(DEMO_SPEC.read_text())
+    spec["params"]["steps"] = 60
+    spec["log"] = str(tmp_path / "demo-%j.out")
+    spec["mounts"]["checkpoint"]["source"] = str(tmp_path / "checkpoint-{job_id}")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    job_id = int(json.loads(cli(sb, env, "submit", "--json", str(tmp_path / "job.yaml")).stdout)
+                 ["job_id"])
+    pipe = {"name": "webdag", "defaults": {"image": BUSYBOX_IMAGE, "grace_s": 5,
+                                           "log": f"{tmp_path}/{{step}}-%j.out"},
+            "steps": [{"name": "prep", "job": {"command": ["/bin/sh", "-c", "sleep 120"]}},
+                      {"name": "train", "depends_on": ["prep"], "matrix": {"seed": [1, 2]},
+                       "job": {"command": ["/bin/sh", "-c", "echo {matrix.seed}"]}},
+                      {"name": "eval", "depends_on": ["train"],
+                       "job": {"command": ["/bin/true"]}}]}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(pipe))
+    cli(sb, env, "pipeline", "run", "--json", str(tmp_path / "p.yaml"))
+    log = tmp_path / f"demo-{job_id}.out"
+    try:
+        poll(lambda: log.exists() and "step=3\n" in log.read_text(), 120, "demo job at step 3")
+
+        browser.get(url + "/")
+        phases = {r.get_attribute("data-node"): r.get_attribute("data-phase")
+                  for r in browser.find_elements(By.CSS_SELECTOR, "#nodes tr[data-node]")}
+        assert phases == {"gpu1": "lent", "gpu2": "serving", "gpu3": "serving",
+                          "gpu4": "serving"}, phases
+        assert browser.find_element(By.ID, "plot-24h").get_attribute("naturalWidth") != "0"
+        browser.save_screenshot(str(tmp_path / "pool.png"))
+        if os.environ.get("SLURM_IDLE_DOCS_SCREENSHOT"):
+            shutil.copy(tmp_path / "pool.png", os.environ["SLURM_IDLE_DOCS_SCREENSHOT"])
+
+        browser.get(url + "/jobs")
+        row = browser.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job="{job_id}"]')
+        assert row.get_attribute("data-state") == "RUNNING"
+        assert row.get_attribute("data-preemptions") == "0"
+        dag = browser.find_element(By.CSS_SELECTOR, 'section[data-pipeline="webdag"] svg.dag')
+        steps = {g.get_attribute("data-step"): g.get_attribute("data-state")
+                 for g in dag.find_elements(By.CSS_SELECTOR, "g.step")}
+        assert set(steps) == {"prep", "train-0", "train-1", "eval"}, steps
+        assert steps["prep"] in {"RUNNING", "PENDING"} and steps["eval"] == "PENDING"
+        browser.save_screenshot(str(tmp_path / "jobs.png"))
+
+        cli(sb, env, "reclaim", "gpu1", "--json")
+
+        def requeued() -> Any:
+            browser.get(url + "/jobs")
+            r = browser.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job="{job_id}"]')
+            got = (r.get_attribute("data-preemptions"), r.get_attribute("data-failures"))
+            return got == ("1", "0") and r.get_attribute("data-state")
+
+        state = poll(requeued, 60, "the job shown requeued with preemptions 1", interval_s=1.0)
+        assert state in {"PENDING", "REQUEUED", "RUNNING"}
+        browser.save_screenshot(str(tmp_path / "jobs-after-reclaim.png"))
+        api = next(j for j in get_json(url + "/api/jobs")["jobs"] if j["job_id"] == job_id)
+        assert (api["preemptions"], api["failures"], api["restarts"]) == (1, 0, 1)
+        pool = get_json(url + "/api/pool")
+        assert {"nodes", "models", "lent_gpu_hours", "gpu_hours_used", "timeline", "outlook",
+                "best_time_to_submit", "errors", "generated_at"} <= set(pool)
+        assert {n["name"]: n["phase"] for n in pool["nodes"]}["gpu1"] == "serving"
+        assert pool["lent_gpu_hours"]["week"] is not None
+    finally:
+        sb.run(["scancel", str(job_id)])
+        cli(sb, env, "pipeline", "cancel", "--json", "webdag")
+        for node in ("gpu2", "gpu3", "gpu4"):
+            sb.run([sys.executable, "-m", "slurm_idle.cli", "unpin", node])
+    for name in ("pool.png", "jobs.png", "jobs-after-reclaim.png"):
+        assert (tmp_path / name).stat().st_size > 10_000

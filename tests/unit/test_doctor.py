@@ -1,0 +1,276 @@
+"""The doctor's parsers and checks, on captured `scontrol` text of Slurm 22.05 and 24.11."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from slurm_idle.config import Config, parse_config
+from slurm_idle.doctor.checks import (
+    EngineFacts,
+    SiteFacts,
+    SubmitProbe,
+    check_engines,
+    check_grace_time,
+    check_job_submit,
+    check_metrics,
+    check_nodes,
+    check_partitions,
+    check_paths,
+    check_power_save,
+    check_preemption,
+    exit_code,
+    run_checks,
+)
+from slurm_idle.doctor.gather import _command_program, engine_problems, path_problem
+from slurm_idle.model import ReplicaLoad
+from slurm_idle.slurm.parse import parse_nodes
+from slurm_idle.slurm.text import parse_duration_s, parse_show_config, parse_show_partitions
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+TEXT_22 = DATA / "slurm-text" / "22.05"
+DIR_24 = DATA / "slurm-json" / "24.11"
+
+
+def config(nodes: str = "gpu[1-4]", **extra: str) -> Config:
+    lines = [
+        "engine: {kind: command, start_command: 'true', stop_command: 'true'}",
+        "models:",
+        f"  - {{name: m, gpus_per_replica: 4, nodes: '{nodes}'}}",
+        "slurm: {requeue_grace_s: 10}",
+        "timeouts: {tick_budget_s: 60}",
+    ]
+    lines += [f"{k}: {v}" for k, v in extra.items()]
+    return parse_config("\n".join(lines))
+
+
+def facts_22(**changes: object) -> SiteFacts:
+    """A healthy 22.05 sandbox as captured (gpu1 lent, gpu2-4 serving)."""
+    facts = SiteFacts(
+        slurm_config=parse_show_config((TEXT_22 / "scontrol-show-config.txt").read_text()),
+        partitions=tuple(parse_show_partitions((TEXT_22 / "scontrol-show-partition.txt").read_text())),
+        nodes=tuple(parse_nodes(json.loads((DATA / "slurm-json/22.05/power/sinfo-powered-down.json").read_text()))),
+        submit=SubmitProbe(1, (TEXT_22 / "sbatch-test-only-no-requeue.out").read_text(),
+                           0, (TEXT_22 / "sbatch-test-only-requeue.out").read_text()),
+        replicas={n: ReplicaLoad(model="m", node=n) for n in ("gpu1", "gpu2", "gpu3", "gpu4")},
+        engines=(EngineFacts("gpu1", "m", "command"),),
+    )
+    return replace(facts, **changes)  # type: ignore[arg-type]
+
+
+def statuses(checks: list) -> dict[str, str]:  # type: ignore[type-arg]
+    return {c.name: c.status for c in checks}
+
+
+# --- parsers -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [TEXT_22 / "scontrol-show-config.txt", DIR_24 / "scontrol-show-config.txt"])
+def test_show_config_reads_the_preemption_keys(path: Path) -> None:
+    """Both releases' `scontrol show config` give PreemptType, PreemptMode and JobRequeue."""
+    cfg = parse_show_config(path.read_text())
+    assert cfg["PreemptType"] == "preempt/partition_prio"
+    assert cfg["PreemptMode"] == "REQUEUE"
+    assert cfg["JobRequeue"] == "1"
+    assert parse_duration_s(cfg["KillWait"]) in {5.0, 30.0}
+
+
+@pytest.mark.parametrize("path", [TEXT_22 / "scontrol-show-partition.txt", DIR_24 / "scontrol-show-partition.txt"])
+def test_show_partition_reads_tiers_modes_and_grace(path: Path) -> None:
+    """Both releases' partition text give PriorityTier, PreemptMode, GraceTime and the nodes."""
+    parts = {p.name: p for p in parse_show_partitions(path.read_text())}
+    assert parts["idle"].preempt_mode == "REQUEUE" and parts["inference"].preempt_mode == "OFF"
+    assert parts["idle"].grace_time_s == 10.0 and parts["inference"].grace_time_s == 0.0
+    assert parts["inference"].priority_tier == 10 and parts["idle"].priority_tier == 1
+    assert parts["idle"].nodes[:2] == ("gpu1", "gpu2") and parts["idle"].state == "UP"
+
+
+def test_show_partition_one_line_form() -> None:
+    """`scontrol -o show partition` (a record per line) parses the same."""
+    text = ("PartitionName=a Nodes=n[1-2] PriorityTier=3 PreemptMode=GANG,REQUEUE GraceTime=60 State=UP\n"
+            "PartitionName=b Nodes=(null) PriorityTier=1 PreemptMode=OFF GraceTime=0 State=DOWN\n")
+    a, b = parse_show_partitions(text)
+    assert a.nodes == ("n1", "n2") and a.preempt_modes == {"GANG", "REQUEUE"}
+    assert b.nodes == () and b.state == "DOWN"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("5 sec", 5.0), ("30", 30.0), ("00:02:00", 120.0), ("1-00:00:01", 86401.0), ("2 min", 120.0),
+    ("INFINITE", None), ("(null)", None), ("NONE", None), ("soon", None),
+])
+def test_durations(text: str, seconds: float | None) -> None:
+    """Slurm's duration spellings as seconds; unset and infinite as None."""
+    assert parse_duration_s(text) == seconds
+
+
+# --- checks --------------------------------------------------------------------------------
+
+
+def test_healthy_22_05_sandbox_passes() -> None:
+    """The captured 22.05 sandbox fails nothing and warns of nothing."""
+    checks = run_checks(facts_22(), config())
+    assert {c.status for c in checks} == {"ok"}, checks
+    assert exit_code(checks) == 0
+
+
+def test_idle_partition_without_requeue_fails_naming_preemption() -> None:
+    """PreemptMode=OFF on the lend partition is a failure of the preemption check."""
+    text = (TEXT_22 / "scontrol-show-partition.txt").read_text()
+    off = text.replace("GraceTime=10", "GraceTime=10").replace("PreemptMode=REQUEUE", "PreemptMode=OFF")
+    checks = check_preemption(facts_22(partitions=tuple(parse_show_partitions(off))), config())
+    assert checks[0].status == "fail" and "PreemptMode=OFF" in checks[0].detail
+    assert exit_code(run_checks(facts_22(partitions=tuple(parse_show_partitions(off))), config())) == 1
+
+
+def test_no_preempt_type_and_inverted_tiers_fail() -> None:
+    """preempt/none, or a serve partition not above the lend one, fails."""
+    cfg = dict(facts_22().slurm_config or {}, PreemptType="preempt/none")
+    assert check_preemption(facts_22(slurm_config=cfg), config())[0].status == "fail"
+    text = (TEXT_22 / "scontrol-show-partition.txt").read_text().replace("PriorityTier=10", "PriorityTier=1")
+    check = check_preemption(facts_22(partitions=tuple(parse_show_partitions(text))), config())[0]
+    assert check.status == "fail" and "PriorityTier" in check.detail
+
+
+def test_24_11_capture_preemption_ok_but_no_lua_fails() -> None:
+    """The 24.11 capture (no JobSubmitPlugins, no accounting) passes preemption, fails job_submit."""
+    facts = SiteFacts(
+        slurm_config=parse_show_config((DIR_24 / "scontrol-show-config.txt").read_text()),
+        partitions=tuple(parse_show_partitions((DIR_24 / "scontrol-show-partition.txt").read_text())),
+        nodes=tuple(parse_nodes(json.loads((DIR_24 / "scontrol-show-node.json").read_text()))),
+    )
+    checks = statuses(run_checks(facts, config("gpu[1-2]")))
+    assert checks["slurm.preemption"] == "ok" and checks["slurm.partitions"] == "ok"
+    assert checks["slurm.job_submit"] == "fail" and checks["slurm.accounting"] == "warn"
+    assert checks["slurm.nodes"] == "ok"
+
+
+def test_missing_pool_node_in_a_partition_fails() -> None:
+    """A pool node outside the partitions is named."""
+    check = check_partitions(facts_22(), config("gpu[1-5]"))[0]
+    assert check.status == "fail" and "gpu5" in check.detail
+
+
+def test_node_with_fewer_gpus_fails_naming_it() -> None:
+    """A pool node whose gres lost GPUs fails the nodes check, named; an unknown one too."""
+    nodes = tuple(replace(n, gpus_total=0) if n.name == "gpu3" else n for n in facts_22().nodes or ())
+    check = check_nodes(facts_22(nodes=nodes), config())[0]
+    assert check.status == "fail" and "gpu3" in check.detail and "gpu2" not in check.detail
+    check = check_nodes(facts_22(), config("gpu[1-5]"))[0]
+    assert check.status == "fail" and "gpu5 is not known" in check.detail
+
+
+def test_grace_time_against_budget() -> None:
+    """requeue_grace_s at or above the tick budget fails; GraceTime above it warns."""
+    assert check_grace_time(facts_22(), config(slurm="{requeue_grace_s: 60}"))[0].status == "fail"
+    check = check_grace_time(facts_22(), config(slurm="{requeue_grace_s: 5}"))[0]
+    assert check.status == "warn" and "GraceTime" in check.detail
+
+
+@pytest.mark.parametrize(("probe", "status"), [
+    (SubmitProbe(1, "refused", 0, "ok"), "ok"),
+    (SubmitProbe(0, "Job 3 to start", 0, "ok"), "fail"),
+    (SubmitProbe(1, "refused", 1, "Requested node configuration is not available"), "warn"),
+])
+def test_job_submit_probe(probe: SubmitProbe, status: str) -> None:
+    """--no-requeue refused and --requeue accepted is ok; accepted fails; both refused warns."""
+    assert check_job_submit(facts_22(submit=probe), config())[0].status == status
+
+
+def test_job_submit_without_lua_plugin_fails() -> None:
+    cfg = dict(facts_22().slurm_config or {}, JobSubmitPlugins="(null)")
+    assert check_job_submit(facts_22(slurm_config=cfg), config())[0].status == "fail"
+
+
+def _power(**keys: str) -> SiteFacts:
+    cfg = dict(facts_22().slurm_config or {}, SuspendProgram="/usr/sbin/suspend", SuspendTime="600 sec")
+    cfg.update(keys)
+    return facts_22(slurm_config=cfg)
+
+
+def test_power_save_names_unprotected_serving_nodes() -> None:
+    """With automatic suspend, pool nodes outside the exclusions fail, named."""
+    check = check_power_save(_power(SuspendExcNodes="gpu[3-4]"), config())[0]
+    assert check.status == "fail" and "gpu1, gpu2" in check.detail and "gpu3" not in check.detail
+
+
+@pytest.mark.parametrize("keys", [
+    {"SuspendExcNodes": "gpu[1-4]"}, {"SuspendExcParts": "inference"}, {"SuspendExcStates": "DOWN,DRAIN"},
+])
+def test_power_save_exclusions_that_cover_the_pool(keys: dict[str, str]) -> None:
+    """Excluded by name, by partition or by the DRAIN state: ok."""
+    assert check_power_save(_power(**keys), config())[0].status == "ok"
+
+
+def test_power_save_partial_exclusion_is_not_protection() -> None:
+    """`gpu[1-4]:2` keeps any two up: none of them is safe."""
+    assert check_power_save(_power(SuspendExcNodes="gpu[1-4]:2"), config())[0].status == "fail"
+
+
+def test_power_save_manual_only_warns() -> None:
+    """SuspendProgram without a finite SuspendTime suspends only on request: a warning."""
+    assert check_power_save(_power(SuspendTime="INFINITE"), config())[0].status == "warn"
+
+
+def test_metrics_missing_for_a_serving_replica_fails() -> None:
+    """A serving replica without fresh series fails, named; a lent one may be silent."""
+    replicas = {"gpu1": ReplicaLoad("m", "gpu1", known=False), "gpu2": ReplicaLoad("m", "gpu2"),
+                "gpu3": ReplicaLoad("m", "gpu3"), "gpu4": ReplicaLoad("m", "gpu4", known=False)}
+    check = check_metrics(facts_22(replicas=replicas), config())[0]
+    assert check.status == "fail" and "gpu4" in check.detail and "gpu1" not in check.detail
+    unreachable = check_metrics(facts_22(replicas=None, errors={"replicas": "connection refused"}), config())[0]
+    assert unreachable.status == "fail" and "connection refused" in unreachable.detail
+
+
+def test_engine_command_missing_fails() -> None:
+    """A start/stop command whose program is not installed is a failure."""
+    cfg = parse_config("engine: {kind: command, start_command: 'env A=1 /nonexistent/vllm-up {node}', "
+                       "stop_command: 'true'}\nmodels: [{name: m, nodes: gpu1}]")
+    problems = engine_problems(cfg.engine_for("m"), "gpu1", lambda n: True, None)
+    assert len(problems) == 1 and "/nonexistent/vllm-up" in problems[0]
+    assert _command_program("env PYTHONPATH=/x /usr/bin/python3 -m y") == "/usr/bin/python3"
+    facts = facts_22(engines=(EngineFacts("gpu1", "m", "command", problems),))
+    assert check_engines(facts, config())[0].status == "fail"
+
+
+def test_engine_sleep_endpoint_and_container() -> None:
+    """http-sleep needs /is_sleeping (dev mode); docker needs the container."""
+    sleep = parse_config("engine: {kind: http-sleep}\nmodels: [{name: m, nodes: gpu1}]").engine_for("m")
+    assert engine_problems(sleep, "gpu1", lambda n: True, lambda: 200) == ()
+    assert "404" in engine_problems(sleep, "gpu1", lambda n: True, lambda: 404)[0]
+    assert engine_problems(sleep, "gpu1", lambda n: True, lambda: None)
+    docker = parse_config("engine: {kind: docker}\nmodels: [{name: m, nodes: gpu1}]").engine_for("m")
+    assert engine_problems(docker, "gpu1", lambda n: "container 'vllm-gpu1': 404 Not Found", None)
+    assert engine_problems(docker, "gpu1", lambda n: True, None) == ()
+
+
+def test_path_problems(tmp_path: Path) -> None:
+    """Writable root-or-own directories pass; world-writable ones and symlinks do not."""
+    good = tmp_path / "lib" / "journal.jsonl"
+    assert path_problem(str(good)) is None  # a missing directory under ours is creatable
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    assert "world-writable" in (path_problem(str(shared / "lock")) or "")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere")
+    assert "symlink" in (path_problem(str(link)) or "")
+    if os.geteuid() == 0:  # a directory another user owns can be swapped under us
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 12345, 12345)
+        assert "uid 12345" in (path_problem(str(theirs / "journal.jsonl")) or "")
+    facts = facts_22(paths=(("lock", str(shared / "lock"), "world-writable"),))
+    assert check_paths(facts, config())[0].status == "fail"
+
+
+def test_unreadable_slurm_config_fails_with_the_reason() -> None:
+    """scontrol that cannot be run fails every check that needs it, with its error."""
+    facts = SiteFacts(errors={"slurm_config": "scontrol: command not found",
+                              "partitions": "scontrol: command not found"})
+    checks = run_checks(facts, config())
+    assert statuses(checks)["slurm.preemption"] == "fail"
+    assert "command not found" in checks[0].detail
