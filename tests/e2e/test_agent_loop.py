@@ -120,6 +120,7 @@ def test_agent_reclaims_within_a_fast_interval_and_stops_on_sigterm(
         if agent.poll() is None:
             agent.kill()
             agent.wait()
+        sb.load(0.0)  # the session's sandbox is shared: leave it quiet for the next test
     first_start = min(started.values())
     next_tick = first_tick + TICK_S
     cron_start = max(0.0, next_tick - rise)
