@@ -121,6 +121,12 @@ def test_agent_reclaims_within_a_fast_interval_and_stops_on_sigterm(
             agent.kill()
             agent.wait()
         sb.load(0.0)  # the session's sandbox is shared: leave it quiet for the next test
+
+        def drained() -> bool:
+            loads = build_agent(config, with_textfile=False, read_only=True).observe().models
+            return all(m.known and m.waiting == 0 and m.running == 0 for m in loads)
+
+        poll(drained, 180, "the surge's queue drained", interval_s=2.0)
     first_start = min(started.values())
     next_tick = first_tick + TICK_S
     cron_start = max(0.0, next_tick - rise)
