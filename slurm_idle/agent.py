@@ -23,7 +23,7 @@ from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
 from slurm_idle.journal import Journal
 from slurm_idle.lifecycle import PhaseInfo, derive_phase
-from slurm_idle.lock import lock_holder, try_lock
+from slurm_idle.lock import Holder, inspect, try_lock
 from slurm_idle.logs import get_logger
 from slurm_idle.metrics.serving import SERVING_PHASES, serving_model_load
 from slurm_idle.model import (
@@ -92,10 +92,14 @@ def observe(
         replicas = [(m.name, r) for m in config.models for r in m.replicas]
         tag = config.slurm.tag
         infos: dict[str, PhaseInfo] = {}
+        missing: list[str] = []
         for _, replica in replicas:
             node = nodes.get(replica.node)
             if node is None:
-                errors.append(f"pool node {replica.node} is not known to Slurm (check the config)")
+                # Left out of the snapshot below: a node Slurm does not have is no capacity to
+                # lend (counting it would raise max_lent_fraction's share of the real ones).
+                if replica.node not in missing:
+                    missing.append(replica.node)
                 infos[replica.node] = PhaseInfo(Phase.UNKNOWN)  # nothing to act on, not an admin's
             else:
                 infos[replica.node] = derive_phase(node, tag)
@@ -142,6 +146,8 @@ def observe(
         views = []
         for model_name, replica in replicas:
             name = replica.node
+            if name in missing:
+                continue
             info = infos[name]
             node_jobs = jobs_by_node.get(name)
             views.append(
@@ -154,6 +160,11 @@ def observe(
                     jobs=tuple(node_jobs) if node_jobs else (),
                     replica=replica_loads.get(name),
                 )
+            )
+        if missing:  # one line per tick, however many: a typo'd range must not flood the log
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            errors.append(
+                f"{len(missing)} pool node(s) not known to Slurm, left out: {shown} (check the config)"
             )
         return Observation(now=now, nodes=tuple(views), models=model_loads, errors=tuple(errors),
                            metrics_source=str(getattr(metrics, "source", "")))
@@ -210,17 +221,25 @@ class TickResult:
     steps: list[StepResult] = field(default_factory=list)
     plans: list[ModelPlan] = field(default_factory=list)
     locked_out: str | None = None  # set when another tick held the lock
+    # Set when the lock's holder is not one of our ticks and has held it past the tick
+    # budget: reported (exit 1, log, textfile, alert), not obeyed silently.
+    lock_problem: str | None = None
+    lock_holder: Holder | None = None
     duration_s: float = 0.0
     error: str | None = None
     started: float = 0.0  # unix seconds the tick began
+    router_changes: list[dict[str, Any]] = field(default_factory=list)  # the tick's reconcile
+    router_errors: int = 0  # failed router calls (reconcile and transitions)
 
     @property
     def errors(self) -> int:
-        return sum(1 for s in self.steps if s.outcome in {"error", "stuck"}) + bool(self.error)
+        return (sum(1 for s in self.steps if s.outcome in {"error", "stuck"}) + bool(self.error)
+                + bool(self.lock_problem))
 
     def as_json(self) -> dict[str, Any]:
         return {
             "locked_out": self.locked_out,
+            "lock_problem": self.lock_problem,
             "duration_s": round(self.duration_s, 3),
             "error": self.error,
             "actions": [
@@ -241,6 +260,8 @@ class TickResult:
                 for p in self.plans
             ],
             "observation_errors": list(self.observation.errors) if self.observation else [],
+            "router_changes": self.router_changes,  # the reconcile's calls (issue 14)
+            "router_errors": self.router_errors,
         }
 
 
@@ -264,6 +285,7 @@ class Agent:
     on_tick: Callable[[TickResult], None] | None = None  # e.g. the textfile writer
     max_workers: int = MAX_ACTION_WORKERS  # nodes acted on at once
     journal_empty: bool = True  # journal passes without action or error (the fast check: no)
+    router: Any = None  # slurm_idle.router.sync.RouterSet; None: no router is told
 
     def __post_init__(self) -> None:
         if self.journal is None:
@@ -281,12 +303,35 @@ class Agent:
         return check(replica) if check is not None else Identity(True, "engine cannot tell")
 
     def tick(self, dry_run: bool = False) -> TickResult:
-        """One reconcile pass under the lock. A second concurrent tick returns at once."""
-        with try_lock(self.config.paths.lock) as locked:
-            if not locked:
-                holder = lock_holder(self.config.paths.lock)
-                return TickResult(None, locked_out=f"another tick is running (pid {holder or '?'})")
+        """One reconcile pass under the lock. A second concurrent tick returns at once.
+
+        A dry run changes nothing, so it takes no lock (and needs no access to its directory).
+        """
+        if dry_run:
             return self._tick_locked(dry_run)
+        with try_lock(self.config.paths.lock, self.clock()) as locked:
+            if not locked:
+                return self._locked_out()
+            return self._tick_locked(dry_run)
+
+    def _locked_out(self) -> TickResult:
+        now = self.clock()
+        holder = inspect(self.config.paths.lock, now)
+        pid = holder.pid if holder and holder.pid else "?"
+        result = TickResult(None, locked_out=f"another tick is running (pid {pid})", started=now)
+        budget = self.config.timeouts.tick_budget_s
+        if holder and not holder.is_tick and holder.held_s is not None and holder.held_s > budget:
+            result.lock_holder = holder
+            result.lock_problem = (
+                f"{holder.describe()}, longer than the tick budget ({budget:g} s): no tick can "
+                f"act (nor reclaim a node) until it is released; find it with `cat /proc/{pid}/"
+                "cmdline` and end it"
+            )
+            result.locked_out = None
+            log.error("%s", result.lock_problem)
+            if self.on_tick is not None:
+                self.on_tick(result)
+        return result
 
     def run_actions(
         self, actions: Sequence[Action], observation: Observation, deadline: float | None = None
@@ -297,7 +342,7 @@ class Agent:
             deadline = self.clock() + self.config.timeouts.tick_budget_s
         driver = NodeDriver(
             self.config, self.slurm, self.engine_for, self.clock, self.sleep,
-            on_step=self._journal_step, on_event=self._journal_event,
+            on_step=self._journal_step, on_event=self._journal_event, router=self.router,
         )
         views = {v.name: v for v in observation.nodes}
         todo = [(views[a.node], a) for a in actions if a.node in views]
@@ -321,6 +366,9 @@ class Agent:
                 log.warning("%s", problem)
             if log.isEnabledFor(logging.DEBUG):
                 _log_observation(obs)
+            if self.router is not None and not dry_run:
+                # The router's state read back and made to match Slurm's phases (issue 14).
+                result.router_changes = self.router.reconcile(obs)
             result.plans = self.assessor(obs, self.config, obs.now)
             result.actions = self.planner(obs, self.config, obs.now)
             for action in result.actions:
@@ -335,7 +383,10 @@ class Agent:
             result.error = f"{type(exc).__name__}: {exc}"
             log.exception("tick failed unexpectedly")
         result.duration_s = self.clock() - started
-        if not dry_run and (self.journal_empty or result.actions or result.error):
+        if self.router is not None:
+            result.router_errors = self.router.take_errors()
+        quiet = not (result.actions or result.error or result.router_errors)
+        if not dry_run and (self.journal_empty or not quiet):
             self._journal_tick(result, started)
             if self.on_tick is not None:
                 self.on_tick(result)

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_idle import safefiles
 from slurm_idle.lifecycle import TRANSITIONS
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Phase
@@ -47,6 +47,13 @@ METRICS: dict[str, tuple[str, str]] = {
         "gauge",
         "1 for the metrics source the last tick planned on: prometheus, scrape, or none.",
     ),
+    "slurm_idle_router_errors_total": (
+        "counter", "Router calls (remove, add, state read) that failed; each is retried next tick."),
+    "slurm_idle_lock_blocked_seconds": (
+        "gauge",
+        ("Seconds a process that is not a slurm-idle tick has held the tick lock past the "
+         "budget (0: not blocked)."),
+    ),
 }
 
 #: Label values of slurm_idle_metrics_source (metrics.fallback), all written so none vanishes.
@@ -65,6 +72,7 @@ def write_textfile(
     tick_error: bool,
     floors: Mapping[str, int] | None = None,
     metrics_source: str | None = None,
+    router_errors: int = 0,
 ) -> None:
     """Write the agent's metrics for this tick, carrying the counters over from the last file.
 
@@ -85,6 +93,7 @@ def write_textfile(
         floors=floors or {},
         previous=previous,
         metrics_source=metrics_source,
+        router_errors=router_errors,
     )
     atomic_write(target, text)
 
@@ -101,6 +110,7 @@ def render(
     floors: Mapping[str, int],
     previous: Counters,
     metrics_source: str | None = None,
+    router_errors: int = 0,
 ) -> str:
     """The textfile's content (pure): previous counters + this tick's increments."""
     # Every phase appears, so a phase that empties reads 0 rather than vanishing; when the
@@ -125,6 +135,8 @@ def render(
         "slurm_idle_metrics_source": [
             ({"source": s}, float(s == metrics_source)) for s in METRICS_SOURCES
         ] if metrics_source in METRICS_SOURCES else [],
+        "slurm_idle_router_errors_total": [({}, previous.router_errors + router_errors)],
+        "slurm_idle_lock_blocked_seconds": [({}, 0)],  # a tick that ran holds the lock
     }
     # HELP/TYPE even without samples: every family is declared in every file.
     lines = [line for name in METRICS for line in _family_lines(name, samples[name])]
@@ -161,12 +173,26 @@ def add_transitions(path: str | os.PathLike[str], transitions: Iterable[tuple[st
     if not transitions:
         return
     target = Path(path)
+    name = "slurm_idle_transitions_total"
+    _replace_family(target, name, _transition_samples(read_counters(target), transitions))
+
+
+def set_lock_blocked(path: str | os.PathLike[str], seconds: float, pid: int | None, command: str) -> None:
+    """A tick locked out by a foreign holder (lock.inspect) says so in the textfile.
+
+    Only that gauge changes: the others keep what the last tick that ran wrote, and their
+    `slurm_idle_last_tick_timestamp_seconds` ages, which the stale-tick alert sees as well.
+    """
+    labels = {"pid": str(pid or ""), "command": command[:80]}
+    _replace_family(Path(path), "slurm_idle_lock_blocked_seconds", [(labels, round(seconds, 1))])
+
+
+def _replace_family(target: Path, name: str, samples: list[tuple[dict[str, str], float]]) -> None:
     try:
-        old_lines = target.read_text().splitlines()
+        old_lines = (safefiles.read_text(target) or "").splitlines()
     except OSError:
         old_lines = []
-    name = "slurm_idle_transitions_total"
-    block = _family_lines(name, _transition_samples(read_counters(target), transitions))
+    block = _family_lines(name, samples)
 
     def ours(line: str) -> bool:
         return line.startswith((name, f"# HELP {name} ", f"# TYPE {name} "))
@@ -183,6 +209,7 @@ class Counters:
     transitions: dict[tuple[str, str], float] = field(default_factory=dict)
     tick_errors: float = 0.0
     ticks: float = 0.0
+    router_errors: float = 0.0
 
 
 def parse_counters(text: str) -> Counters:
@@ -202,17 +229,19 @@ def parse_counters(text: str) -> Counters:
                 counters.tick_errors = value
             elif sample.name == "slurm_idle_ticks_total":
                 counters.ticks = value
+            elif sample.name == "slurm_idle_router_errors_total":
+                counters.router_errors = value
     return counters
 
 
 def read_counters(path: Path) -> Counters:
     """Counters of the previous file; a missing or unreadable file restarts them at 0."""
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return Counters()
+        text = safefiles.read_text(path)
     except OSError as exc:
         log.warning("cannot read %s (%s): agent counters restart at 0", path, exc.strerror)
+        return Counters()
+    if text is None:
         return Counters()
     try:
         return parse_counters(text)
@@ -222,27 +251,11 @@ def read_counters(path: Path) -> Counters:
 
 
 def atomic_write(
-    path: Path, text: str, *, replace: Callable[[str, Path], None] = os.replace
+    path: Path, text: str, *, before_replace: Callable[[str], None] | None = None
 ) -> None:
-    """Replace `path` with `text` so a reader sees the old or the new file, never a mix.
-
-    `replace` is the final rename (injectable so tests can look at the temp file).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; node_exporter may run as another user
-        replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Replace `path` with `text` so a reader sees the old or the new file, never a mix, in a
+    directory nobody else can write and never through a symlink (safefiles)."""
+    safefiles.atomic_write(path, text, 0o644, before_replace)
 
 
 def _labels(labels: Mapping[str, str]) -> str:

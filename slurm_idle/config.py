@@ -10,6 +10,7 @@ builds the same models in code with values only it can use.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +34,23 @@ CONFIG_ENV = "SLURM_IDLE_CONFIG"
 #: Validation context of a config file (parse_config): rules that only a real pool needs.
 FILE_CONTEXT = {"config_file": True}
 DEFAULT_REPLICA_URL = "http://{node}:8000"
+#: A Slurm partition or our tag: they go into Reasons, Comments and `#SBATCH` lines.
+SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+#: A Slurm node name (what hostlist.expand_hostlist accepts, and not empty).
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: A Prometheus label name (`by (...)`) and a label value we put between quotes in PromQL.
+LABEL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,128}$")
+
+
+def _http_url(value: str, what: str) -> str:
+    """Only http(s) URLs: the agent talks HTTP, and `file:`/`ftp:` would make urllib read files."""
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme.lower() not in {"http", "https"} or not rest or any(
+        ch.isspace() or ch in "\"'" for ch in value
+    ):
+        raise ValueError(f"{what} {value!r} must be an http:// or https:// URL")
+    return value
 
 
 class _Strict(BaseModel):
@@ -70,6 +88,26 @@ class SlurmConfig(_Strict):
                              "(e.g. USR2, B:USR2, TERM)")
         return value
 
+    @field_validator("lend_partition", "serve_partition", "tag")
+    @classmethod
+    def _slurm_name(cls, value: str, info: ValidationInfo) -> str:
+        # An empty tag would make every Reason "ours" (`:serving`); a space or newline would
+        # break the Reason/Comment we parse back and the `#SBATCH` lines we render.
+        if not SLURM_NAME_RE.match(value):
+            raise ValueError(
+                f"{info.field_name} {value!r} must be 1-63 letters, digits, '.', '_' or '-'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _partitions_differ(self) -> SlurmConfig:
+        if self.lend_partition == self.serve_partition:
+            raise ValueError(
+                f"lend_partition and serve_partition are both {self.lend_partition!r}: lent "
+                "GPUs must go to a partition of their own (the preemptible one)"
+            )
+        return self
+
 
 class MetricsConfig(_Strict):
     """Where engine metrics come from and how fresh they must be."""
@@ -90,6 +128,29 @@ class MetricsConfig(_Strict):
     # source: prometheus only: when Prometheus does not answer, scrape the serving replicas'
     # /metrics directly in the same tick (enough to reclaim; nothing is lent on it).
     fallback_scrape: bool = True
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        return _http_url(value, "prometheus_url")
+
+    @field_validator("job_label")
+    @classmethod
+    def _label_value(cls, value: str | None) -> str | None:
+        # It is put between quotes in every PromQL query: a quote or brace would rewrite them.
+        if value is not None and not LABEL_VALUE_RE.match(value):
+            raise ValueError(
+                f"job_label {value!r} may only hold letters, digits and _.:/@+- (it goes into "
+                "PromQL queries)"
+            )
+        return value
+
+    @field_validator("instance_label")
+    @classmethod
+    def _label_name(cls, value: str) -> str:
+        if not LABEL_NAME_RE.match(value):
+            raise ValueError(f"instance_label {value!r} is not a Prometheus label name")
+        return value
 
 
 class EngineConfig(_Strict):
@@ -142,22 +203,76 @@ class EngineConfig(_Strict):
         return self
 
 
+class RouterConfig(_Strict):
+    """The request router in front of the replicas (issue 14), told before a replica stops.
+
+    `none`: nobody is told (clients may see errors while a replica drains and stops);
+    `haproxy`: the runtime API on the admin socket (`set server B/S state drain|ready`);
+    `file`: the serving set written to `path` (JSON, YAML or a line template), atomically,
+    then `reload_command`; `command`: `remove_command`/`add_command` (+ `state_command`).
+    Placeholders everywhere: `{name}`, `{node}`, `{model}`, `{url}`, `{host}`, `{port}`.
+    """
+
+    kind: Literal["none", "haproxy", "file", "command"] = "none"
+    timeout_s: float = Field(5.0, gt=0)  # one router call (socket, command, reload)
+    # STARTING -> SERVING: a completion of this prompt (max_tokens 1) must succeed first.
+    warmup_prompt: str | None = None
+    warmup_timeout_s: float = Field(60.0, gt=0)
+    # haproxy
+    admin_socket: str | None = None  # unix socket path (`stats socket ... level admin`)
+    backend: str = "vllm"
+    server: str = "{node}"
+    # file
+    path: str | None = None
+    format: Literal["json", "yaml", "template"] = "json"
+    header: str = ""
+    line: str = "{url}\n"  # per serving replica, format `template`
+    footer: str = ""
+    reload_command: str | None = None
+    # command
+    remove_command: str | None = None
+    add_command: str | None = None
+    state_command: str | None = None  # prints the names (or urls) now in the router, one a line
+
+    @model_validator(mode="after")
+    def _kind_needs(self) -> RouterConfig:
+        need = {"haproxy": ("admin_socket",), "file": ("path",),
+                "command": ("remove_command", "add_command")}.get(self.kind, ())
+        missing = [k for k in need if not getattr(self, k)]
+        if missing:
+            raise ValueError(f"router kind {self.kind!r} needs {' and '.join(missing)}")
+        return self
+
+
 class ReplicaConfig(_Strict):
     """One vLLM replica: the Slurm node it runs on and its HTTP endpoint."""
 
     node: str
     url: str
 
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not NODE_NAME_RE.match(value):
+            raise ValueError(f"node {value!r} is not a Slurm node name")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        return _http_url(value, "url")
+
 
 class ModelConfig(_Strict):
     """One served model and the replicas (nodes) of the pool that serve it."""
 
-    name: str
-    gpus_per_replica: int = Field(4, ge=1)
-    tokens_per_s_per_replica: float = Field(2000.0, gt=0)
-    min_serving_replicas: int = Field(1, ge=0)
+    name: str = Field(min_length=1, max_length=256)
+    gpus_per_replica: int = Field(4, ge=1, le=1024)
+    tokens_per_s_per_replica: float = Field(2000.0, gt=0, le=1e9)
+    min_serving_replicas: int = Field(1, ge=0, le=100_000)
     replicas: tuple[ReplicaConfig, ...] = ()
     engine: EngineConfig | None = None  # overrides the top-level engine for this model
+    router: RouterConfig | None = None  # overrides the top-level router for this model
 
     @model_validator(mode="before")
     @classmethod
@@ -193,6 +308,9 @@ def _node_names(nodes: Any) -> list[str]:
     if isinstance(nodes, str) and nodes.strip():
         return expand_hostlist(nodes, strict=True)
     if isinstance(nodes, list | tuple) and nodes and all(isinstance(n, str) and n for n in nodes):
+        bad = next((n for n in nodes if not NODE_NAME_RE.match(n)), None)
+        if bad is not None:
+            raise ValueError(f"nodes: {bad!r} is not a Slurm node name")
         return list(nodes)
     raise ValueError(
         f"nodes must be a Slurm hostlist like gpu[1-4] or a non-empty list of node names "
@@ -287,10 +405,12 @@ class TimeoutsConfig(_Strict):
 
 
 class PathsConfig(_Strict):
-    """Files the agent writes."""
+    """Files the agent writes: in directories only root (or the agent's user) can write, opened
+    without following symlinks (safefiles)."""
 
     journal: str = "/var/lib/slurm-idle/journal.jsonl"
-    lock: str = "/run/lock/slurm-idle.lock"
+    # In a 0700 directory of its own (created by the agent), never the world-writable /run/lock.
+    lock: str = "/run/slurm-idle/tick.lock"
     textfile: str | None = None  # node_exporter textfile collector .prom file
 
 
@@ -301,6 +421,35 @@ class ReportConfig(_Strict):
     currency: str = "USD"
     # Work lost to a preemption = min(run, this) x GPUs; unset: the whole run (an upper bound).
     checkpoint_interval_s: float | None = Field(None, gt=0)
+
+
+class JobPolicyConfig(_Strict):
+    """What a container job may ask of a node: checked at `submit` and again by the runner on
+    the node (a user can write their own batch script, but not the node's config).
+
+    The defaults are safe: no host network (it reaches Prometheus, the engines and every
+    loopback service), bind mounts and absolute log paths only under `mount_prefixes`, and no
+    job as root (a root container writes wherever its mounts point, e.g. the host's /etc).
+    """
+
+    mount_prefixes: tuple[str, ...] = ("/home", "/scratch", "/data", "/shared")
+    networks: tuple[Literal["none", "host"], ...] = ("none",)
+    allow_root: bool = False
+    # The container engine the runner uses: rootless podman (a per-user API socket, no daemon
+    # that is root on the node) or docker (its socket is root-equivalent: every researcher who
+    # can use it is root on the node; choose it only where the site accepts that).
+    runtime: Literal["podman", "docker"] = "podman"
+
+    @field_validator("mount_prefixes")
+    @classmethod
+    def _absolute_dirs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for prefix in value:
+            if not prefix.startswith("/") or prefix != os.path.normpath(prefix) or prefix == "/":
+                raise ValueError(
+                    f"mount prefix {prefix!r} must be an absolute, normalised directory other "
+                    "than / (e.g. /scratch)"
+                )
+        return value
 
 
 class Config(_Strict):
@@ -314,6 +463,8 @@ class Config(_Strict):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     paths: PathsConfig = PathsConfig()
     report: ReportConfig = ReportConfig()
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    job_policy: JobPolicyConfig = Field(default_factory=JobPolicyConfig)
 
     @field_validator("models")
     @classmethod
@@ -344,6 +495,9 @@ class Config(_Strict):
         engine = m.engine or self.engine
         assert engine is not None  # guaranteed by validation
         return engine
+
+    def router_for(self, model: str) -> RouterConfig:
+        return self.model(model).router or self.router
 
     def model(self, name: str) -> ModelConfig:
         for m in self.models:
@@ -411,10 +565,13 @@ def describe_validation_error(exc: ValidationError) -> str:
     elif kind == "missing":
         message = f"missing required key {path!r}"
     elif kind == "value_error":  # our own validators: their message is the whole story
-        message = f"{path}: {first['msg'].removeprefix('Value error, ')}"
+        text = first["msg"].removeprefix("Value error, ")
+        # ...unless it quotes a hostile value at length: one line stays a readable line.
+        message = f"{path}: {text if len(text) <= 300 else text[:150] + ' ... ' + text[-100:]}"
     else:
         message = f"{path}: {first['msg']}"
         if "input" in first and kind != "value_error":
-            message += f" (got {first['input']!r})"
+            got = repr(first["input"])  # bounded: the input may be any (large) structure
+            message += f" (got {got if len(got) <= 80 else got[:80] + '...'})"
     more = len(errors) - 1
     return message + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")

@@ -40,6 +40,10 @@ class EngineError(SlurmIdleError):
     """A vLLM replica could not be stopped, started, slept or woken."""
 
 
+class RouterError(SlurmIdleError):
+    """The request router could not be told (or read): the replica stays where it is."""
+
+
 class NotBuiltYet(SlurmIdleError):
     """A command exists in the CLI but its feature has not been built yet."""
 

@@ -8,10 +8,14 @@ from __future__ import annotations
 import re
 
 _BRACKET = re.compile(r"^(.*?)\[([^\]]+)\](.*)$")
+#: No pool or job spans more nodes; `gpu[1-100000000]` must fail in microseconds, not allocate.
+MAX_NAMES = 100_000
 
 
 def _split_top_level(expr: str) -> list[str]:
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in expr:
         if ch == "[":
             depth += 1
@@ -27,7 +31,29 @@ def _split_top_level(expr: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+def _count(expr: str) -> int:
+    """How many names `expr` expands to, computed without expanding it."""
+    match = _BRACKET.match(expr)
+    if not match:
+        return 1
+    _, ranges, suffix = match.groups()
+    total = 0
+    for item in ranges.split(","):
+        lo, _, hi = (x.strip() for x in item.partition("-"))
+        if hi and lo.isdigit() and hi.isdigit() and len(lo) < 12 and len(hi) < 12:
+            total += max(0, int(hi) - int(lo) + 1)
+        elif hi:
+            total += 1 if len(lo) < 12 and len(hi) < 12 else MAX_NAMES + 1
+        else:
+            total += 1
+    return total * _count(suffix)
+
+
 def _expand_one(expr: str) -> list[str]:
+    if _count(expr) > MAX_NAMES:
+        raise ValueError(
+            f"hostlist {expr[:60]!r} names more than {MAX_NAMES} nodes: write the real range"
+        )
     match = _BRACKET.match(expr)
     if not match:
         return [expr]
@@ -69,6 +95,8 @@ def expand_hostlist(expr: str, strict: bool = False) -> list[str]:
     result: list[str] = []
     for part in _split_top_level(expr):
         result.extend(_expand_one(part))
+        if len(result) > MAX_NAMES:
+            raise ValueError(f"hostlist names more than {MAX_NAMES} nodes: write the real range")
     for name in result:
         if not _NAME.match(name):
             raise ValueError(f"malformed hostlist {expr!r}: {name!r} is not a node name")

@@ -70,6 +70,9 @@ def request(
         raise DeadlineExceeded(f"{method} {url}: no complete answer within {timeout_s:g} s")
     conn.close()
     if errors:
+        if isinstance(errors[0], TimeoutError):
+            # The socket's own timeout (the same deadline) fired a moment before the join did.
+            raise DeadlineExceeded(f"{method} {url}: no complete answer within {timeout_s:g} s")
         if isinstance(errors[0], OSError | http.client.HTTPException):
             raise OSError(f"{method} {url}: {errors[0]}") from None
         raise errors[0]

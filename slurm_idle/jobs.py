@@ -36,9 +36,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Image references: registry/name:tag@digest characters only (no spaces, quotes or `$`).
 IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
-MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
+MEM_RE = re.compile(r"^[0-9]{1,12}[KMGT]?$")
 # Slurm time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-TIME_RE = re.compile(r"^([0-9]+-)?[0-9]+(:[0-9]{1,2}){0,2}$")
+TIME_RE = re.compile(r"^([0-9]{1,5}-)?[0-9]{1,7}(:[0-9]{1,2}){0,2}$")
 # A log path goes on an #SBATCH line: printable, no quotes, backslashes or whitespace.
 LOG_RE = re.compile(r"^[A-Za-z0-9._/%+=,@~-]{1,4096}$")
 ENGINE_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/podman/podman.sock")
@@ -117,22 +117,23 @@ class JobSpec(_Strict):
     params: dict[str, ParamValue] = Field(default_factory=dict)
     # params become PARAM_<KEY> env vars and/or a JSON file at /run/slurm-idle/params.json
     params_as: tuple[Literal["env", "file"], ...] = ("env", "file")
-    gpus: int = Field(0, ge=0)
-    cpus: int = Field(1, ge=1)
+    # Bounds far above any node, so `gpus: 1e30` is an error here, not a 31-digit --gres.
+    gpus: int = Field(0, ge=0, le=1024)
+    cpus: int = Field(1, ge=1, le=100_000)
     mem: str | None = None  # Slurm syntax: 4096 (MiB), 16G, ...
     time: str | None = None  # Slurm syntax: 30, 2:00:00, 1-12:00:00
     mounts: Mounts = Mounts()
     # A job restarted more often than this fails. Preemptions and retries never count (the
     # runner records why each run ended, see runlog.py): time-limit requeues and killed runs do.
-    max_restarts: int = Field(20, ge=0)
+    max_restarts: int = Field(20, ge=0, le=1_000_000)
     # A run whose container fails is retried this many times (requeued, after
     # retry_backoff_s, doubled each time, capped at 10 min); preemptions never use one up.
     retries: int = Field(0, ge=0, le=100)
     retry_backoff_s: float = Field(10.0, ge=0, le=600)
     # SIGTERM -> wait this long -> stop the container. Must be below the site's
     # slurm.requeue_grace_s (checked at submit) and the idle partition's GraceTime.
-    grace_s: float = Field(30.0, ge=0)
-    warn_s: int = Field(120, ge=0)  # SIGUSR1 this long before the time limit (0: none)
+    grace_s: float = Field(30.0, ge=0, le=86_400)
+    warn_s: int = Field(120, ge=0, le=86_400)  # SIGUSR1 this long before the time limit (0: none)
     network: Literal["none", "host"] = "none"
     workdir: str | None = None  # working directory inside the container
     log: str = DEFAULT_LOG  # sbatch --output (one file across restarts: --open-mode=append)
@@ -176,14 +177,14 @@ class JobSpec(_Strict):
     @classmethod
     def _mem(cls, value: str | None) -> str | None:
         if value is not None and not MEM_RE.match(value):
-            raise ValueError(f"mem {value!r} must look like 4096, 512M or 16G")
+            raise ValueError(f"mem {value[:40]!r} must look like 4096, 512M or 16G (at most 12 digits)")
         return value
 
     @field_validator("time")
     @classmethod
     def _time(cls, value: str | None) -> str | None:
         if value is not None and not TIME_RE.match(value):
-            raise ValueError(f"time {value!r} must look like 30, 2:00:00 or 1-12:00:00")
+            raise ValueError(f"time {value[:40]!r} must look like 30, 2:00:00 or 1-12:00:00")
         return value
 
     @field_validator("workdir")

@@ -20,13 +20,13 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from slurm_idle import safefiles
 from slurm_idle.errors import SlurmIdleError
 
 
@@ -47,13 +47,11 @@ class Journal:
             record = {"time": iso(float(record["ts"])), **record}
         line = json.dumps(record, sort_keys=False, default=str) + "\n"
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # One write() of a short line with O_APPEND is atomic enough for concurrent readers.
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line.encode())
-            finally:
-                os.close(fd)
+            # One write() of a short line with O_APPEND is atomic enough for concurrent readers;
+            # in a checked directory, never through a symlink (safefiles).
+            safefiles.append_line(self.path, line.encode())
+        except safefiles.UnsafePath as exc:
+            raise SlurmIdleError(f"unsafe journal {self.path}: {exc} (paths.journal in the config)") from None
         except OSError as exc:
             raise self._error("write", exc) from None
 

@@ -111,6 +111,27 @@ def is_ours(text: str, tag: str) -> bool:
     return text.startswith(f"{tag}:")
 
 
+def _our_words(text: str, tag: str) -> tuple[str, float, bool] | None:
+    """(phase word, since, pinned) of text in exactly the shape we write, else None.
+
+    `<tag>:<word> since=<ISO-8601Z>[ pinned]` and nothing else: a Reason or Comment that
+    merely starts with our tag (`slurm-idle:serving since=garbage`, `slurm-idle:lent` as a
+    Reason) was written by someone else, and a node someone else marked is theirs.
+    """
+    if not is_ours(text, tag):
+        return None
+    words = text[len(tag) + 1 :].split(" ")
+    pinned = words[-1] == "pinned" and len(words) == 3
+    if len(words) != 2 + pinned or not words[1].startswith("since="):
+        return None
+    if not _ISO_Z.fullmatch(words[1][len("since=") :]):
+        return None
+    since = _parse_since(text)
+    if since is None:
+        return None
+    return words[0], since, pinned
+
+
 def derive_phase(node: SlurmNode, tag: str) -> PhaseInfo:
     """Read our phase back from what Slurm shows; never claim a node an admin holds.
 
@@ -118,30 +139,50 @@ def derive_phase(node: SlurmNode, tag: str) -> PhaseInfo:
     its own, so its power flags alone do not make it an admin's. A lent node stays LENT
     whatever its power state (its Comment says so; reclaim powers it up), and a node we are
     reclaiming stays RECLAIMING while it powers up. A powered-off node in any other phase of
-    ours has no engine to serve from: UNKNOWN, as a dead node with our Reason.
+    ours has no engine to serve from: UNKNOWN, as a dead node with our Reason. Slurm 22.05
+    clears a drained node's Reason when it starts powering it up; reclaim keeps our lent
+    Comment until the node is up, so such a node (drained, no Reason, our lent Comment) is
+    still ours: RECLAIMING.
     """
     reason = node.reason.strip()
     powered = powered_only(node)
     down = node.down and not powered
     if node.drained or down:
-        if not is_ours(reason, tag):
-            return PhaseInfo(Phase.ADMIN)
-        word = reason[len(tag) + 1 :].split(" ", 1)[0]
-        pinned = " pinned" in reason
-        since = _parse_since(reason)
-        if down:
+        ours = _our_words(reason, tag)
+        if ours is None and powered and not reason and _lent_marker(node, tag):
+            # 22.05 clears a drained node's Reason when its power-up starts: our lent marker
+            # is still in the Comment, so this is our reclaim waiting for the node.
+            return PhaseInfo(Phase.RECLAIMING)
+        if down and is_ours(reason, tag):
             # Our reason on a dead node: we cannot act on it until it answers again.
-            return PhaseInfo(Phase.UNKNOWN, since, pinned)
+            return PhaseInfo(Phase.UNKNOWN, ours[1] if ours else None, bool(ours and ours[2]))
+        if ours is None:
+            return PhaseInfo(Phase.ADMIN)
+        word, since, pinned = ours
         try:
             phase = Phase(word)
         except ValueError:
-            return PhaseInfo(Phase.UNKNOWN, since, pinned)
-        if phase not in DRAINED_PHASES or (powered and phase is not Phase.RECLAIMING):
+            return PhaseInfo(Phase.ADMIN)
+        if phase not in DRAINED_PHASES:
+            return PhaseInfo(Phase.ADMIN)  # e.g. `lent` as a Reason: we never write that
+        if powered and phase is not Phase.RECLAIMING:
             return PhaseInfo(Phase.UNKNOWN, since, pinned)
         return PhaseInfo(phase, since, pinned)
     # A lend keeps an admin's Comment after ours (`<ours> | <theirs>`): read only our part, so
     # their text can never look like our "pinned" or "since=".
     comment = node.comment.strip().split(COMMENT_SEP, 1)[0]
-    if is_ours(comment, tag) and comment[len(tag) + 1 :].startswith("lent"):
-        return PhaseInfo(Phase.LENT, _parse_since(comment), " pinned" in comment)
+    if is_ours(comment, tag):
+        ours = _our_words(comment, tag)
+        if ours is None or ours[0] != Phase.LENT.value:
+            return PhaseInfo(Phase.ADMIN)
+        return PhaseInfo(Phase.LENT, ours[1], ours[2])
     return PhaseInfo(Phase.UNKNOWN)
+
+
+def _lent_marker(node: SlurmNode, tag: str) -> str:
+    """Our lent marker at the head of the node's Comment, or "". A lend keeps an admin's
+    Comment after ours (`<ours> | <theirs>`): only our part is read, so their text can never
+    look like our "pinned" or "since="."""
+    comment = node.comment.strip().split(COMMENT_SEP, 1)[0]
+    ours = _our_words(comment, tag)
+    return comment if ours is not None and ours[0] == Phase.LENT.value else ""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from slurm_idle import safefiles
 from slurm_idle.config import Config
 from slurm_idle.errors import CommandError, ConfigError, SlurmIdleError
 from slurm_idle.journal import Journal
@@ -150,11 +151,14 @@ def _pyplot() -> Any:
 def write_csv(report: Report, path: str) -> None:
     """The per-day table (and a total row) as CSV."""
     try:
-        with open(path, "w", newline="") as fh:
+        # Never through a symlink or into someone else's file (root running --csv in /tmp).
+        with os.fdopen(safefiles.open_output(path), "w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(CSV_COLUMNS))
             writer.writeheader()
             for row in csv_rows(report):
                 writer.writerow(row)
+    except SlurmIdleError as exc:
+        raise SlurmIdleError(f"cannot write {path}: {exc}") from None
     except OSError as exc:
         raise SlurmIdleError(f"cannot write {path}: {exc.strerror}") from None
 
@@ -186,7 +190,13 @@ def write_plot(report: Report, path: str) -> None:
     fig.autofmt_xdate()
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=100)
+        fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+        if fmt not in fig.canvas.get_supported_filetypes():
+            raise ValueError(f"Format {fmt!r} is not supported")
+        with os.fdopen(safefiles.open_output(path), "wb") as fh:
+            fig.savefig(fh, dpi=100, format=fmt)
+    except SlurmIdleError as exc:
+        raise SlurmIdleError(f"cannot write {path}: {exc}") from None
     except OSError as exc:
         raise SlurmIdleError(f"cannot write {path}: {exc.strerror or exc}") from None
     except ValueError as exc:  # a format matplotlib does not know

@@ -68,6 +68,7 @@ from typing import Any, BinaryIO, Literal
 
 from slurm_idle import completion, runlog
 from slurm_idle.errors import SlurmIdleError
+from slurm_idle.jobpolicy import check_spec, site_policy
 from slurm_idle.jobs import (
     ENGINE_SOCKETS,
     EXIT_PREEMPTED,
@@ -78,6 +79,7 @@ from slurm_idle.jobs import (
     load_job_spec,
 )
 from slurm_idle.pipeline import state_dir
+from slurm_idle.podman import PodmanService
 
 EXIT_MAX_RESTARTS = 64
 EXIT_START_FAILED = 70
@@ -791,7 +793,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=os.environ.get("SLURM_IDLE_GPU_MODE", "auto"),
         help="auto: nvidia device requests only if the engine has an nvidia runtime",
     )
-    p.add_argument("--docker-host", default=None, help="engine URL (default: $DOCKER_HOST)")
+    p.add_argument(
+        "--docker-host", default=None,
+        help=("engine URL (default: the site's job_policy.runtime: a rootless podman service "
+              "started for this job; docker: $DOCKER_HOST or the local socket)"),
+    )
     return p.parse_args(argv)
 
 
@@ -816,26 +822,58 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None, signals: Signals) -> int:
     args = _parse_args(argv)
     report = Reporter(sys.stdout.buffer)
+    service: PodmanService | None = None
     try:
-        client = _client(args.docker_host)
+        policy = site_policy(os.environ)
+        spec = None
+        if not args.cleanup:  # checked before any engine is reached or started
+            spec = decode_spec(args.spec_b64) if args.spec_b64 else load_job_spec(args.spec)
+            # The node's policy, not the script's say-so: resolved mounts, this process's uid.
+            check_spec(spec.for_job(os.environ.get("SLURM_JOB_ID") or "none"),
+                       policy, os.geteuid(), resolve=True)
+        host = args.docker_host
+        if host is None and policy.runtime == "podman" and not args.cleanup:
+            service = PodmanService.for_job(os.environ.get("SLURM_JOB_ID", ""), os.environ)
+            host = service.start()
+            report.say(f"rootless podman service at {host}")
+        elif host is None:
+            host = os.environ.get("DOCKER_HOST")
+        return _run(args, host, spec, service is not None, signals, report)
+    except SlurmIdleError as exc:
+        report.say(f"error: {exc}")
+        return EXIT_START_FAILED
+    finally:
+        if service is not None:
+            service.stop()
+
+
+def _run(
+    args: argparse.Namespace, host: str | None, spec: JobSpec | None, rootless: bool,
+    signals: Signals, report: Reporter,
+) -> int:
+    try:
+        client = _client(host)
         if args.cleanup:
             for name in remove_job_containers(client, args.cleanup):
                 report.say(f"removed container {name}")
             return 0
-        spec = decode_spec(args.spec_b64) if args.spec_b64 else load_job_spec(args.spec)
     except SlurmIdleError as exc:
         report.say(f"error: {exc}")
         return EXIT_START_FAILED
     except Exception as exc:  # noqa: BLE001 - docker.errors.DockerException and friends
         report.say(f"error: cannot reach the container engine: {exc}")
         return EXIT_START_FAILED
+    assert spec is not None  # only --cleanup runs without one
     grace = args.grace_s if args.grace_s is not None else spec.grace_s
     settings = RunSettings(
         grace_s=grace, gpu_mode=args.gpu_mode,
-        engine_sockets=engine_sockets(args.docker_host or os.environ.get("DOCKER_HOST")),
+        engine_sockets=engine_sockets(host),
+        # Rootless: the container's root is the job's user outside (its user namespace), so
+        # files it writes in the mounts are the user's; a uid inside would be a subuid.
+        **({"uid": 0, "gid": 0} if rootless else {}),
     )
     # Logs and wait block for as long as the container runs: no read timeout on that client.
-    stream_client = _client(args.docker_host, timeout=None)
+    stream_client = _client(host, timeout=None)
     ctx = slurm_context(os.environ)
     settings = replace(settings, ledger_dir=state_dir(os.environ))
     return run_container(

@@ -148,6 +148,7 @@ class NodeDriver:
     sleep: Callable[[float], None]
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
     on_event: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
+    router: Any = None  # slurm_idle.router.sync.RouterSet, or None: no router is told
 
     def __post_init__(self) -> None:
         self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
@@ -162,6 +163,8 @@ class NodeDriver:
         self._drained: set[str] = set()
         self._started: set[str] = set()
         self._powered_up: set[str] = set()  # nodes asked to POWER_UP in this tick
+        # Per node: the reason of the step under way, journaled with its router calls.
+        self._why: dict[str, str] = {}
 
     @property
     def tag(self) -> str:
@@ -197,6 +200,7 @@ class NodeDriver:
         outcome, error, detail = "ok", None, None
         try:
             check_transition(view.phase, to_phase)
+            self._why[view.name] = reason
             handler = self._handlers()[(view.phase, to_phase)]
             done = handler(view, deadline)
             if not done:
@@ -273,10 +277,17 @@ class NodeDriver:
         return self.engine_for(view.model)
 
     def _retire(self, view: NodeView, deadline: float) -> bool:
+        # The router first: no new request reaches the replica while it drains. A failed
+        # call raises before the mark, so the replica stays SERVING (retried next tick).
+        self._still_ours(view)
+        if self.router is not None:
+            self.router.remove(view.name, self._why.get(view.name, "retiring"))
         self._mark(view, Phase.RETIRING)
         return True
 
     def _back_to_serving(self, view: NodeView, deadline: float) -> bool:
+        if self.router is not None:
+            self.router.add(view.name, self._why.get(view.name, "back to serving"))
         self._mark(view, Phase.SERVING)
         return True
 
@@ -348,7 +359,10 @@ class NodeDriver:
 
     def _drain_and_requeue(self, view: NodeView, deadline: float) -> bool:
         self._mark(view, Phase.RECLAIMING)
-        self._restore_comment(view)
+        if not power_flags(view.node):
+            # A powered-down node keeps our lent Comment until it is up (_wait_powered): Slurm
+            # clears its Reason when the power-up starts, and the Comment still says it is ours.
+            self._restore_comment(view)
         self._drained.add(view.name)
         self._evict(view)
         if needs_power_up(view.node):
@@ -361,11 +375,22 @@ class NodeDriver:
     def _wait_powered(self, view: NodeView, deadline: float) -> None:
         """Wait until Slurm's power saving has the node up (no power flag left), asking for
         POWER_UP again when nothing is under way (a tick killed before it asked). Raise
-        CarryOver at the deadline: the node stays RECLAIMING and the next tick waits on."""
+        CarryOver at the deadline: the node stays RECLAIMING and the next tick waits on.
+
+        Slurm (22.05) clears a drained node's Reason when it starts powering it up: an empty
+        Reason on our drained node is written again, and our lent Comment (kept until now so
+        the node reads as ours meanwhile) is taken off once the node is up."""
+        powered = bool(power_flags(view.node))
+        since = view.phase_since if view.phase_since is not None else self.clock()
         while True:
             node = next((n for n in self._nodes_poll.get() if n.name == view.name), None)
+            if node is not None and node.drained and not node.reason.strip() and powered:
+                self.slurm.drain(view.name, format_reason(self.tag, Phase.RECLAIMING, since, view.pinned))
             if node is None or not power_flags(node):
+                if powered and node is not None and is_ours(node.comment.strip(), self.tag):
+                    self._restore_comment(replace(view, node=node))
                 return
+            powered = True
             if needs_power_up(node) and view.name not in self._powered_up:
                 self.slurm.power_up(view.name)
                 self._powered_up.add(view.name)
@@ -436,6 +461,13 @@ class NodeDriver:
         if not wait_until_serving(engine, replica, wait_s, self.clock, self.sleep, POLL_S):
             raise CarryOver("engine not serving yet at the tick's deadline; stays starting, carried "
                             "over to the next tick, which re-checks health (and re-issues the start)")
+        if self.router is not None:
+            # Healthy and awake is not enough: one real completion, then clients.
+            try:
+                self.router.warm_up(view.name)
+            except SlurmIdleError as exc:
+                raise CarryOver(f"{exc}; stays starting, the next tick warms it up again") from None
+            self.router.add(view.name, self._why.get(view.name, "serving again"))
         self._mark(view, Phase.SERVING)
         return True
 

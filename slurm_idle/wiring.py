@@ -40,7 +40,7 @@ def build_agent(config: Config, with_textfile: bool = True, read_only: bool = Fa
     on_tick = None
     if with_textfile and config.paths.textfile:
         on_tick = _textfile_writer(config)
-    return Agent(
+    agent = Agent(
         config=config,
         slurm=make_backend(config),
         metrics=make_metrics_source(config, read_only=read_only),
@@ -49,14 +49,31 @@ def build_agent(config: Config, with_textfile: bool = True, read_only: bool = Fa
         assessor=policy.assess,
         on_tick=on_tick,
     )
+    agent.router = make_router_set(config, agent)
+    return agent
+
+
+def make_router_set(config: Config, agent: Agent) -> Any:
+    """The pool's routers (issue 14), journaling into the agent's journal; None with `none`."""
+    from slurm_idle.router.sync import RouterSet
+
+    journal = agent.journal
+    assert journal is not None
+    routers = RouterSet(config, journal=journal.append)
+    return routers if routers.active else None
 
 
 def _textfile_writer(config: Config) -> Any:
     from slurm_idle.agent import phase_counts
-    from slurm_idle.agent_metrics import write_textfile
+    from slurm_idle.agent_metrics import set_lock_blocked, write_textfile
 
     def write(result: TickResult) -> None:
         assert config.paths.textfile is not None
+        if result.lock_holder is not None:  # locked out by a stranger: only that gauge
+            holder = result.lock_holder
+            set_lock_blocked(config.paths.textfile, holder.held_s or 0.0, holder.pid,
+                             holder.command)
+            return
         write_textfile(
             config.paths.textfile,
             phases=phase_counts(result) if result.observation is not None else None,
@@ -71,6 +88,7 @@ def _textfile_writer(config: Config) -> Any:
             floors={m.name: m.min_serving_replicas for m in config.models},
             metrics_source=(result.observation.metrics_source or None)
             if result.observation is not None else None,
+            router_errors=result.router_errors,
         )
 
     return write

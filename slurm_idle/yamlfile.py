@@ -2,6 +2,12 @@
 
 A file read by cron every minute or handed to `submit` must fail precisely: the message names
 the file and, for a syntax error, the line and column, and never shows a traceback.
+
+It must also fail *cheaply*. PyYAML shares an anchored node between its aliases, so a 400-byte
+"billion laughs" document composes instantly but expands into billions of values for whoever
+walks it next (pydantic, json.dumps, an error message); 50,000 nested brackets exhaust the
+composer's recursion. The loader here bounds the text (MAX_BYTES), the nesting (MAX_DEPTH) and
+the size of the document *as expanded through its aliases* (MAX_NODES), and says which one.
 """
 
 from __future__ import annotations
@@ -14,29 +20,96 @@ import yaml
 
 from slurm_idle.errors import ConfigError
 
+#: Far above any real config, job spec or pipeline, far below what hurts.
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 64
+MAX_NODES = 100_000
+
+
+class _Bounded(yaml.SafeLoader):  # type: ignore[misc]  # untyped base (no stubs)
+    """SafeLoader that counts every node as if aliases were copies, and the nesting depth."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._expanded: dict[int, int] = {}  # id(node) -> its size with aliases expanded
+        self._total = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        is_alias = self.check_event(yaml.AliasEvent)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _TooBig(f"nested deeper than {MAX_DEPTH} levels")
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if is_alias:
+            size = self._expanded.get(id(node), 1)
+        else:
+            size = 1 + sum(self._size(child) for child in _children(node))
+            self._expanded[id(node)] = size
+        self._total += size if is_alias else 1
+        if self._total > MAX_NODES or size > MAX_NODES:
+            raise _TooBig(f"more than {MAX_NODES} values once its aliases (*name) are expanded")
+        return node
+
+    def _size(self, node: Any) -> int:
+        return self._expanded.get(id(node), 1)
+
+
+def _children(node: Any) -> list[Any]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+class _TooBig(Exception):
+    """The document exceeds one of the bounds above."""
+
 
 def read_text(path: str | os.PathLike[str], what: str = "file", hint: str = "") -> str:
     """The file's text, or a ConfigError naming it (`hint` is appended to "not found")."""
     p = Path(path)
     try:
-        return p.read_text()
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{p}: {what} not found{hint}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not a UTF-8 text file (byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read {what}: {exc.strerror}") from None
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(f"{p}: {what} is larger than {MAX_BYTES} bytes: not a file to read")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not a UTF-8 text file (byte {exc.start})") from None
 
 
 def parse_yaml(text: str, source: str, what: str = "file") -> Any:
     """The YAML document in `text`; a syntax error names its line, an empty file says so."""
+    if len(text) > MAX_BYTES:
+        raise ConfigError(f"{source}: {what} is larger than {MAX_BYTES} bytes")
+    loader = _Bounded(text)
     try:
-        data = yaml.safe_load(text)
+        data = loader.get_single_data()
+    except _TooBig as exc:
+        raise ConfigError(f"{source}: {what} refused: {exc}") from None
+    except RecursionError:  # a bound above should stop it first; never a traceback anyway
+        raise ConfigError(f"{source}: {what} refused: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{source}: YAML syntax error at {where}: {problem}") from None
+        raise ConfigError(f"{source}: YAML syntax error at {where}: {_short(problem)}") from None
+    finally:
+        loader.dispose()
     if data is None:
         raise ConfigError(f"{source}: {what} is empty")
     return data
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."

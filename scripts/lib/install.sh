@@ -5,7 +5,10 @@
 # links; a minimal Debian 13 has none, and the units' verification test would fail.
 APT_PACKAGES=(slurmctld slurmd slurm-client munge prometheus mariadb-server slurmdbd
               docker.io busybox-static prometheus-node-exporter python3-venv python3-pip lua5.3
-              man-db chromium chromium-driver)
+              man-db chromium chromium-driver
+              haproxy nginx-light)  # the router in front of the sandbox; nginx for its contract test
+# Rootless container jobs (job_policy.runtime: podman): podman, its subuid helpers, its init.
+APT_PACKAGES+=(podman uidmap catatonit)
 
 _need_root() {
   if [ "$(id -u)" != 0 ]; then

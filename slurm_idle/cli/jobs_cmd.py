@@ -97,6 +97,7 @@ def submit(ctx: Context, file: str, dry_run: bool, as_json: bool) -> None:
     spec = load_job_spec(file)
     cfg = _config(ctx)
     opts = _options(cfg)
+    _check_policy(cfg, [spec])
     _warn_grace(cfg, [spec])
     script = render_script(spec, opts)
     if dry_run:
@@ -113,6 +114,16 @@ def submit(ctx: Context, file: str, dry_run: bool, as_json: bool) -> None:
         echo_json({"job_id": job_id})
     else:
         click.echo(f"submitted job {job_id} ({spec.name}) to partition {opts.partition}")
+
+
+def _check_policy(cfg: Config | None, specs: list[Any]) -> None:
+    """The site's job_policy (safe defaults without a config); the runner checks it again."""
+    from slurm_idle.config import JobPolicyConfig
+    from slurm_idle.jobpolicy import check_spec
+
+    policy = cfg.job_policy if cfg is not None else JobPolicyConfig()
+    for spec in specs:
+        check_spec(spec, policy, os.geteuid(), cwd=os.getcwd())
 
 
 def _make_log_dir(log: str) -> None:
@@ -179,6 +190,7 @@ def pipeline_run(ctx: Context, file: str, params: tuple[str, ...], dry_run: bool
     pipe = load_pipeline(file, parse_overrides(params))
     cfg = _config(ctx)
     opts = _options(cfg)
+    _check_policy(cfg, [st.spec for st in pipe.steps])
     _warn_grace(cfg, [st.spec for st in pipe.steps])
     if dry_run:
         plan = pipeline_dry_run(pipe, opts)

@@ -43,6 +43,8 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
     result = agent.tick(dry_run=dry_run)
     if as_json:
         echo_json(result.as_json() | {"dry_run": dry_run})
+    elif result.lock_problem:
+        pass  # the agent logged it as an error (stderr, and syslog under cron); exit 1 below
     elif result.locked_out:
         click.echo(f"slurm-idle: {result.locked_out}; nothing to do", err=True)
     elif not result.error:
@@ -57,7 +59,7 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
         for step in result.steps:
             click.echo(f"  {step.node} {step.from_phase.value} -> {step.to_phase.value} "
                        f"[{step.outcome}] {step.duration_s:.1f}s" + (f": {step.error}" if step.error else ""))
-    if result.error:
+    if result.error or result.lock_problem:
         # The agent already logged "tick failed: ..." (stderr, and syslog under cron).
         raise click.exceptions.Exit(1)
 
@@ -77,11 +79,41 @@ def status(ctx: Context, as_json: bool) -> None:
     obs = agent.observe()
     plans = agent.assessor(obs, agent.config, obs.now)
     nodes, models = node_rows(obs), model_rows(obs, plans)
-    errors = [*obs.errors, *status_warnings(agent.config, obs)]
+    errors = [*obs.errors, *status_warnings(agent.config, obs),
+              *_lock_warning(agent.config.paths.lock, obs.now)]
+    router_line = _add_router_states(agent, nodes)
     if as_json:
         echo_json({"nodes": nodes, "models": models, "errors": errors})
     else:
         click.echo(render_status(nodes, models, errors))
+        if router_line:
+            click.echo(router_line)
+
+
+def _add_router_states(agent: Any, nodes: list[dict[str, Any]]) -> str | None:
+    """Each row's `router_state` (in, out, missing, unknown; `none` without a router) read
+    from the router now; the loud line `status` prints when some model has no router."""
+    from slurm_idle.router.none import WARNING
+
+    states = agent.router.states([n["name"] for n in nodes]) if agent.router is not None else {}
+    kinds = {}
+    for row in nodes:
+        kind = agent.config.router_for(row["model"]).kind
+        kinds[row["model"]] = kind
+        row["router_state"] = "none" if kind == "none" else states.get(row["name"], "unknown")
+    bare = sorted(m for m, k in kinds.items() if k == "none")
+    return f"WARNING {WARNING} (models: {', '.join(bare)})" if bare else None
+
+
+def _lock_warning(path: str, now: float) -> list[str]:
+    """A stranger holding the tick lock, as a status warning (nothing when it cannot be told:
+    the lock's directory is the agent user's alone)."""
+    from slurm_idle.lock import inspect
+
+    holder = inspect(path, now, record=False)
+    if holder is None or holder.is_tick:
+        return []
+    return [f"{holder.describe()}: no tick can act until it is released"]
 
 
 @main.command()
@@ -94,19 +126,28 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
     """Why the latest decisions were taken (for NODE, or all nodes), from the journal."""
     config = ctx.config()
     records = list(Journal(Path(config.paths.journal)).records())
-    transitions = [r for r in records if r.get("event") == "transition"
+    transitions = [r for r in records if r.get("event") in ("transition", "router")
                    and (node is None or r.get("node") == node)]
     ticks = [r for r in records if r.get("event") == "tick"]
     if node is not None and config.replica(node) is None:
         raise SlurmIdleError(f"{node} is not a pool node in {ctx.resolved_config_path}")
     shown = transitions[-last:]
     if as_json:
-        echo_json({"transitions": shown, "last_tick": ticks[-1] if ticks else None})
+        echo_json({"transitions": [r for r in shown if r.get("event") == "transition"],
+                   "router": [r for r in shown if r.get("event") == "router"],
+                   "last_tick": ticks[-1] if ticks else None})
         return
     if not shown:
         click.echo(f"no transitions journaled{' for ' + node if node else ''} in {config.paths.journal}")
     for r in shown:
         err = f" ({r['error']})" if r.get("error") else ""
+        if r.get("event") == "router":
+            verb = {"remove": "left", "add": "joined"}.get(str(r.get("call")), str(r.get("call")))
+            if r.get("outcome") != "ok":
+                verb = f"FAILED to be {'removed from' if r.get('call') == 'remove' else 'added to'}"
+            click.echo(f"{r.get('time', '?')} {r.get('node')}: {verb} the router "
+                       f"({r.get('router')}) because {r.get('reason')}{err}")
+            continue
         click.echo(f"{r.get('time', '?')} {r.get('node')}: {r.get('from')} -> {r.get('to')} "
                    f"[{r.get('outcome')}] because {r.get('reason')}{err}")
     if ticks:

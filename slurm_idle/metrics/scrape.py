@@ -25,11 +25,9 @@ The HTTP client, clock and sleep are injected.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import tempfile
 import time
 import urllib.error
 from collections.abc import Callable, Collection, Sequence
@@ -39,9 +37,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from slurm_idle import httpdeadline
+from slurm_idle import httpdeadline, safefiles
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
-from slurm_idle.errors import MetricsUnavailable
+from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
 from slurm_idle.logs import get_logger
 from slurm_idle.metrics import demand_tokens_per_s
 from slurm_idle.metrics import history as kept
@@ -164,7 +162,7 @@ class ScrapeState:
         if path is None:
             return cls({}, [])
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(safefiles.read_text(path) or "{}")
             if doc.get("version") != STATE_VERSION:
                 return cls({}, [])
             scrapes = {
@@ -190,19 +188,12 @@ class ScrapeState:
             },
             "history": [list(h) for h in self.history],
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # A temp name of its own (not a shared `.tmp`): two writers never rename each other's
-        # file away, and a reader sees the old state or the new one, never half a file.
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        # In a checked directory, never through a symlink; a temp name of its own (two writers
+        # never rename each other's file away); 0644: `status` as another user reads it.
         try:
-            os.fchmod(fd, 0o644)  # as before mkstemp's 0600: `status` as another user reads it
-            with os.fdopen(fd, "w") as out:
-                out.write(json.dumps(doc))
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+            safefiles.atomic_write(path, json.dumps(doc), 0o644)
+        except (OSError, SlurmIdleError) as exc:  # costs one double scrape; never the tick
+            log.warning("cannot save the scrape state %s: %s", path, exc)
 
 
 # --- the source ---------------------------------------------------------------------------------

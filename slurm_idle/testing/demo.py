@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO_SPEC = REPO / "etc" / "examples" / "demo-job.yaml"
 ADMIN_REASON = "admin: disk check"
 LOW_RPS, HIGH_RPS = 0.2, 500.0
+CLIENT_RPS = 1.0  # real requests through the router (HAProxy), counted on the client side
 
 
 @dataclass
@@ -48,6 +49,7 @@ class DemoReport:
     job_output_tail: list[str] = field(default_factory=list)
     lost_gpu_s: float | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
+    client_traffic: dict[str, Any] = field(default_factory=dict)  # sandbox load-stats at the end
 
 
 class Story:
@@ -78,6 +80,9 @@ class Story:
         for step in result.steps:
             if step.outcome == "ok":
                 self.say(f"  {step.node}: {step.from_phase.value} -> {step.to_phase.value} ({step.reason})")
+                if step.action != "adopt" and step.to_phase in (Phase.LENT, Phase.SERVING) \
+                        and step.from_phase in (Phase.LENDING, Phase.STARTING):
+                    self.say(f"  clients through the router so far: {self.client_line()}")
             elif step.outcome != "waiting":
                 self.say(f"  {step.node}: {step.from_phase.value} -> {step.to_phase.value} "
                          f"{step.outcome}: {step.error}")
@@ -87,6 +92,15 @@ class Story:
             self.say(f"phases: {summary}")
             self._last_summary = summary
         return phases
+
+    def client_line(self) -> str:
+        st = self.sb.traffic_stats()
+        p99 = "-" if st["p99_s"] is None else f"{st['p99_s']:.2f}s"
+        why = ", ".join(f"{k} {v}" for k, v in st["failures"].items())
+        # Failures while the load is far above capacity are the overload's (queued requests
+        # time out), not the lend's or the reclaim's: those show as 0 added at each step.
+        return f"requests {st['requests']}, failed {st['failed']}" + (f" ({why})" if why else "") \
+            + f", p99 {p99}"
 
     def until(self, what: str, cond: Callable[[], bool], timeout_s: float, tick: bool = True) -> float:
         """Tick (or just poll) until cond() holds; returns the seconds it took."""
@@ -142,6 +156,9 @@ class Story:
         sb = self.sb
         self.say(f"sandbox at {sb.root}: Slurm {sb.slurm_version}, nodes {', '.join(sb.nodes)}")
         self.reset()
+        sb.traffic(CLIENT_RPS)
+        self.say(f"clients send {CLIENT_RPS:g} req/s through the router ({self.config.router.kind}, "
+                 f"{sb.router_url}); their outcome is printed at every lend and reclaim")
         sb.load(LOW_RPS)
         self.say(f"load {LOW_RPS} req/s: the first tick adopts every node into serving")
         self.until("every node serving", lambda: all(
@@ -212,6 +229,9 @@ class Story:
         self.say(f"job {r.job_id} {r.job_final_state}: resumed_from={r.resumed_from}, "
                  f"work lost to the preemption: {r.lost_gpu_s} GPU-seconds")
         self.say(f"{r.admin_node} still drained by the admin: reason {r.admin_reason_after!r}")
+        sb.traffic_stop()
+        r.client_traffic = sb.traffic_stats()
+        self.say(f"clients through the router, whole story: {self.client_line()}")
         return r
 
     def _job_done(self) -> bool:
@@ -249,6 +269,8 @@ def reset_cluster(sb: Any, journal: str | None = None) -> None:
         sb.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], capture_output=True)
         sb.engine_start(node)
     sb.load(0.0)
+    sb.traffic_stop()  # client traffic of an earlier run (issue 14)
+    sb.router_ready_all()  # every replica back in HAProxy, as on a fresh sandbox
     if journal and Path(journal).exists():
         Path(journal).unlink()
 

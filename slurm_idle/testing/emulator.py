@@ -4,10 +4,19 @@ Speaks what slurm-idle reads from a real vLLM server so the product can be teste
 GPUs: `/metrics` (v1 names), `/health`, `/v1/models`, `/v1/completions`, and the dev-mode
 sleep API (`POST /sleep?level=&mode=`, `POST /wake_up`, `GET /is_sleeping`).
 
+Stopping behaves like vLLM's (vllm/entrypoints/launcher.py, tests/entrypoints/launchers/
+test_shutdown.py): on SIGTERM new requests get 503 at once; in-flight requests are aborted
+(answered with finish_reason "abort") unless `--shutdown-timeout S` lets them finish for up to
+S seconds. A sleeping engine fails requests (503). So a router that still sends traffic to a
+replica being stopped or put to sleep makes clients see errors, as in production.
+
 Background load: the total request rate in `--load-file` (JSON `{"rps": R}`, written by
 `scripts/sandbox load R`) is spread evenly over the replicas that are up and awake. Each
 emulator announces itself in `--state-dir/<node>.json` (a heartbeat) so the others know how
-many share the load. The capacity model lives in engine_model.py.
+many share the load. With `--router-socket` (not used by the sandbox by default: tests set
+replicas' states by hand), only a replica that HAProxy has in load balancing (not drained)
+takes a share, as traffic arriving through the router would.
+The capacity model lives in engine_model.py.
 
 Version: `GET /version` answers `--vllm-version` (default DEFAULT_VLLM_VERSION). Below 0.17
 the emulator behaves as those servers do: `/sleep` ignores `mode` and aborts whatever is in
@@ -77,6 +86,24 @@ def count_awake(state_dir: Path, now: float, pid_alive: Callable[[int], bool] = 
     return n
 
 
+def haproxy_check(socket_path: str, backend: str, server: str) -> Callable[[], bool]:
+    """True while HAProxy has `backend/server` in load balancing; True too when it cannot be
+    asked (the emulator then behaves as without a router)."""
+    from slurm_idle.errors import SlurmIdleError
+    from slurm_idle.router.haproxy import OUT_BITS, parse_servers_state, unix_send
+
+    send = unix_send(socket_path, 1.0)
+
+    def check() -> bool:
+        try:
+            found = parse_servers_state(send(f"show servers state {backend}")).get((backend, server))
+        except SlurmIdleError:
+            return True
+        return found is None or not found[1] & OUT_BITS
+
+    return check
+
+
 class Emulator:
     """The simulation thread and state shared by HTTP handlers (all under one lock)."""
 
@@ -89,9 +116,11 @@ class Emulator:
         self.load_file = load_file
         self.lock = threading.Lock()
         self.draining = False  # sleep(mode=wait) in progress: take no new load
+        self.shutting_down = False  # SIGTERM received: new requests get 503
         self.stop = threading.Event()
         self.share_rps = 0.0
         self.port = 0
+        self.in_router: Callable[[], bool] = lambda: True
 
     # --- load sharing -------------------------------------------------------------------
 
@@ -99,7 +128,8 @@ class Emulator:
         if self.state_dir is None:
             return
         now = time.time()
-        awake = self.model.awake and not self.draining
+        awake = (self.model.awake and not self.draining and not self.shutting_down
+                 and self.in_router())
         tmp = self.state_dir / f".{self.node}.json.tmp"
         tmp.write_text(json.dumps({"node": self.node, "pid": os.getpid(), "port": self.port,
                                    "awake": awake, "ts": now}))
@@ -159,9 +189,27 @@ class Emulator:
             self.model.wake_up()
         self.heartbeat()
 
+    def shutdown(self, timeout_s: float) -> int:
+        """SIGTERM: refuse new requests, let in-flight ones finish for up to `timeout_s`
+        (vLLM's --shutdown-timeout, default 0), abort the rest. Returns how many were aborted."""
+        with self.lock:
+            self.shutting_down = True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                if not self.model.running and not self.model.waiting:
+                    break
+            time.sleep(0.05)
+        with self.lock:
+            aborted = self.model.abort_all()
+            for req in aborted:
+                if isinstance(req.done, threading.Event):
+                    req.done.set()
+        return len(aborted)
+
     def complete(self, prompt_tokens: int, max_tokens: int, timeout_s: float = 120.0) -> Request | None:
         with self.lock:
-            if not self.model.awake or self.draining:
+            if not self.model.awake or self.draining or self.shutting_down:
                 return None
             req = self.model.submit(prompt_tokens, max_tokens)
             req.done = threading.Event()
@@ -251,7 +299,8 @@ def make_handler(emu: Emulator) -> type[BaseHTTPRequestHandler]:
             max_tokens = int(body.get("max_tokens") or 16)
             req = emu.complete(prompt_tokens, max_tokens)
             if req is None:
-                self._json(503, {"error": {"message": "engine is sleeping", "type": "ServiceUnavailable", "code": 503}})
+                why = "server is shutting down" if emu.shutting_down else "engine is sleeping"
+                self._json(503, {"error": {"message": why, "type": "ServiceUnavailable", "code": 503}})
                 return
             generated = int(req.generated)
             self._json(200, {
@@ -281,6 +330,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--asleep", action="store_true", help="start in sleep level 1")
     p.add_argument("--vllm-version", default=DEFAULT_VLLM_VERSION,
                    help="what GET /version says; below 0.17 /sleep ignores mode and aborts")
+    p.add_argument("--router-socket", default=None,
+                   help="HAProxy admin socket: simulated load only while this node is in its backend")
+    p.add_argument("--router-backend", default="vllm")
+    p.add_argument("--shutdown-timeout", type=float, default=0.0,
+                   help="on SIGTERM, let in-flight requests finish this long (vLLM's flag; 0 aborts them)")
     return p.parse_args(argv)
 
 
@@ -294,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.state_dir is not None:
         args.state_dir.mkdir(parents=True, exist_ok=True)
     emu = Emulator(model, args.node, args.state_dir, args.load_file, args.vllm_version)
+    if args.router_socket:
+        emu.in_router = haproxy_check(args.router_socket, args.router_backend, args.node)
     if args.start_delay_s > 0:
         time.sleep(args.start_delay_s)
     ThreadingHTTPServer.allow_reuse_address = True
@@ -301,9 +357,16 @@ def main(argv: list[str] | None = None) -> int:
     server = ThreadingHTTPServer((args.host, args.port), make_handler(emu))
     emu.port = server.server_address[1]
 
-    def _stop(signum: int, frame: object) -> None:
+    def _graceful() -> None:
+        emu.shutdown(args.shutdown_timeout)
+        time.sleep(0.2)  # the aborted requests' answers leave before the sockets close
         emu.stop.set()
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        server.shutdown()
+
+    def _stop(signum: int, frame: object) -> None:
+        if not emu.shutting_down:
+            emu.shutting_down = True
+            threading.Thread(target=_graceful, daemon=True).start()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)

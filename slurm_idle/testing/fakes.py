@@ -73,7 +73,8 @@ class FakeSlurm:
         self.node_map[node] = replace(n, flags=n.flags - {"DRAIN", "DRAINING", "DRAINED"}, reason="")
 
     def power_up(self, node: str) -> None:
-        """Clears the power-saving flags, after `power_up_polls` reads showing POWERING_UP."""
+        """Clears the power-saving flags, after `power_up_polls` reads showing POWERING_UP.
+        Like Slurm 22.05, the power-up clears a drained node's Reason."""
         self._call("power_up", node)
         n = self.node_map[node]
         powered = {"POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "POWER_DOWN", "POWER_UP"}
@@ -81,7 +82,7 @@ class FakeSlurm:
         if self.power_up_polls > 0:
             flags |= {"POWERING_UP"}
             self._powering[node] = self.power_up_polls
-        self.node_map[node] = replace(n, flags=frozenset(flags))
+        self.node_map[node] = replace(n, flags=frozenset(flags), reason="" if n.drained else n.reason)
 
     def set_comment(self, node: str, comment: str) -> None:
         self._call("set_comment", node, comment)

@@ -157,6 +157,74 @@ class Sandbox:
         tmp.write_text(json.dumps({"rps": float(rps)}))
         tmp.replace(self.layout.load_file)
 
+    # --- client traffic through the router (issue 14) -------------------------------------
+
+    @property
+    def router_url(self) -> str:
+        return self.layout.router_url
+
+    def traffic(self, rps: float, max_tokens: int | None = None) -> None:
+        """Real completions through HAProxy at `rps` (0 stops them), counted client-side from
+        now on: the previous generator is stopped and its results cleared."""
+        self.traffic_stop()
+        self.layout.traffic_file.unlink(missing_ok=True)
+        self.layout.traffic_file.touch()
+        if rps <= 0:
+            return
+        from slurm_idle.testing import loadgen
+
+        self._spawn("loadgen", [
+            self.python, "-m", "slurm_idle.testing.loadgen", "--url", self.router_url,
+            "--rps", str(rps), "--out", str(self.layout.traffic_file),
+            "--model", sandboxconf.MODEL_NAME,
+            "--max-tokens", str(max_tokens or loadgen.MAX_TOKENS)])
+
+    def traffic_stop(self) -> None:
+        """Stop sending; requests in flight finish and are counted (the results are kept)."""
+        pf = self._pidfile("loadgen")
+        pid = pf.read()
+        if pid is not None:
+            procs.terminate([pid], timeout_s=40)
+        pf.clear()
+
+    def traffic_stats(self, since: float | None = None, until: float | None = None) -> dict[str, Any]:
+        """Client-side outcome since the last `traffic()` (or of a window of start times)."""
+        from slurm_idle.testing import loadgen
+
+        return loadgen.summarize(loadgen.read_results(self.layout.traffic_file), since, until)
+
+    def router_ready_all(self) -> None:
+        """Every emulator's server back in HAProxy's load balancing (a clean start for tests)."""
+        from slurm_idle.errors import RouterError
+        from slurm_idle.router.haproxy import unix_send
+
+        send = unix_send(str(self.layout.haproxy_socket), 2.0)
+        for node in NODES:
+            try:
+                send(f"set server {sandboxconf.HAPROXY_BACKEND}/{node} state ready")
+            except RouterError:
+                return  # HAProxy not running: nothing to reset
+
+    def router_states(self) -> dict[str, str]:
+        """Each node's server status in HAProxy (UP, DOWN, DRAIN, MAINT), {} when unreachable."""
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(2)
+            s.connect(str(self.layout.haproxy_socket))
+            s.sendall(b"show stat\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            s.close()
+        except OSError:
+            return {}
+        out = {}
+        for line in data.decode(errors="replace").splitlines():
+            cols = line.split(",")
+            if len(cols) > 17 and cols[0] == sandboxconf.HAPROXY_BACKEND and cols[1] in NODES:
+                out[cols[1]] = cols[17]
+        return out
+
     # --- state ---------------------------------------------------------------------------
 
     def _read_state(self) -> dict[str, Any]:
@@ -220,6 +288,7 @@ class Sandbox:
                 os.mknod(dev, 0o666 | 0o020000, os.makedev(195, i))
         (lay.etc / "slurm.conf").write_text(sandboxconf.slurm_conf(lay))
         (lay.etc / "gres.conf").write_text(sandboxconf.gres_conf(lay))
+        lay.haproxy_cfg.write_text(sandboxconf.haproxy_cfg(lay))
         if lay.needs_cgroup_conf:
             (lay.etc / "cgroup.conf").write_text(sandboxconf.cgroup_conf(lay))
         if lay.job_submit_lua is not None:
@@ -285,6 +354,8 @@ class Sandbox:
         self._spawn("prometheus", self._prometheus_argv())
         for node in NODES:
             self.engine_start(node, start_delay_s=0)
+        # -db: foreground, so it is our child and stopped by pid like the rest.
+        self._spawn("haproxy", ["haproxy", "-db", "-f", str(lay.haproxy_cfg)])
         self._start_mariadb(timings, t0)
         self._wait("munged", lambda: lay.munge_socket.exists())
         timings["munged"] = time.monotonic() - t0
@@ -309,6 +380,8 @@ class Sandbox:
         timings["emulators"] = time.monotonic() - t0
         self._wait("prometheus", lambda: self._targets()["up"] == len(NODES), timeout_s)
         timings["scraped"] = time.monotonic() - t0
+        self._wait("haproxy", lambda: self.router_states().get(NODES[-1]) == "UP", timeout_s)
+        timings["haproxy"] = time.monotonic() - t0
         self._wait("dockerd", lambda: _unix_http(lay.docker_socket, "/_ping")[0] == 200, timeout_s)
         timings["dockerd"] = time.monotonic() - t0
         timings["total"] = time.monotonic() - t0
@@ -353,7 +426,8 @@ class Sandbox:
     def _ports(self) -> dict[str, list[int]]:
         lay = self.layout
         ports = {"slurmctld": [lay.ctld_port], "slurmdbd": [lay.dbd_port],
-                 "mariadb": [lay.mysql_port], "prometheus": [lay.prometheus_port]}
+                 "mariadb": [lay.mysql_port], "prometheus": [lay.prometheus_port],
+                 "haproxy": [lay.haproxy_port]}
         for n in NODES:
             ports[f"slurmd-{n}"] = [lay.slurmd_port(n)]
             ports[f"emulator-{n}"] = [lay.emulator_port(n)]
@@ -481,7 +555,8 @@ class Sandbox:
             self._remove_containers()
         phases: list[list[str]] = [
             [n for n in running if n.startswith(("emulator-", "slurmd-"))]
-            + [n for n in ("prometheus", "slurmctld", "dockerd") if n in running],
+            + [n for n in ("prometheus", "slurmctld", "dockerd", "haproxy", "loadgen")
+               if n in running],
             [n for n in ("slurmdbd",) if n in running],
             [n for n in ("mariadb", "munged") if n in running],
         ]
@@ -557,6 +632,7 @@ class Sandbox:
         except OSError:
             st["docker"] = False
         st["prometheus_targets"] = targets = self._targets()
+        st["router"] = self.router_states()
         try:
             st["load_rps"] = json.loads(self.layout.load_file.read_text())["rps"]
         except (OSError, ValueError, KeyError):
@@ -587,7 +663,7 @@ class Sandbox:
 
     def _component_names(self) -> list[str]:
         return (["munged", "mariadb", "slurmdbd", "slurmctld"] + [f"slurmd-{n}" for n in NODES]
-                + ["dockerd", "prometheus"] + [f"emulator-{n}" for n in NODES])
+                + ["dockerd", "prometheus", "haproxy"] + [f"emulator-{n}" for n in NODES])
 
 
 if __name__ == "__main__":

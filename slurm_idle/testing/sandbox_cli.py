@@ -35,6 +35,8 @@ def _print_status(st: dict[str, Any]) -> None:
     t = st["prometheus_targets"]
     print(f"prometheus: {t['up']}/{t['total']} emulator targets up")
     print(f"load: {st['load_rps']} req/s")
+    if st.get("router"):
+        print("haproxy: " + " ".join(f"{n}={s}" for n, s in sorted(st["router"].items())))
     print("OK" if st["ok"] else "NOT OK")
 
 
@@ -51,8 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("status", help="what runs and answers")
     s.add_argument("--json", action="store_true")
     sub.add_parser("env", help="print export lines for this sandbox")
-    ld = sub.add_parser("load", help="set the total simulated request rate")
+    ld = sub.add_parser("load", help="send RPS completions/s through HAProxy, counted client-side "
+                        "(--simulated: the emulators' own background rate instead)")
     ld.add_argument("rps", type=float)
+    ld.add_argument("--simulated", action="store_true",
+                    help="set the emulators' background request rate (no client, no router)")
+    ls = sub.add_parser("load-stats", help="client-side outcome since the last `load`")
+    ls.add_argument("--json", action="store_true")
     for name in ("engine-start", "engine-stop"):
         e = sub.add_parser(name, help=f"{name.split('-')[1]} one node's vLLM emulator")
         e.add_argument("node")
@@ -92,8 +99,23 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"export {k}={shlex.quote(v)}")
             return 0
         if args.cmd == "load":
-            sb.load(args.rps)
-            print(f"load set to {args.rps:g} req/s")
+            if args.simulated:
+                sb.load(args.rps)
+                print(f"simulated load set to {args.rps:g} req/s")
+            else:
+                sb.traffic(args.rps)
+                print(f"sending {args.rps:g} req/s through {sb.router_url} (see `load-stats`)")
+            return 0
+        if args.cmd == "load-stats":
+            stats = sb.traffic_stats()
+            if args.json:
+                print(json.dumps(stats))
+            else:
+                p50 = "-" if stats["p50_s"] is None else f"{stats['p50_s']:.3f}s"
+                p99 = "-" if stats["p99_s"] is None else f"{stats['p99_s']:.3f}s"
+                why = ", ".join(f"{k}: {v}" for k, v in stats["failures"].items())
+                print(f"requests {stats['requests']}, ok {stats['ok']}, failed {stats['failed']}"
+                      + (f" ({why})" if why else "") + f", p50 {p50}, p99 {p99}")
             return 0
         if args.cmd == "engine-start":
             sb.engine_start(args.node)

@@ -71,6 +71,8 @@ def test_young_job_left_running_while_another_lent_node_is_reclaimed(sandbox: An
     assert reclaims == ["gpu2"], result["actions"]
     assert job_state(sb, young)["JobState"] == "RUNNING"
     assert job_state(sb, young)["NodeList"] == "gpu1"
+    assert job_state(sb, young)["Restarts"] == "0"
+    assert int(job_state(sb, old)["Restarts"]) >= 1 or job_state(sb, old)["JobState"] == "PENDING"
     assert job_state(sb, old)["JobState"] != "RUNNING" or job_state(sb, old)["NodeList"] != "gpu2"
     status = json.loads(cli(sb, "--config", str(cfg), "status", "--json").stdout)
     phase = {n["name"]: n["phase"] for n in status["nodes"]}

@@ -340,13 +340,14 @@ def test_jobs_left_running_by_a_killed_tick_are_requeued_next_tick(tmp_path: Pat
     assert phases(agent)["gpu1"] is Phase.SERVING
 
 
-def test_pool_node_missing_from_slurm_is_unknown_not_admin(tmp_path: Path) -> None:
-    """A configured node Slurm does not know is reported (unknown phase, error), never acted on."""
+def test_pool_node_missing_from_slurm_is_left_out_and_not_admin(tmp_path: Path) -> None:
+    """A configured node Slurm does not know is reported (one error line), left out of the
+    snapshot (it is no capacity), never acted on."""
     agent, slurm, *_ = make_agent(tmp_path, planner=continue_all)
     del slurm.node_map["gpu3"]
     obs = agent.observe()
-    assert next(v for v in obs.nodes if v.name == "gpu3").phase is Phase.UNKNOWN
-    assert any("gpu3 is not known to Slurm" in e for e in obs.errors)
+    assert "gpu3" not in {v.name for v in obs.nodes}
+    assert any("not known to Slurm, left out: gpu3" in e for e in obs.errors)
     from slurm_idle import policy
 
     assert all(a.node != "gpu3" for a in policy.plan(obs, agent.config, obs.now))

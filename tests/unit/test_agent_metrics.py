@@ -142,11 +142,10 @@ def test_temp_file_is_complete_and_invisible_to_the_collector(tmp_path: Path) ->
     """Before the rename the temp file is whole, world-readable and not named *.prom."""
     seen: list[tuple[str, str, int]] = []
 
-    def replace(src: str, dst: Path) -> None:
+    def look(src: str) -> None:
         seen.append((os.path.basename(src), Path(src).read_text(), os.stat(src).st_mode & 0o777))
-        os.replace(src, dst)
 
-    atomic_write(tmp_path / "a.prom", "x 1\n", replace=replace)
+    atomic_write(tmp_path / "a.prom", "x 1\n", before_replace=look)
     (name, content, mode), = seen
     assert not name.endswith(".prom") and content == "x 1\n" and mode == 0o644
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.journal import Journal
-from slurm_idle.lock import try_lock
 
 from .test_config import run_cli
 
@@ -50,26 +48,6 @@ def test_unusable_lock_and_journal_paths_are_one_line(tmp_path: Path) -> None:
 def test_journal_write_error_is_a_slurm_idle_error(tmp_path: Path) -> None:
     with pytest.raises(SlurmIdleError, match="cannot write the journal"):
         Journal(tmp_path).append({"event": "x"})
-
-
-def test_a_read_only_lock_file_still_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An admin's `tick --dry-run` as another user than cron's root: the lock file is not
-    writable for them, yet they still take (and respect) the flock."""
-    path = tmp_path / "tick.lock"
-    path.write_text("123\n")
-    real_open = os.open
-
-    def no_write(p, flags, *args):  # what a 0644 root-owned file does to a normal user
-        if flags & (os.O_RDWR | os.O_WRONLY):
-            raise PermissionError(13, "Permission denied")
-        return real_open(p, flags, *args)
-
-    monkeypatch.setattr(os, "open", no_write)
-    with try_lock(path) as first:
-        assert first
-        with try_lock(path) as second:
-            assert not second
-    assert path.read_text() == "123\n"
 
 
 def test_an_unexpected_exception_is_one_line_and_v_shows_the_traceback(tmp_path: Path) -> None:

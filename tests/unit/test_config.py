@@ -211,7 +211,7 @@ def test_example_config_mentions_every_key() -> None:
 
     text = EXAMPLE.read_text()
     sections = (c.SlurmConfig, c.MetricsConfig, c.EngineConfig, c.ModelConfig, c.PolicyConfig,
-                c.TimeoutsConfig, c.PathsConfig, c.ReportConfig)
+                c.TimeoutsConfig, c.PathsConfig, c.ReportConfig, c.RouterConfig)
     missing = [f"{cls.__name__}.{name}" for cls in sections for name in cls.model_fields
                if not re.search(rf"^[ #-]*\{{?{name}:", text, re.MULTILINE)]
     assert not missing

@@ -179,3 +179,22 @@ def test_systemd_agent_service_runs_the_loop_and_outlasts_a_pass_on_stop() -> No
     assert exec_start[0].startswith("/") and exec_start[-1] == "agent"
     assert service["KillSignal"] == "SIGTERM" and int(service["TimeoutStopSec"]) > 50
     assert service["Restart"] == "on-failure"
+
+
+def test_router_examples_are_valid_router_sections() -> None:
+    """Every etc/router/*.yaml is a `router:` section the config accepts, and the nginx example
+    renders a complete upstream block."""
+    from slurm_idle.config import RouterConfig
+    from slurm_idle.router import RouterTarget
+    from slurm_idle.router.file import render
+
+    kinds = set()
+    for path in sorted((ETC / "router").glob("*.yaml")):
+        cfg = RouterConfig.model_validate(yaml.safe_load(path.read_text())["router"])
+        kinds.add(cfg.kind)
+        if path.name == "nginx.yaml":
+            entry = RouterTarget("gpu1", "m", "http://gpu1:8000", "gpu1", 8000).fields()
+            text = render(cfg, [entry])
+            assert text.startswith("upstream vllm {") and "server gpu1:8000;" in text
+            assert text.rstrip().endswith("}")
+    assert kinds == {"haproxy", "file", "command"}

@@ -15,7 +15,21 @@ CONFIG = """
 slurm: {lend_partition: lent, tag: acme}
 engine: {kind: command, start_command: "start {node}", stop_command: "stop {node}"}
 models: [{name: m, nodes: "gpu[1-2]", url: "http://{node}:8000"}]
+job_policy: {allow_root: true, mount_prefixes: [/tmp]}
 """
+# These tests run as root and the examples mount /tmp: a site policy that allows both (the
+# defaults refuse them: tests/unit/test_job_policy.py).
+SITE = """
+engine: {kind: command, start_command: "start {node}", stop_command: "stop {node}"}
+models: [{name: m, nodes: "gpu[1-2]", url: "http://{node}:8000"}]
+job_policy: {allow_root: true, mount_prefixes: [/tmp]}
+"""
+
+
+def site_config(tmp_path: Path) -> Path:
+    path = tmp_path / "site.yaml"
+    path.write_text(SITE)
+    return path
 
 
 def cli(*args: str, config: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -27,9 +41,9 @@ def cli(*args: str, config: Path | None = None) -> subprocess.CompletedProcess[s
                           check=False)
 
 
-def test_submit_dry_run_prints_the_script_and_submits_nothing() -> None:
+def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
     """`submit --dry-run` prints the batch script (idle partition by default), exit 0."""
-    r = cli("submit", "--dry-run", str(EXAMPLES / "demo-job.yaml"))
+    r = cli("submit", "--dry-run", str(EXAMPLES / "demo-job.yaml"), config=site_config(tmp_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("#!/bin/bash\n") and "#SBATCH --partition=idle" in r.stdout
     assert f"srun --ntasks=1 --kill-on-bad-exit=1 {sys.executable} -m slurm_idle.runner" in r.stdout
@@ -45,9 +59,10 @@ def test_submit_takes_partition_and_tag_from_the_config(tmp_path: Path) -> None:
     assert "--partition=lent" in doc["sbatch_args"] and "--comment=acme:job" in doc["sbatch_args"]
 
 
-def test_pipeline_dry_run_json_has_exactly_the_documented_keys() -> None:
+def test_pipeline_dry_run_json_has_exactly_the_documented_keys(tmp_path: Path) -> None:
     """`pipeline run --dry-run --json` -> {"steps":[{"name","depends_on","sbatch_args"}]}."""
-    r = cli("pipeline", "run", "--dry-run", "--json", str(EXAMPLES / "pipeline.yaml"))
+    r = cli("pipeline", "run", "--dry-run", "--json", str(EXAMPLES / "pipeline.yaml"),
+            config=site_config(tmp_path))
     assert r.returncode == 0, r.stderr
     steps = json.loads(r.stdout)["steps"]
     assert [s["name"] for s in steps] == ["pre-process", "pre-train", "sft", "rl", "eval"]
@@ -71,7 +86,8 @@ def test_submit_warns_when_grace_outlasts_the_sites_requeue_grace(tmp_path: Path
 
     cfg = tmp_path / "site.yaml"
     cfg.write_text(Path("etc/slurm-idle.yaml").read_text().replace(
-        "requeue_grace_s: 30", "requeue_grace_s: 10"))
+        "requeue_grace_s: 30", "requeue_grace_s: 10").replace(
+        "allow_root: false", "allow_root: true"))  # these tests run as root
     res = CliRunner().invoke(cli_main, ["--config", str(cfg), "submit", "--dry-run",
                                         "etc/examples/train-job.yaml"])
     assert res.exit_code == 0, res.output
@@ -79,16 +95,18 @@ def test_submit_warns_when_grace_outlasts_the_sites_requeue_grace(tmp_path: Path
     assert "#SBATCH" in res.stdout
 
 
-def test_pipeline_params_and_matrix_in_the_dry_run() -> None:
+def test_pipeline_params_and_matrix_in_the_dry_run(tmp_path: Path) -> None:
     """-p overrides reach the steps; the matrix example fans out into 3 train jobs; a bad
     -p is one line and exit 2."""
+    site = site_config(tmp_path)
     r = cli("pipeline", "run", "--dry-run", "--json", "-p", "lr=1e-4",
-            str(EXAMPLES / "sweep.yaml"))
+            str(EXAMPLES / "sweep.yaml"), config=site)
     assert r.returncode == 0, r.stderr
     steps = json.loads(r.stdout)["steps"]
     assert [s["name"] for s in steps] == ["prep", "train-0", "train-1", "train-2", "eval"]
     assert steps[-1]["depends_on"] == ["train-0", "train-1", "train-2"]
-    r = cli("pipeline", "run", "--dry-run", "-p", "nope=1", str(EXAMPLES / "sweep.yaml"))
+    r = cli("pipeline", "run", "--dry-run", "-p", "nope=1", str(EXAMPLES / "sweep.yaml"),
+            config=site)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "unknown pipeline parameter" in r.stderr
 

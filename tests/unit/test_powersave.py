@@ -83,6 +83,20 @@ def test_reclaim_of_a_powered_down_lent_node_powers_it_up_and_waits(tmp_path: Pa
     assert log[:2] == [("drain", "gpu1"), ("power_up", "gpu1")]
     assert ("power_up", "gpu1") in log and log.count(("power_up", "gpu1")) == 1
     assert engine.up["gpu1"] is True and phases(agent)["gpu1"] is Phase.SERVING
+    # The power-up cleared our Reason (as 22.05 does): it was written again while waiting,
+    # and the lent Comment came off only once the node was up.
+    assert log.count(("drain", "gpu1")) >= 3
+    assert slurm.node_map["gpu1"].comment == ""
+
+
+def test_a_drained_node_whose_reason_slurm_cleared_while_powering_up_is_still_reclaiming() -> None:
+    """Drained, no Reason, POWERING_UP, our lent Comment: a reclaim under way (captured 22.05
+    state: `IDLE+DRAIN+NOT_RESPONDING+POWERING_UP`, Reason empty); without our Comment: admin."""
+    node = gpu1("22.05", "powering-up")
+    cleared = replace(node, flags=node.flags | {"DRAIN"}, reason="")
+    assert derive_phase(cleared, TAG).phase is Phase.RECLAIMING
+    assert derive_phase(replace(cleared, comment=""), TAG).phase is Phase.ADMIN
+    assert derive_phase(replace(cleared, reason="admin: disk"), TAG).phase is Phase.ADMIN
 
 
 def test_power_up_past_the_deadline_carries_over(tmp_path: Path) -> None:

@@ -233,6 +233,9 @@ def test_grace_comes_from_the_flag_else_the_spec(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(runner, "_client", lambda *a, **k: object())
     monkeypatch.setattr(runner, "run_container", fake_run)
+    from slurm_idle.config import JobPolicyConfig
+
+    monkeypatch.setattr(runner, "site_policy", lambda env: JobPolicyConfig(allow_root=True))
     monkeypatch.setenv("SLURM_IDLE_GRACE_S", "99")
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text("name: t\nimage: img:1\ngrace_s: 12\n")

@@ -1,0 +1,173 @@
+"""The router as the agent sees it: one adapter per model's router config, the calls the
+lifecycle makes (leave before RETIRING, join after STARTING), and the reconcile of each tick.
+
+Each tick reads the router's state back and compares it with the phases in Slurm: a SERVING
+replica must be in, a replica on its way out, lent or coming back must be out. Admin-held and
+unknown nodes are not ours and are left as the router has them. A tick killed between a
+router call and the phase write therefore leaves nothing wrong for longer than one tick.
+Every call is journaled (`event: router`, for `explain`); failures are counted per tick for
+the textfile metrics and never raise out of the reconcile.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_idle.config import Config, RouterConfig
+from slurm_idle.errors import RouterError, SlurmIdleError
+from slurm_idle.logs import get_logger
+from slurm_idle.model import Observation, Phase
+from slurm_idle.router import IN, OUT, UNKNOWN, Router, RouterTarget, make_router, target_for
+
+log = get_logger(__name__)
+
+#: Phases whose replica must be out of the router: it drains, stops, is lent or comes back.
+OUT_PHASES = frozenset({Phase.RETIRING, Phase.LENDING, Phase.LENT, Phase.RECLAIMING,
+                        Phase.STARTING})
+
+
+def desired(phase: Phase) -> str | None:
+    """Where the router should have a replica in `phase`; None: not ours to say."""
+    if phase is Phase.SERVING:
+        return IN
+    return OUT if phase in OUT_PHASES else None
+
+
+Post = Callable[[str, bytes, float], int]
+
+
+def urllib_post(url: str, body: bytes, timeout_s: float) -> int:
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            resp.read()
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError) as exc:
+        raise RouterError(f"warm-up request to {url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def warm_up(target: RouterTarget, prompt: str, timeout_s: float, post: Post = urllib_post) -> None:
+    """One completion (max_tokens 1) straight to the replica: it must answer 200 before the
+    router sends it clients (a sleeping or still-loading vLLM fails it)."""
+    body = json.dumps({"model": target.model, "prompt": prompt, "max_tokens": 1}).encode()
+    status = post(target.url.rstrip("/") + "/v1/completions", body, timeout_s)
+    if status != 200:
+        raise RouterError(f"{target.name}: warm-up request answered {status}")
+
+
+@dataclass
+class RouterSet:
+    """The routers of a pool (one per distinct router config), and the journal of calls."""
+
+    config: Config
+    journal: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
+    make: Callable[[RouterConfig], Router] = make_router
+    clock: Callable[[], float] = time.time
+    post: Post = urllib_post
+
+    def __post_init__(self) -> None:
+        self._routers: dict[str, Router] = {}
+        self._lock = threading.Lock()
+        self.errors = 0  # failed router calls since the last take_errors()
+
+    def router(self, model: str) -> Router:
+        cfg = self.config.router_for(model)
+        key = cfg.model_dump_json()
+        with self._lock:
+            if key not in self._routers:
+                self._routers[key] = self.make(cfg)
+            return self._routers[key]
+
+    @property
+    def active(self) -> bool:
+        """False when every model's router is `none` (nothing to tell, nothing to read)."""
+        return any(self.config.router_for(m.name).kind != "none" for m in self.config.models)
+
+    def take_errors(self) -> int:
+        with self._lock:
+            n, self.errors = self.errors, 0
+        return n
+
+    def _call(self, op: str, node: str, reason: str) -> None:
+        target = target_for(self.config, node)
+        router = self.router(target.model)
+        if router.kind == "none":
+            return
+        started = self.clock()
+        record: dict[str, Any] = {"event": "router", "ts": round(started, 3), "node": node,
+                                  "model": target.model, "router": router.kind, "call": op,
+                                  "reason": reason}
+        try:
+            getattr(router, op)(target)
+        except SlurmIdleError as exc:
+            with self._lock:
+                self.errors += 1
+            record.update(outcome="error", error=str(exc))
+            self.journal(record)
+            log.warning("%s: router %s failed: %s", node, op, exc)
+            raise RouterError(f"router {op} failed: {exc}") from None
+        record.update(outcome="ok", duration_s=round(self.clock() - started, 3))
+        self.journal(record)
+        log.info("%s: router %s (%s)", node, op, reason)
+
+    def remove(self, node: str, reason: str) -> None:
+        """Take the node's replica out of its router; RouterError when it could not."""
+        self._call("remove", node, reason)
+
+    def add(self, node: str, reason: str) -> None:
+        """Put the node's replica (back) into its router; RouterError when it could not."""
+        self._call("add", node, reason)
+
+    def warm_up(self, node: str) -> None:
+        target = target_for(self.config, node)
+        cfg = self.config.router_for(target.model)
+        if cfg.warmup_prompt:
+            warm_up(target, cfg.warmup_prompt, cfg.warmup_timeout_s, self.post)
+
+    def states(self, nodes: Sequence[str]) -> dict[str, str]:
+        """What each node's router says now (`unknown` where it cannot be read)."""
+        by_router: dict[int, tuple[Router, list[RouterTarget]]] = {}
+        for node in nodes:
+            target = target_for(self.config, node)
+            router = self.router(target.model)
+            by_router.setdefault(id(router), (router, []))[1].append(target)
+        out: dict[str, str] = {}
+        for router, targets in by_router.values():
+            try:
+                out.update(router.state(targets))
+            except SlurmIdleError as exc:
+                with self._lock:
+                    self.errors += 1
+                log.warning("router state unreadable: %s", exc)
+                out.update({t.name: UNKNOWN for t in targets})
+        return out
+
+    def reconcile(self, obs: Observation) -> list[dict[str, Any]]:
+        """Make the routers match the observed phases; returns what was changed (or failed)."""
+        if not self.active:
+            return []
+        views = [v for v in obs.nodes if desired(v.phase) is not None]
+        states = self.states([v.name for v in views])
+        done: list[dict[str, Any]] = []
+        for v in views:
+            want, have = desired(v.phase), states.get(v.name, UNKNOWN)
+            if have == UNKNOWN or have == want:
+                continue
+            op = "add" if want == IN else "remove"
+            why = (f"reconcile: {v.name} is {v.phase.value} in Slurm but {have} in the router")
+            try:
+                self._call(op, v.name, why)
+                done.append({"node": v.name, "call": op, "outcome": "ok"})
+            except RouterError as exc:
+                done.append({"node": v.name, "call": op, "outcome": "error", "error": str(exc)})
+        return done

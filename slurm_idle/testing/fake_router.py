@@ -1,0 +1,36 @@
+"""A router in memory that conforms to `slurm_idle.router.Router`, for tests of the lifecycle
+and the reconcile: it records every call (in a log it may share with a FakeSlurm, so a test can
+check the order of router calls and Slurm writes) and fails on demand."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from slurm_idle.errors import RouterError
+from slurm_idle.router import IN, MISSING, OUT, RouterTarget
+
+
+@dataclass
+class FakeRouter:
+    kind: str = "fake"
+    members: dict[str, str] = field(default_factory=dict)  # name -> in | out
+    log: list[tuple[str, ...]] = field(default_factory=list)
+    fail_on: set[str] = field(default_factory=set)  # "remove", "add", "state"
+
+    def _call(self, op: str, name: str = "") -> None:
+        self.log.append(("router_" + op, name) if name else ("router_" + op,))
+        if op in self.fail_on:
+            raise RouterError(f"{op} failed (injected)")
+
+    def remove(self, target: RouterTarget) -> None:
+        self._call("remove", target.name)
+        self.members[target.name] = OUT
+
+    def add(self, target: RouterTarget) -> None:
+        self._call("add", target.name)
+        self.members[target.name] = IN
+
+    def state(self, targets: Sequence[RouterTarget]) -> dict[str, str]:
+        self._call("state")
+        return {t.name: self.members.get(t.name, MISSING) for t in targets}

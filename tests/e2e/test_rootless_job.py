@@ -1,0 +1,138 @@
+"""A container job of an unprivileged user on the real sandbox (issue 11, items 5 and 6).
+
+The user `sidle-ci` (made by scripts/lib/install.sh, or here) submits with sbatch; the runner
+runs as that user on the node, starts a rootless podman API service of its own (the docker
+socket, root on the node, is never used) and runs the container through the same docker SDK.
+A job asking for what the node's job_policy forbids (outputs in /etc, the host network) is
+refused by the runner itself: the batch script is the user's to write.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slurm_idle.jobs import SubmitOptions, parse_job_spec, render_script
+from slurm_idle.testing.images import busybox_rootfs_tar
+from slurm_idle.testing.waiting import poll
+
+pytestmark = pytest.mark.sandbox
+
+ROOT = Path(__file__).resolve().parents[2]
+USER = "sidle-ci"
+IMAGE = "localhost/slurm-idle/busybox:latest"
+
+
+def as_user(argv: list[str], env: dict[str, str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["runuser", "-u", USER, "--", "env", *(f"{k}={v}" for k, v in env.items()),
+                           *argv], capture_output=True, text=True, timeout=kw.pop("timeout", 180),
+                          check=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def site(sandbox: Any) -> Iterator[dict[str, Any]]:
+    if os.geteuid() != 0 or shutil.which("podman") is None or shutil.which("runuser") is None:
+        pytest.skip("needs root, podman and runuser")
+    try:
+        pw = pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "-m", "-s", "/bin/sh", USER], check=True)
+        pw = pwd.getpwnam(USER)
+    work = Path(tempfile.mkdtemp(prefix="h11-rootless-", dir="/tmp"))
+    work.chmod(0o755)
+    # The node's config: the sandbox's, with the default policy but mounts under /tmp.
+    doc = yaml.safe_load(Path(sandbox.config_path).read_text())
+    doc["job_policy"] = {"mount_prefixes": ["/tmp"], "runtime": "podman"}
+    config = work / "slurm-idle.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    config.chmod(0o644)
+    # A python the user may run with this tree importable (the venv's may live under /root).
+    python = sys.executable
+    if as_user([python, "-c", "import slurm_idle"], {}).returncode != 0:
+        python = str(work / "python")
+        site_packages = next(p for p in sys.path if p.endswith("site-packages"))
+        Path(python).write_text(f'#!/bin/sh\nexport PYTHONPATH={ROOT}:{site_packages}\n'
+                                'exec /usr/bin/python3 "$@"\n')
+        Path(python).chmod(0o755)
+    env = {"HOME": pw.pw_dir, "SLURM_CONF": str(sandbox.slurm_conf),
+           "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+           "SLURM_IDLE_CONFIG": str(config),
+           "CONTAINERS_CONF": str(ROOT / "etc" / "podman" / "containers.conf"),
+           "CONTAINERS_STORAGE_CONF": str(ROOT / "etc" / "podman" / "storage.conf")}
+    rundir = as_user([python, "-c", ("import os; from slurm_idle.podman import runtime_dir; "
+                      "print(runtime_dir(os.geteuid(), os.environ))")], env)
+    assert rundir.returncode == 0, rundir.stderr
+    imported = subprocess.run(
+        ["runuser", "-u", USER, "--", "env", *(f"{k}={v}" for k, v in env.items()),
+         f"XDG_RUNTIME_DIR={rundir.stdout.strip()}", "podman", "import", "-", IMAGE],
+        input=busybox_rootfs_tar(), capture_output=True, timeout=180, check=False)
+    assert imported.returncode == 0, imported.stderr
+    logs = work / "logs"
+    logs.mkdir()
+    os.chown(logs, pw.pw_uid, pw.pw_gid)
+    yield {"work": work, "env": env, "python": python, "uid": pw.pw_uid, "sandbox": sandbox}
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def submit_as_user(site: dict[str, Any], name: str, **spec: Any) -> tuple[int, Path]:
+    work: Path = site["work"]
+    log = work / "logs" / f"{name}-%j.out"
+    job = parse_job_spec({"name": name, "image": IMAGE, "grace_s": 5, "warn_s": 0,
+                          "log": str(log), **spec})
+    script = render_script(job, SubmitOptions(python=site["python"]))
+    r = as_user(["sbatch", "--parsable"], site["env"], input=script, cwd=str(work))
+    assert r.returncode == 0, r.stderr
+    job_id = int(r.stdout.strip().split(";")[0])
+    return job_id, work / "logs" / f"{name}-{job_id}.out"
+
+
+def finished(site: dict[str, Any], job_id: int) -> str:
+    out = site["sandbox"].run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,ExitCode"])
+    line = out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+    return line if line and line.split("|")[0] not in {"PENDING", "RUNNING", "REQUEUED"} else ""
+
+
+def test_an_unprivileged_users_container_job_runs_under_rootless_podman(site: dict[str, Any]) -> None:
+    """The job's container ran (root inside its user namespace = the user outside): its output
+    file is the user's, and the runner said it used its own rootless podman service."""
+    out = site["work"] / "out"
+    out.mkdir()
+    os.chown(out, site["uid"], site["uid"])
+    job_id, log = submit_as_user(
+        site, "rootless", command=["sh", "-c", "id -u; echo made-here > /out/result"],
+        mounts={"outputs": [{"source": str(out), "target": "/out"}]})
+    state = poll(lambda: finished(site, job_id), 180, f"job {job_id} finishing")
+    text = log.read_text() if log.exists() else ""
+    assert state.startswith("COMPLETED|0:0"), (state, text)
+    assert "rootless podman service at unix://" in text, text
+    assert (out / "result").read_text() == "made-here\n"
+    assert (out / "result").stat().st_uid == site["uid"]
+
+
+@pytest.mark.parametrize("name, spec, words", [
+    ("etc", {"mounts": {"outputs": [{"source": "/etc", "target": "/out"}]}},
+     "mount source /etc is outside"),
+    ("hostnet", {"network": "host"}, "network 'host' is not allowed"),
+])
+def test_the_runner_on_the_node_refuses_what_the_site_forbids(
+    site: dict[str, Any], name: str, spec: dict[str, Any], words: str
+) -> None:
+    """Submitted with a hand-rendered script (no `submit` check): the runner refuses, exit 70,
+    before any engine is reached."""
+    before = sorted(os.listdir("/etc"))
+    job_id, log = submit_as_user(site, name, command=["sh", "-c", "echo x > /out/pwned"], **spec)
+    state = poll(lambda: finished(site, job_id), 180, f"job {job_id} finishing")
+    text = log.read_text() if log.exists() else ""
+    assert state.split("|")[0] == "FAILED" and "70" in state, (state, text)
+    assert words in text and "rootless podman service" not in text, text
+    assert sorted(os.listdir("/etc")) == before
