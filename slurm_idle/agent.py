@@ -152,7 +152,7 @@ def observe(
             node_jobs = jobs_by_node.get(name)
             views.append(
                 NodeView(
-                    node=nodes.get(name) or SlurmNode(name=name, state="unknown"),
+                    node=nodes[name],  # pool nodes Slurm does not know were left out above
                     model=model_name,
                     phase=info.phase,
                     phase_since=info.since,

@@ -66,10 +66,11 @@ class SlurmConfig(_Strict):
     serve_partition: str = "inference"
     tag: str = "slurm-idle"
     command_timeout_s: float = Field(30.0, gt=0)
-    # At reclaim, the srun steps of lent jobs submitted through slurm-idle get SIGTERM this
-    # long before `scontrol requeue` (like the idle partition's GraceTime at preemption); 0
-    # requeues at once. Other jobs (plain sbatch scripts end with their step, which would make
-    # them COMPLETED/FAILED) are requeued at once and get Slurm's KillWait to checkpoint.
+    # At reclaim every job on the node is warned, then given this long before it is requeued
+    # (like the idle partition's GraceTime at preemption): our container jobs get SIGTERM on
+    # their steps, plain jobs their own `--signal` or default_job_signal (without either they
+    # are requeued at once: SIGTERM, KillWait, SIGKILL), srun/salloc jobs are then cancelled.
+    # Waited within the tick's deadline (eviction.py); `config check` wants it < tick_budget_s.
     requeue_grace_s: float = Field(30.0, ge=0)
     # At reclaim, a plain sbatch job without its own `--signal` (read from its batch script)
     # gets this one, in sbatch's form (`B:USR2` to the batch shell, `USR2` to its steps), then

@@ -870,7 +870,7 @@ def _run(
         engine_sockets=engine_sockets(host),
         # Rootless: the container's root is the job's user outside (its user namespace), so
         # files it writes in the mounts are the user's; a uid inside would be a subuid.
-        **({"uid": 0, "gid": 0} if rootless else {}),
+        uid=0 if rootless else os.getuid(), gid=0 if rootless else os.getgid(),
     )
     # Logs and wait block for as long as the container runs: no read timeout on that client.
     stream_client = _client(host, timeout=None)

@@ -64,3 +64,19 @@ def test_a_start_failing_midway_stops_every_daemon_it_started(sb_root: Path) -> 
     assert sb._recorded() == {}
     assert procs.pids_with_env(sb._ours) == []
     assert procs.mounts_under(sb_root) == []
+
+
+def test_demo_with_a_port_taken_prints_one_line_and_leaves_nothing(sb_root: Path) -> None:
+    """`scripts/demo` (its Python entry point) on a sandbox whose port is taken: exit 1, one
+    error line on stderr, no traceback, no process of that sandbox left."""
+    base = pick_base_port()
+    sb_root.mkdir(parents=True)
+    (sb_root / "sandbox.json").write_text(f'{{"base_port": {base}}}')  # the ports `up` will use
+    port = Sandbox(sb_root).layout.prometheus_port
+    with listen_on(port):
+        r = subprocess.run([sys.executable, "-m", "slurm_idle.testing.demo", "--root", str(sb_root)],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert f"port {port}" in lines[0] and "Traceback" not in r.stderr
+    assert procs.pids_with_env(lambda env: env.get(procs.MARKER) == str(sb_root)) == []

@@ -80,7 +80,8 @@ def lent(sandbox: Any, attacker: str) -> Iterator[Any]:
     assert {n: p for n, p in phases(sb).items() if n in LENT} == dict.fromkeys(LENT, "lent")
     yield sb
     sb.run(["scancel", "--full", "-u", attacker])
-    sb.load(0.0)
+    # leave the shared session sandbox as other tests expect it: nodes undrained, engines up
+    reset_cluster(sb, load_config(sb.config_path).paths.journal)
 
 
 def surge_and_count_ticks(sb: Any, name: str, *tick_args: str) -> tuple[int, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -433,7 +434,7 @@ def test_a_surge_reclaim_shares_its_job_queries_and_starts_each_engine_once(tmp_
         [Action(ActionKind.RECLAIM, n, "m", Phase.LENT, Phase.RECLAIMING, "surge") for n in nodes], obs)
     assert {s.node for s in steps if s.to_phase is Phase.SERVING and s.outcome == "ok"} == set(nodes)
     # At most one queue read per poll interval, shared by the three node threads.
-    assert asked_at and all(b - a >= POLL_S for a, b in zip(asked_at, asked_at[1:])), asked_at
+    assert asked_at and all(b - a >= POLL_S for a, b in itertools.pairwise(asked_at)), asked_at
     assert sorted(n for kind, n in engine.log if kind == "start") == nodes
 
 

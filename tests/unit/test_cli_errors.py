@@ -64,11 +64,12 @@ def test_an_unexpected_exception_is_one_line_and_v_shows_the_traceback(tmp_path:
         "    raise RuntimeError('kaboom')\n"
         "run_guarded(main, sys.argv[1:])\n"
     )
-    plain = subprocess.run([sys.executable, "-c", code, "boom"], capture_output=True, text=True, timeout=60)
+    plain = subprocess.run([sys.executable, "-c", code, "boom"], capture_output=True, text=True,
+                           timeout=60, check=False)
     assert plain.returncode == 1 and "Traceback" not in plain.stderr
     assert "slurm-idle: error: RuntimeError: kaboom (run with -v for the traceback)" in plain.stderr
     verbose = subprocess.run([sys.executable, "-c", code, "boom", "-v"], capture_output=True, text=True,
-                             timeout=60)
+                             timeout=60, check=False)
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr
 
 

@@ -74,7 +74,7 @@ def test_default_level_hides_debug_and_quiet_hides_info() -> None:
 
 def test_syslog_without_a_socket_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """cron runs `--syslog tick`: a host without /dev/log gets a warning, not silence."""
-    import slurm_idle.logs as logs
+    from slurm_idle import logs
 
     monkeypatch.setattr(logs, "SYSLOG_SOCKET", str(tmp_path / "no-such-socket"))
     try:

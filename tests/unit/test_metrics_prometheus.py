@@ -527,8 +527,8 @@ def test_an_invalid_replica_series_is_dropped_with_a_warning(caplog: pytest.LogC
     src, _ = make(
         targets={
             "gpu1.cluster:8000": {"running": 3.0, "fresh": ts, **FULL},
-            "gpu2:8000": {"running": 1.0, "fresh": ts, **{**FULL, "generation": math.nan}},
-            "gpu3:8000": {"running": 1.0, "fresh": ts, **{**FULL, "waiting": -50.0}},
+            "gpu2:8000": {"running": 1.0, "fresh": ts, **FULL, "generation": math.nan},
+            "gpu3:8000": {"running": 1.0, "fresh": ts, **FULL, "waiting": -50.0},
         },
         eval_ts=ts,
     )

@@ -286,3 +286,33 @@ def test_accounting_24_11_preempted_run() -> None:
     assert [(r.job_id, r.state, r.restarts, r.gpus) for r in runs] == [
         (2, "PREEMPTED", 0, 4), (3, "COMPLETED", 0, 4), (2, "RUNNING", 1, 4)]
     assert runs[0].elapsed_s == 19 and runs[2].end is None
+
+
+def test_interactive_jobs_are_told_from_batch_jobs() -> None:
+    """`batch_flag` (22.05 and 24.11): an srun job is not a batch job (Slurm cannot requeue it)."""
+    import json as _json
+
+    from slurm_idle.slurm.parse import parse_jobs as _parse_jobs
+
+    base = Path(__file__).parent.parent / "data" / "slurm-json"
+    (srun,) = _parse_jobs(_json.loads((base / "22.05" / "squeue-interactive.json").read_text()))
+    assert srun.batch is False and srun.state == "RUNNING"
+    for release in ("22.05", "24.11"):
+        jobs = _parse_jobs(_json.loads((base / release / "squeue.json").read_text()))
+        assert jobs and all(j.batch for j in jobs)
+
+
+def test_a_jobs_own_signal_is_read_from_its_batch_script() -> None:
+    """`#SBATCH --signal` lines (captured 22.05 batch script; submitit's form), as sbatch reads
+    them: up to the first command; `B:` means the batch shell."""
+    from slurm_idle.slurm.parse import JobSignal, parse_signal_option, signal_from_script
+
+    base = Path(__file__).parent.parent / "data" / "slurm-json" / "22.05"
+    assert signal_from_script((base / "batch-script-signal.txt").read_text()) == \
+        JobSignal("USR2", batch_shell=True)
+    assert signal_from_script("#!/bin/bash\n#SBATCH --signal=USR2@90\nsrun x\n") == JobSignal("USR2")
+    assert signal_from_script("#!/bin/bash\n#SBATCH -J x\n#SBATCH --signal SIGUSR1@30\n") == \
+        JobSignal("USR1")
+    assert signal_from_script("#!/bin/bash\necho\n#SBATCH --signal=USR2@90\n") is None
+    assert parse_signal_option("R:10@60") == JobSignal("10")
+    assert parse_signal_option("USR2;rm -rf") is None

@@ -50,7 +50,7 @@ class SlowEngine(FakeEngine):
 
 
 def slow_agent(tmp_path: Path, needs_s: float, **timeouts: float):
-    agent, slurm, _, metrics, clock = make_agent(tmp_path, planner=continue_all, **timeouts)
+    agent, slurm, _, _metrics, clock = make_agent(tmp_path, planner=continue_all, **timeouts)
     engine = SlowEngine(clock, {"gpu1": True, "gpu2": True, "gpu3": True}, needs_s)
     agent.engine_for = lambda model: engine
     for n in ("gpu1", "gpu2", "gpu3"):
