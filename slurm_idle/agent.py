@@ -35,7 +35,6 @@ from slurm_idle.model import (
     Phase,
     ReplicaLoad,
     SlurmJob,
-    SlurmNode,
 )
 from slurm_idle.transitions import ACTIVE_JOB_STATES, NodeDriver, StepResult
 
