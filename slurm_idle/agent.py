@@ -327,6 +327,7 @@ class Agent:
     journal: Journal | None = None
     on_tick: Callable[[TickResult], None] | None = None  # e.g. the textfile writer
     max_workers: int = MAX_ACTION_WORKERS  # nodes acted on at once
+    journal_empty: bool = True  # journal passes without action or error (the fast check: no)
     router: Any = None  # slurm_idle.router.sync.RouterSet; None: no router is told
 
     def __post_init__(self) -> None:
@@ -427,7 +428,8 @@ class Agent:
         result.duration_s = self.clock() - started
         if self.router is not None:
             result.router_errors = self.router.take_errors()
-        if not dry_run:
+        quiet = not (result.actions or result.error or result.router_errors)
+        if not dry_run and (self.journal_empty or not quiet):
             self._journal_tick(result, started)
             if self.on_tick is not None:
                 self.on_tick(result)

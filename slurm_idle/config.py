@@ -372,6 +372,17 @@ class PolicyConfig(_Strict):
     lending_windows: tuple[str, ...] = ()  # e.g. ["20:00-08:00"]; empty = always
     timezone: str = "UTC"
     reclaim_on_unknown_metrics: bool = False
+    # Adaptive headroom (issue 15): the replicas a model needs are sized for its load's level
+    # and trend plus this many standard deviations of its minute-to-minute variability, all
+    # three estimated over the scale-down window (policy/capacity.py `adaptive_demand`). 0 turns
+    # it off. The same default holds from 1% to 10% noise because the margin scales with the
+    # noise measured, not with a fixed planning factor.
+    headroom_sigmas: float = Field(3.0, ge=0)
+    # `slurm-idle agent` (a long-running loop instead of cron): a full tick every
+    # tick_interval_s, and between ticks a fast check every fast_interval_s that only starts
+    # reclaims of models under queue / KV-cache / TTFT pressure (0: no fast check).
+    tick_interval_s: int = Field(60, ge=1)
+    fast_interval_s: int = Field(10, ge=0)
     # Like Slurm's PreemptExemptTime: a lent node running a job younger than this is reclaimed
     # last, only when no other lent node can be (service still comes first); 0 turns it off.
     min_job_runtime_s: float = Field(0.0, ge=0)

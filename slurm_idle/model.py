@@ -168,6 +168,13 @@ class ModelLoad:
     demand_tokens_per_s_max_window: float | None = None
     waiting_max_window: float | None = None
     waiting_min_window: float | None = None  # > 0 means the queue never emptied: sustained
+    # the demand's mean and least-squares slope (per second) over the scale-down window, None
+    # unless the window is covered, and its noise: the standard deviation of its 10-minute
+    # changes over the last hour / sqrt(2) (metrics/forecast.py NOISE_*), None without that hour.
+    # The planner estimates the load's level, trend and variability from them (capacity.Spread)
+    demand_tokens_per_s_mean_window: float | None = None
+    demand_trend_per_s_window: float | None = None
+    demand_noise_tokens_per_s: float | None = None
     forecast_demand_tokens_per_s: float | None = None
     # forecast maximum over [now, now + lead + scale-down window]: a replica lent now must not
     # be needed back within the window (policy.forecast_demand computes both from history)

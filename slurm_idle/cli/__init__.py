@@ -50,6 +50,7 @@ def main(ctx: click.Context, config_path: str | None, verbose: int, quiet: bool,
 def _register() -> None:
     # Importing a command module registers its commands on `main`.
     from slurm_idle.cli import (  # noqa: F401
+        agent_cmd,
         config_cmd,
         doctor_cmd,
         jobs_cmd,

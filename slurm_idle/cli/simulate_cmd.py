@@ -36,6 +36,11 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
               help="Demand model: a replica breaks the SLO above this share of its tokens/s. "
               "Without --config the slurm-idle policy plans at 0.975x this (0.78 for 0.8).")
 @click.option("--floor", type=int, default=1, show_default=True, help="Demand model: minimum replicas.")
+@click.option("--tick-s", type=int, default=60, show_default=True,
+              help="slurm-idle: a full tick every this many seconds (whole minutes; cron: 60).")
+@click.option("--fast-s", type=int, default=0, show_default=True,
+              help="slurm-idle: fast checks between ticks every this many seconds (whole minutes, "
+              "0: none; `slurm-idle agent`'s sub-minute checks are measured on the sandbox).")
 @click.option("--night-lend", type=int, default=None,
               help="night-window: replicas lent per model (default: what the trace's nights allow).")
 @click.option("--azure-model", default=None, help="Model name for an Azure trace (default: the fleet's).")
@@ -52,7 +57,8 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
 @pass_ctx
 def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_path: str | None,
              policy: str, start_s: float, wake_s: float | None, grace_s: float, prompt_weight: float,
-             utilisation: float, floor: int, night_lend: int | None, azure_model: str | None,
+             utilisation: float, floor: int, tick_s: int, fast_s: int, night_lend: int | None,
+             azure_model: str | None,
              synthetic: bool, days: int, seed: int, bursts_per_week: float, timeline: str | None,
              plot: str | None, as_json: bool) -> None:
     """Simulate a fleet on a load trace under a policy and score it.
@@ -103,7 +109,7 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
         click.echo(f"slurm-idle: warning: trace model(s) {', '.join(unsimulated)} have no --fleet "
                    "entry: not simulated, not in the timeline", err=True)
     params = SimParams(start_s=start_s, wake_s=wake_s, grace_s=grace_s, prompt_weight=prompt_weight,
-                       utilisation=utilisation, floor=floor)
+                       utilisation=utilisation, floor=floor, tick_s=tick_s, fast_s=fast_s)
     result = run(load, fleet, params, policy,
                  policy_config=config.policy if config is not None else None, night_lend=night_lend)
     if timeline:
@@ -118,7 +124,8 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
     click.echo(f"  harvested {summary['harvested_gpu_hours']:.1f} GPU-h of an oracle's "
                f"{summary['oracle_gpu_hours']:.1f} ({summary['harvest_ratio']:.1%})")
     violations = summary["slo_violation_minutes"]
-    click.echo(f"  SLO violated in {violations} minute(s) ({violations / max(1, result.minutes):.3%})")
+    click.echo(f"  SLO violated in {violations} model-minute(s) ({result.violation_share:.3%} of "
+               f"{result.model_minutes})")
     click.echo(f"  {summary['preemptions']} preemption(s), {summary['lost_gpu_hours']:.1f} GPU-h of work lost")
 
 

@@ -114,8 +114,12 @@ def diagnose(config: Config) -> list[Check]:
         metrics: Any = make_metrics_source(config, read_only=True)
     except SlurmIdleError as exc:
         metrics = _Broken(str(exc))
+    from slurm_idle.router.sync import RouterSet
+
+    routers = RouterSet(config)
     facts = gather(config, runner, make_backend(config, runner), metrics,
-                   _engine_facts(config, UrllibClient()))
+                   _engine_facts(config, UrllibClient()),
+                   router_states=routers.states if routers.active else None)
     return run_checks(facts, config)
 
 

@@ -68,6 +68,7 @@ class SiteFacts:
     replicas: Mapping[str, ReplicaLoad] | None = None  # node -> load, from the metrics source
     engines: tuple[EngineFacts, ...] = ()
     paths: tuple[tuple[str, str, str | None], ...] = ()  # (config key, path, problem)
+    router_states: Mapping[str, str] | None = None  # node -> in/out/missing/unknown (routers)
     errors: Mapping[str, str] = field(default_factory=dict)  # part -> why it is missing
 
 
@@ -319,9 +320,35 @@ def check_paths(facts: SiteFacts, config: Config) -> list[Check]:
 
 
 def check_router(facts: SiteFacts, config: Config) -> list[Check]:
-    """Hook for the router adapters (issue 14): reachable router, replicas known to it.
-    No router is configured in this version, so there is nothing to check."""
-    return []
+    """The request router: `none` is a warning (clients see errors at every lend); a configured
+    router must answer and know every pool replica (a replica it lacks can never be drained
+    through it, nor rejoin it)."""
+    from slurm_idle.router.none import WARNING
+
+    name = "router"
+    bare = [m.name for m in config.models if config.router_for(m.name).kind == "none"]
+    routed = [m.name for m in config.models if m.name not in bare]
+    checks = []
+    if bare:
+        checks.append(Check(name, "warn", f"{WARNING} (models: {', '.join(bare)})"))
+    if not routed:
+        return checks
+    if facts.router_states is None:
+        return [*checks, _unread(name, facts, "router", "the request router's state")]
+    nodes = {r.node for m in config.models if m.name in routed for r in m.replicas}
+    unknown = sorted(n for n in nodes if facts.router_states.get(n, "unknown") == "unknown")
+    missing = sorted(n for n in nodes if facts.router_states.get(n) == "missing")
+    if unknown:
+        checks.append(Check(name, "fail", f"router state unreadable for {', '.join(unknown)}: "
+                            "check the router section (admin socket, path) and that it runs"))
+    elif missing:
+        checks.append(Check(name, "fail", f"the router has no server for {', '.join(missing)}: "
+                            "add them to its backend (server names from router.server)"))
+    else:
+        kinds = sorted({config.router_for(m).kind for m in routed})
+        checks.append(Check(name, "ok", f"{'/'.join(kinds)} router knows all {len(nodes)} "
+                            "pool replica(s)"))
+    return checks
 
 
 CHECKS: tuple[Callable[[SiteFacts, Config], list[Check]], ...] = (

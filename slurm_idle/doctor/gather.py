@@ -141,8 +141,10 @@ def gather(
     slurm: Any,
     metrics: Any,
     engine_checks: Callable[[str, str, EngineConfig], EngineFacts],
+    router_states: Callable[[list[str]], dict[str, str]] | None = None,
 ) -> SiteFacts:
-    """Read everything the checks need; parts that fail are recorded in `errors`."""
+    """Read everything the checks need; parts that fail are recorded in `errors`.
+    `router_states` (node -> in/out/missing/unknown) reads the request routers, when any."""
     errors: dict[str, str] = {}
     timeout = config.slurm.command_timeout_s
 
@@ -170,5 +172,10 @@ def gather(
                            ("textfile", config.paths.textfile))
         if value
     )
+    routed = None
+    if router_states is not None:
+        pool = [r.node for _, r in replicas_list]
+        routed = read("router", lambda: router_states(pool))
     return SiteFacts(slurm_config=slurm_config, partitions=partitions, nodes=nodes, submit=submit,
-                     replicas=replicas, engines=engines, paths=paths, errors=errors)
+                     replicas=replicas, engines=engines, paths=paths, errors=errors,
+                     router_states=routed)

@@ -73,3 +73,21 @@ def slope_per_s(points: Sequence[tuple[float, float]]) -> float | None:
     if den == 0:
         return None
     return sum((t - mean_t) * (v - mean_v) for t, v in points) / den
+
+
+#: The demand's variability is measured on its changes over NOISE_LAG_S, over the last
+#: NOISE_SPAN_S: a lag of 10 minutes sees rates held in 10-minute steps as well as minute noise;
+#: an hour gives ~60 changes, enough for a standard deviation that does not swing tick to tick.
+NOISE_LAG_S = 600
+NOISE_SPAN_S = 3600
+
+
+def noise_from_changes(changes: Sequence[float]) -> float | None:
+    """The demand's noise (tokens/s) from its NOISE_LAG_S changes: their population standard
+    deviation / sqrt(2) (a change is the difference of two independent draws around a level;
+    a steady trend shifts every change alike and drops out). None with fewer than 2 changes."""
+    n = len(changes)
+    if n < 2:
+        return None
+    mean = sum(changes) / n
+    return math.sqrt(max(0.0, sum((c - mean) ** 2 for c in changes) / n) / 2.0)

@@ -15,11 +15,12 @@ longer than the staleness limit without one (from the window's start to now). Wi
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Sequence
 from itertools import pairwise
 
-from slurm_idle.metrics.forecast import slope_per_s
+from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S, noise_from_changes, slope_per_s
 
 #: A window counts as covered when data exists at this share of its expected points (a scrape
 #: missed here and there is fine; 2 minutes of history for a 15-minute window is not). Both
@@ -98,3 +99,31 @@ def trend(history: Sequence[Reading], model: str, now: float, window_s: float) -
     if window_s <= 0:
         return None
     return slope_per_s([(t, d) for t, d, _ in _known(history, model, now) if now - window_s < t])
+
+
+def window_mean(
+    history: Sequence[Reading], model: str, now: float, window_s: float, max_gap_s: float
+) -> float | None:
+    """Mean of the known demand over the window (PromQL `avg_over_time`), None unless covered."""
+    if window_s <= 0 or not covered(history, model, now, window_s, max_gap_s):
+        return None
+    inside = [d for t, d, _ in _known(history, model, now) if t > now - window_s]
+    return sum(inside) / len(inside) if inside else None
+
+
+def noise(history: Sequence[Reading], model: str, now: float, max_gap_s: float) -> float | None:
+    """forecast.noise_from_changes of the demand's NOISE_LAG_S changes over the last
+    NOISE_SPAN_S (each reading against the last one at least the lag before it), None unless
+    the history covers span + lag."""
+    if not covered(history, model, now, NOISE_SPAN_S + NOISE_LAG_S, max_gap_s):
+        return None
+    points = [(t, d) for t, d, _ in _known(history, model, now)]
+    times = [t for t, _ in points]
+    changes = []
+    for t, d in points:
+        if t <= now - NOISE_SPAN_S:
+            continue
+        i = bisect.bisect_right(times, t - NOISE_LAG_S) - 1
+        if i >= 0 and t - NOISE_LAG_S - times[i] <= max_gap_s:
+            changes.append(d - points[i][1])
+    return noise_from_changes(changes)

@@ -34,7 +34,7 @@ from slurm_idle.errors import MetricsUnavailable
 from slurm_idle.httpdeadline import DeadlineExceeded, call_within
 from slurm_idle.logs import get_logger
 from slurm_idle.metrics import demand_tokens_per_s, names
-from slurm_idle.metrics.forecast import Peak, forecast_leads, forecasts
+from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S, Peak, forecast_leads, forecasts
 from slurm_idle.metrics.history import WINDOW_COVERAGE
 from slurm_idle.model import ModelLoad, ReplicaLoad
 
@@ -164,7 +164,17 @@ class Queries:
             # the window's points (`kind="points"`) say whether Prometheus holds all of it
             demand = self._subquery(self.demand(), window_s)
             points = _kind(f"count_over_time({demand})", "points")
-            q["demand_max"] = f"max_over_time({demand}) or {points}"
+            # the adaptive headroom's inputs ride on the same query (capacity.Spread): the
+            # window's mean and slope, and the noise of the demand's 10-minute changes over an hour
+            changes = f"({self.demand()} - {self.demand(NOISE_LAG_S)})"
+            noise_sub = f"{changes}[{NOISE_SPAN_S}s:{subquery_step(NOISE_SPAN_S, self.rate_window_s)}s]"
+            q["demand_max"] = " or ".join([
+                f"max_over_time({demand})", points,
+                _kind(f"avg_over_time({demand})", "mean"),
+                _kind(f"deriv({demand})", "trend"),
+                _kind(f"stddev_over_time({noise_sub}) / {math.sqrt(2)!r}", "noise"),
+                _kind(f"count_over_time({noise_sub})", "noise_points"),
+            ])
             q["waiting_max"] = f"max_over_time({self._subquery(waiting, window_s)})"
             q["waiting_min"] = f"min_over_time({self._subquery(waiting, window_s)})"
         if leads is not None:
@@ -643,6 +653,17 @@ class PrometheusSource:
             ),
             waiting_min_window=(
                 waiting if not windowed else _finite(v.get("waiting_min")) if covered else None
+            ),
+            demand_tokens_per_s_mean_window=(
+                _finite(v.get("demand_max:mean")) if windowed and covered else None
+            ),
+            demand_trend_per_s_window=(
+                _finite(v.get("demand_max:trend")) if windowed and covered else None
+            ),
+            demand_noise_tokens_per_s=(
+                _finite(v.get("demand_max:noise"))
+                if windowed and self.q.covered(_finite(v.get("demand_max:noise_points")), NOISE_SPAN_S)
+                else None
             ),
             forecast_demand_tokens_per_s=forecast,
             forecast_demand_tokens_per_s_max_window=forecast_window,

@@ -17,7 +17,10 @@ The forecast uses the same history: the demand's trend over the scale-down windo
 extrapolated over the lead (`metrics.forecast`, as the simulator does). The day-old and
 week-old peaks that Prometheus provides are not kept here: that would make the state file a
 week of samples per model, rewritten every tick; sites that want the daily shape in the
-forecast use the Prometheus source. The HTTP client, clock and sleep are injected.
+forecast use the Prometheus source. The adaptive headroom's inputs come from the same history:
+the demand's mean and trend over the window and its noise (10-minute changes over the last
+hour, so the history is kept 70 minutes when `policy.headroom_sigmas` > 0).
+The HTTP client, clock and sleep are injected.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
 from slurm_idle.logs import get_logger
 from slurm_idle.metrics import demand_tokens_per_s
 from slurm_idle.metrics import history as kept
-from slurm_idle.metrics.forecast import forecast_leads, forecasts
+from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S, forecast_leads, forecasts
 from slurm_idle.metrics.history import Reading
 from slurm_idle.metrics.parse import (
     EngineReading,
@@ -379,6 +382,7 @@ class ScrapeSource:
             window: tuple[float | None, float | None, float | None] = (None, None, None)
             forecast: tuple[float | None, float | None] = (None, None)
             recent = waiting if policy.queue_sustain_s == 0 else None
+            level: tuple[float | None, float | None, float | None] = (None, None, None)
             if state is not None:
                 history = state.history
                 history.append((now, m.name, None, None) if dark else (now, m.name, demand, waiting))
@@ -387,10 +391,13 @@ class ScrapeSource:
                     window = kept.window(history, m.name, now, window_s, staleness)
                 if policy.queue_sustain_s > 0:
                     recent = kept.recent_min(history, m.name, now, policy.queue_sustain_s, staleness)
+                trend = kept.trend(history, m.name, now, window_s)
                 if policy.forecast:
                     # Only the trend: the state keeps no day-old history (see the module doc).
-                    trend = kept.trend(history, m.name, now, window_s)
                     forecast = forecasts(demand, (), trend, leads[m.name], policy.scale_down_window_s)
+                if not dark:
+                    level = (kept.window_mean(history, m.name, now, window_s, staleness), trend,
+                             kept.noise(history, m.name, now, staleness))
             out.append(
                 ModelLoad(
                     model=m.name,
@@ -405,12 +412,16 @@ class ScrapeSource:
                     demand_tokens_per_s_max_window=window[0],
                     waiting_max_window=window[1],
                     waiting_min_window=window[2],
+                    demand_tokens_per_s_mean_window=level[0],
+                    demand_trend_per_s_window=level[1] if level[0] is not None else None,
+                    demand_noise_tokens_per_s=level[2],
                     forecast_demand_tokens_per_s=forecast[0],
                     forecast_demand_tokens_per_s_max_window=forecast[1],
                 )
             )
         if state is not None:
-            kept_s = max(policy.scale_down_window_s, policy.queue_sustain_s)
+            kept_s = max(policy.scale_down_window_s, policy.queue_sustain_s,
+                         NOISE_SPAN_S + NOISE_LAG_S if policy.headroom_sigmas > 0 else 0)
             horizon = now - kept_s - 2 * self.config.metrics.staleness_s
             state.history = [h for h in state.history if h[0] >= horizon]
             if not self.read_only:

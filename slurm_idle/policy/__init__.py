@@ -14,6 +14,7 @@ from slurm_idle.policy.capacity import (
     forecast_demand,
     replicas_for,
 )
+from slurm_idle.policy.fast import fast_plan
 from slurm_idle.policy.planner import apply_actions, assess, plan
 from slurm_idle.policy.windows import in_windows, parse_window
 
@@ -24,6 +25,7 @@ __all__ = [
     "assess_need",
     "default_forecast_lead_s",
     "demand_tokens_per_s",
+    "fast_plan",
     "forecast_demand",
     "in_windows",
     "parse_window",

@@ -59,6 +59,72 @@ def replica_capacity(
 
 
 @dataclass(frozen=True)
+class Spread:
+    """The load's level now, its trend and its variability (tokens/s).
+
+    The level is the least-squares line through the scale-down window at the window's end
+    (mean + slope * W/2 for evenly spaced points): a smoothed "now" that one noisy minute does
+    not move. The variability (`sigma`) is measured on the demand's 10-minute changes over the
+    last hour (their standard deviation / sqrt 2, metrics/forecast.py): white minute noise,
+    a persistent wobble and rates that move in 10-minute steps all show in it, and a steady
+    trend does not (a standard deviation ignores the changes' mean).
+    """
+
+    level: float
+    trend_per_s: float
+    sigma: float
+
+
+#: The expected maximum of ~15 independent normal draws (a 15-minute window of minute points)
+#: lies this many standard deviations above their mean: the window's peak gives a first noise
+#: estimate until the noise hour is on record.
+_PEAK_SIGMAS = 1.74
+
+
+def spread(load: ModelLoad, window_s: float) -> Spread | None:
+    """The Spread of `load`; None when the window is not covered.
+
+    Until the noise hour is on record (a new deployment, a Prometheus restart) the noise is
+    estimated from the window alone: its peak above the fitted line, / _PEAK_SIGMAS. Cruder,
+    but never zero on a noisy load, so lends in the first hour keep a margin too.
+    """
+    mean = load.demand_tokens_per_s_mean_window
+    if mean is None or window_s <= 0:
+        return None
+    slope = load.demand_trend_per_s_window or 0.0
+    noise = load.demand_noise_tokens_per_s
+    if noise is None:
+        peak = load.demand_tokens_per_s_max_window
+        if peak is None:
+            return None
+        noise = max(0.0, peak - mean - max(0.0, slope) * window_s / 2.0) / _PEAK_SIGMAS
+    return Spread(level=max(0.0, mean + slope * window_s / 2.0), trend_per_s=slope, sigma=noise)
+
+
+def adaptive_demand(
+    load: ModelLoad, policy: PolicyConfig, seasonal: float, lead_s: float
+) -> tuple[float, str] | None:
+    """The demand to plan for over the reclaim lead time: a high quantile of the load.
+
+    The larger of the seasonal forecast and the fitted level carried along a rising trend for
+    `lead_s` (grace + start + a tick: a replica reclaimed now serves only then), plus
+    `policy.headroom_sigmas` standard deviations of the noise around the trend. The margin
+    follows the noise measured, so no planning factor has to be tuned per fleet. None
+    without a covered window (the scale-down side then lends nothing anyway).
+    """
+    if policy.headroom_sigmas <= 0:
+        return None
+    est = spread(load, policy.scale_down_window_s)
+    if est is None:
+        return None
+    base = max(seasonal, est.level + max(0.0, est.trend_per_s) * lead_s)
+    margin = policy.headroom_sigmas * est.sigma
+    why = (f"level {est.level:.0f} tok/s, trend {60 * est.trend_per_s:+.0f} tok/s/min, "
+           f"noise {est.sigma:.0f} tok/s: plans for {base + margin:.0f} over {lead_s:.0f}s")
+    return base + margin, why
+
+
+@dataclass(frozen=True)
 class Need:
     """The replicas a model needs, for scaling up (`up`) and for lending (`down`)."""
 
@@ -117,8 +183,10 @@ def assess_need(
     replicas: Sequence[ReplicaLoad],
     serving: int,
     total: int,
+    lead_s: float = 0.0,
 ) -> Need:
-    """What `load` needs, clamped to [floor, total]. `serving` counts replicas taking traffic now."""
+    """What `load` needs, clamped to [floor, total]. `serving` counts replicas taking traffic now;
+    `lead_s`: how long a reclaim takes to serve (default_forecast_lead_s)."""
     capacity, learned = replica_capacity(model, policy, replicas)
     util = policy.target_utilisation
     weight = policy.prompt_token_weight
@@ -127,10 +195,17 @@ def assess_need(
     parts = [f"demand {demand:.0f} tok/s needs {need} (capacity {capacity:.0f} tok/s at {util:.0%})"]
     if learned:
         parts.append(learned)
-    if policy.forecast and load.forecast_demand_tokens_per_s is not None:
-        ahead = replicas_for(load.forecast_demand_tokens_per_s, capacity, util)
+    seasonal = load.forecast_demand_tokens_per_s if policy.forecast else None
+    if seasonal is not None:
+        ahead = replicas_for(seasonal, capacity, util)
         if ahead > need:
-            parts.append(f"forecast {load.forecast_demand_tokens_per_s:.0f} tok/s needs {ahead}")
+            parts.append(f"forecast {seasonal:.0f} tok/s needs {ahead}")
+            need = ahead
+    adapted = adaptive_demand(load, policy, seasonal or 0.0, lead_s)
+    if adapted is not None:
+        ahead = replicas_for(adapted[0], capacity, util)
+        if ahead > need:
+            parts.append(f"{adapted[1]}: needs {ahead}")
             need = ahead
     signals = pressure_now(load, policy)
     if signals:

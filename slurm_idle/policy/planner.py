@@ -43,7 +43,7 @@ from slurm_idle.model import (
     Replica,
     ReplicaLoad,
 )
-from slurm_idle.policy.capacity import Need, assess_need
+from slurm_idle.policy.capacity import Need, assess_need, default_forecast_lead_s
 from slurm_idle.policy.reclaim_order import reclaim_rank, young_jobs
 from slurm_idle.policy.windows import in_windows
 from slurm_idle.topology import group_index, group_views
@@ -190,7 +190,8 @@ def _examine(obs: Observation, config: Config, model: ModelConfig, now: float, u
                       arriving)
 
     replicas = [ld for u in taking for ld in u.loads() if ld is not None and not _out_of_service(ld)]
-    need = assess_need(model, policy, load, replicas, awake, total)
+    lead_s = default_forecast_lead_s(config, model.name)
+    need = assess_need(model, policy, load, replicas, awake, total, lead_s)
     needed, reason = need.up, need.reason
     if not known:
         reason += f"; {why_unknown}: nothing lent"

@@ -11,9 +11,11 @@ driven forward within a tick as long as its latencies allow, like the agent's No
   STARTING  `start_s`, or `wake_s` for sleep-mode engines
 
 Accounting per model and minute: serving = SERVING + RETIRING, lent = LENT + LENDING, starting,
-reclaiming (they always sum to the replicas). A minute violates the SLO when serving is below
-what the trace needs; harvested GPU-hours are LENT node-minutes times the node's GPUs; every
-reclaim of a LENT node is a preemption that loses the work since the jobs' last checkpoint.
+reclaiming (they always sum to the replicas). A model-minute violates the SLO when the model's
+serving replicas are below what the trace needs; violations are counted per model-minute (a
+minute short for two models counts twice) and their share is taken of all model-minutes;
+harvested GPU-hours are LENT node-minutes times the node's GPUs; every reclaim of a LENT node
+is a preemption that loses the work since the jobs' last checkpoint.
 With `per_node` replicas per node (FleetModel), a SimNode carries that many replicas and moves
 as one lend group; counts and the SLO are in replicas, lending in whole nodes.
 """
@@ -62,6 +64,11 @@ class SimParams:
     utilisation: float = 0.8
     floor: int = 1
     checkpoint_s: float = 1800.0  # idle jobs checkpoint this often; a preemption loses the rest
+    # The planner's cadence (slurm-idle policy only): a full tick every tick_s, and between
+    # ticks a fast check (policy.fast_plan) every fast_s (0: none). Whole minutes: the
+    # simulation's resolution; sub-minute cadences are measured on the sandbox (tests/e2e).
+    tick_s: int = 60
+    fast_s: int = 0
 
     def __post_init__(self) -> None:
         from slurm_idle.errors import ConfigError
@@ -72,6 +79,9 @@ class SimParams:
             raise ConfigError("--start-s, --wake-s and --grace-s must be >= 0")
         if not 0 < self.utilisation <= 1 or self.prompt_weight < 0 or self.floor < 0:
             raise ConfigError("utilisation must be in (0, 1], prompt weight and floor >= 0")
+        if self.tick_s < 60 or self.tick_s % 60 or self.fast_s < 0 or self.fast_s % 60:
+            raise ConfigError("--tick-s must be a whole number of minutes (>= 60) and --fast-s 0 or "
+                              "whole minutes: the simulation steps a minute at a time")
 
     @property
     def engine_start_s(self) -> float:
@@ -122,23 +132,44 @@ class SimResult:
     minutes: int
     harvested_gpu_hours: float
     oracle_gpu_hours: float
-    slo_violation_minutes: int
+    slo_violation_minutes: int  # model-minutes short of capacity
     preemptions: int
     lost_gpu_hours: float
     timeline: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
+    models: int = 1
+    violation_minutes_by_model: dict[str, int] = field(default_factory=dict)
+    slo_violation_wall_minutes: int = 0  # minutes in which at least one model was short
 
     @property
     def harvest_ratio(self) -> float:
         return self.harvested_gpu_hours / self.oracle_gpu_hours if self.oracle_gpu_hours > 0 else 1.0
 
-    def summary(self) -> dict[str, float | int]:
-        """The `--json` document of `slurm-idle simulate` (keys fixed by the issue)."""
+    @property
+    def model_minutes(self) -> int:
+        return self.minutes * self.models
+
+    @property
+    def violation_share(self) -> float:
+        """Violation model-minutes over all model-minutes."""
+        return self.slo_violation_minutes / self.model_minutes if self.model_minutes else 0.0
+
+    def summary(self) -> dict[str, float | int | dict[str, int]]:
+        """The `--json` document of `slurm-idle simulate` (keys fixed by the issue).
+
+        `slo_violation_minutes` counts model-minutes short of capacity (issue 15: a minute short
+        for two models counts twice), `slo_violation_share` is its share of `model_minutes`;
+        `slo_violation_wall_minutes` counts minutes with any model short (the old measure).
+        """
         return {
             "minutes": self.minutes,
             "harvested_gpu_hours": round(self.harvested_gpu_hours, 2),
             "oracle_gpu_hours": round(self.oracle_gpu_hours, 2),
             "harvest_ratio": round(self.harvest_ratio, 4),
             "slo_violation_minutes": self.slo_violation_minutes,
+            "model_minutes": self.model_minutes,
+            "slo_violation_share": round(self.violation_share, 6),
+            "slo_violation_wall_minutes": self.slo_violation_wall_minutes,
+            "slo_violation_minutes_by_model": dict(self.violation_minutes_by_model),
             "preemptions": self.preemptions,
             "lost_gpu_hours": round(self.lost_gpu_hours, 2),
         }
@@ -253,6 +284,8 @@ class Simulation:
     def run(self, policy: SimPolicy) -> SimResult:
         harvested = 0.0
         violations = 0
+        wall = 0
+        by_model = {m: 0 for m in self.fleet}
         timeline: dict[str, list[tuple[int, int, int, int]]] = {m: [] for m in self.fleet}
         for minute in range(self.trace.minutes):
             now = self.trace.timestamp(minute)
@@ -280,7 +313,9 @@ class Simulation:
                 harvested += counts[Phase.LENT] * self.fleet[model].gpus_per_replica / 60.0
                 if serving < self.need[model][minute]:
                     short = True
-            violations += short
+                    by_model[model] += 1
+                    violations += 1
+            wall += short
         return SimResult(
             minutes=self.trace.minutes,
             harvested_gpu_hours=harvested,
@@ -289,6 +324,9 @@ class Simulation:
             preemptions=self.preemptions,
             lost_gpu_hours=self.lost_gpu_hours,
             timeline=timeline,
+            models=len(self.fleet),
+            violation_minutes_by_model=by_model,
+            slo_violation_wall_minutes=wall,
         )
 
     def oracle_bound(self) -> float:

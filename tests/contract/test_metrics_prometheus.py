@@ -93,6 +93,11 @@ def test_demand_follows_the_load_up_and_down(sandbox: Sandbox, config: Config) -
     assert high_load.running > 0
     assert high_load.demand_tokens_per_s_max_window is not None
     assert high_load.demand_tokens_per_s_max_window >= high * 0.99
+    # the adaptive headroom's window inputs ride on the same query (real PromQL, real answers);
+    # the noise needs an hour on record, so it is still None here
+    assert high_load.demand_tokens_per_s_mean_window is not None
+    assert high_load.demand_trend_per_s_window is not None
+    assert high_load.demand_noise_tokens_per_s is None
 
     sandbox.load(0.0)
     dropped = poll(load_if(lambda m: demand(m) < 0.2 * high), 60, "demand falling after the load stopped")

@@ -23,6 +23,7 @@ from slurm_idle.doctor.checks import (
     check_paths,
     check_power_save,
     check_preemption,
+    check_router,
     exit_code,
     run_checks,
 )
@@ -34,6 +35,7 @@ from slurm_idle.slurm.text import parse_duration_s, parse_show_config, parse_sho
 DATA = Path(__file__).resolve().parents[1] / "data"
 TEXT_22 = DATA / "slurm-text" / "22.05"
 DIR_24 = DATA / "slurm-json" / "24.11"
+HAPROXY = "{kind: haproxy, admin_socket: /run/haproxy.sock}"
 
 
 def config(nodes: str = "gpu[1-4]", **extra: str) -> Config:
@@ -111,8 +113,9 @@ def test_durations(text: str, seconds: float | None) -> None:
 
 
 def test_healthy_22_05_sandbox_passes() -> None:
-    """The captured 22.05 sandbox fails nothing and warns of nothing."""
-    checks = run_checks(facts_22(), config())
+    """The captured 22.05 sandbox (HAProxy in front) fails nothing and warns of nothing."""
+    routed = facts_22(router_states={n: "in" for n in ("gpu1", "gpu2", "gpu3", "gpu4")})
+    checks = run_checks(routed, config(router=HAPROXY))
     assert {c.status for c in checks} == {"ok"}, checks
     assert exit_code(checks) == 0
 
@@ -274,3 +277,36 @@ def test_unreadable_slurm_config_fails_with_the_reason() -> None:
     checks = run_checks(facts, config())
     assert statuses(checks)["slurm.preemption"] == "fail"
     assert "command not found" in checks[0].detail
+
+
+# --- the request router --------------------------------------------------------------------
+
+
+def test_router_none_warns_that_clients_may_see_errors() -> None:
+    """Without a router nobody takes a replica out before it stops: a warning, never ok."""
+    checks = check_router(facts_22(), config())
+    assert [(c.name, c.status) for c in checks] == [("router", "warn")]
+    assert "clients may see errors" in checks[0].detail and "m" in checks[0].detail
+
+
+
+def test_router_that_knows_every_replica_is_ok() -> None:
+    """A configured router that answers and has a server for every pool replica passes."""
+    states = {n: "in" for n in ("gpu1", "gpu2", "gpu3", "gpu4")} | {"gpu1": "out"}
+    checks = check_router(facts_22(router_states=states), config(router=HAPROXY))
+    assert [(c.name, c.status) for c in checks] == [("router", "ok")]
+
+
+@pytest.mark.parametrize(("state", "named"), [("unknown", "unreadable"), ("missing", "no server")])
+def test_router_unreadable_or_missing_a_replica_fails_naming_it(state: str, named: str) -> None:
+    """A router that cannot be read, or lacks a replica, fails naming the node."""
+    states = {n: "in" for n in ("gpu1", "gpu2", "gpu3", "gpu4")} | {"gpu3": state}
+    (check,) = check_router(facts_22(router_states=states), config(router=HAPROXY))
+    assert check.status == "fail" and named in check.detail and "gpu3" in check.detail
+
+
+def test_router_not_read_at_all_fails_with_the_reason() -> None:
+    """No state at all (the read raised): fail with the recorded reason."""
+    facts = facts_22(errors={"router": "connection refused"})
+    (check,) = check_router(facts, config(router=HAPROXY))
+    assert check.status == "fail" and "connection refused" in check.detail

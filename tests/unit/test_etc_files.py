@@ -170,6 +170,17 @@ def test_slurm_conf_snippet_does_not_make_idle_the_default_partition() -> None:
     assert "Default=NO" in idle.split()
 
 
+def test_systemd_agent_service_runs_the_loop_and_outlasts_a_pass_on_stop() -> None:
+    """The agent unit runs `slurm-idle agent` by absolute path, restarts on failure, stops it
+    with SIGTERM and waits longer than a pass (timeouts.tick_budget_s) before SIGKILL."""
+    service = unit("slurm-idle-agent.service")["Service"]
+    assert service["Type"] == "simple"
+    exec_start = service["ExecStart"].split()
+    assert exec_start[0].startswith("/") and exec_start[-1] == "agent"
+    assert service["KillSignal"] == "SIGTERM" and int(service["TimeoutStopSec"]) > 50
+    assert service["Restart"] == "on-failure"
+
+
 def test_router_examples_are_valid_router_sections() -> None:
     """Every etc/router/*.yaml is a `router:` section the config accepts, and the nginx example
     renders a complete upstream block."""

@@ -504,6 +504,22 @@ def test_errors_become_metrics_unavailable(exc: Exception, needle: str) -> None:
     assert "metrics.prometheus_url" in str(info.value) or "query_timeout_s" in str(info.value)
 
 
+def test_model_loads_carry_the_adaptive_headroom_inputs() -> None:
+    """The window's mean and slope and the hour's noise ride on the demand_max query (the query
+    count does not grow); the noise counts only when its hour is covered."""
+    base = {"generation": 50.0, "prompt": 500.0, "running": 8.0, "waiting": 0.0, "kv": 0.1,
+            "demand_max": 400.0, "demand_max:points": 40.0, "demand_max:mean": 300.0,
+            "demand_max:trend": 0.5, "demand_max:noise": 20.0, "waiting_max": 0.0,
+            "waiting_min": 0.0, "waiting:recent_min": 0.0, "waiting:recent_points": 10.0}
+    src, fake = make(models={"llama": {**base, "demand_max:noise_points": 240.0}})
+    llama = src.model_loads(src.config.models, 1_700_000_100.0)[0]
+    assert (llama.demand_tokens_per_s_mean_window, llama.demand_trend_per_s_window) == (300.0, 0.5)
+    assert llama.demand_noise_tokens_per_s == 20.0
+    assert len(fake.seen) == 10
+    src, _ = make(models={"llama": {**base, "demand_max:noise_points": 10.0}})
+    assert src.model_loads(src.config.models, 1_700_000_100.0)[0].demand_noise_tokens_per_s is None
+
+
 def test_an_invalid_replica_series_is_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     """A NaN or negative series (a fake exporter on the port) makes that replica unknown on the
     signal and is named in a warning; the other replicas are untouched."""

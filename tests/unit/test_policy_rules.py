@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from slurm_idle.errors import ConfigError
@@ -491,3 +493,30 @@ def test_nothing_is_lent_while_a_serving_replica_sleeps() -> None:
     actions = plan(under_way, config(), NOW)
     assert (ActionKind.ABORT_LEND, "m0-n2") in [(a.kind, a.node) for a in actions]
     assert "m0-n0" not in {a.node for a in actions}
+
+
+def _noisy(noise: float, demand: float = 1500.0, trend: float = 0.0) -> ModelLoad:
+    return replace(load(demand), demand_tokens_per_s_mean_window=demand,
+                   demand_trend_per_s_window=trend, demand_noise_tokens_per_s=noise)
+
+
+def test_headroom_follows_the_measured_noise() -> None:
+    """The same knobs keep more replicas for noisier load: level + 3 sigma of the noise; without
+    the adaptive headroom (headroom_sigmas 0) the noise is ignored."""
+    obs = lambda noise: observation(*four_serving(), loads=(_noisy(noise),))
+    assert assess(obs(0.0), config(), NOW)[0].needed_replicas == 2  # 1500 / 800
+    assert assess(obs(40.0), config(), NOW)[0].needed_replicas == 3  # 1500 + 120 > 1600
+    assert assess(obs(400.0), config(), NOW)[0].needed_replicas == 4  # 1500 + 1200
+    assert assess(obs(400.0), config(headroom_sigmas=0), NOW)[0].needed_replicas == 2
+
+
+def test_a_rising_trend_is_met_a_reclaim_ahead() -> None:
+    """A rising trend is carried over the reclaim lead (grace + start + a tick): the replica
+    that the load will need when a reclaim started now serves is reclaimed now."""
+    lent = [node("m0-n0"), node("m0-n1"), node("m0-n2", Phase.LENT), node("m0-n3", Phase.LENT)]
+    cfg = config(forecast=False)
+    flat = observation(*lent, loads=(_noisy(0.0, demand=1500.0),))
+    assert kinds(plan(flat, cfg, NOW), ActionKind.RECLAIM) == []
+    # +1 tok/s per second: the fitted level ends at mean + slope * W/2, then rises over the lead
+    rising = observation(*lent, loads=(_noisy(0.0, demand=1000.0, trend=1.0),))
+    assert kinds(plan(rising, cfg, NOW), ActionKind.RECLAIM) == ["m0-n2"]

@@ -1,0 +1,46 @@
+"""The fast check of `slurm-idle agent`: between full ticks, start only the reclaims that
+pressure asks for. Pure.
+
+A full tick runs every policy.tick_interval_s; a queue building just after it would wait for
+the next one. The fast check runs every policy.fast_interval_s on the same observation and
+planner, and keeps only the scale-up actions (abort a lend, reclaim) of models whose serving
+replicas show pressure now (a sustained queue, a hot KV cache, TTFT over its SLO): never a
+lend, nothing on a trend or a forecast alone (those wait for the full tick, which sees the
+same numbers a few seconds later). It also carries on reclaims under way (RECLAIMING,
+STARTING), so a replica serves as soon as its engine is healthy; lends wait for the tick.
+"""
+
+from __future__ import annotations
+
+from slurm_idle.config import Config
+from slurm_idle.model import Action, ActionKind, Observation, Phase
+from slurm_idle.policy.capacity import pressure_now
+from slurm_idle.policy.planner import plan
+
+#: The actions a fast check may start: the scale-up edges.
+SCALE_UP = frozenset({ActionKind.RECLAIM, ActionKind.ABORT_LEND})
+#: Phases a fast check carries on: a reclaim under way.
+COMING_BACK = frozenset({Phase.RECLAIMING, Phase.STARTING})
+
+
+def under_pressure(observation: Observation, config: Config) -> dict[str, list[str]]:
+    """model -> its pressure signals, for models with known load and at least one signal."""
+    out: dict[str, list[str]] = {}
+    for load in observation.models:
+        if load.known:
+            signals = pressure_now(load, config.policy)
+            if signals:
+                out[load.model] = signals
+    return out
+
+
+def fast_plan(observation: Observation, config: Config, now: float) -> list[Action]:
+    """plan()'s scale-up actions of the models under pressure, and the carry-on of reclaims
+    already under way (a replica whose engine is healthy serves now, not at the next tick);
+    never a lend, never a carry-on of a lend."""
+    hot = under_pressure(observation, config)
+    return [
+        a for a in plan(observation, config, now)
+        if (a.kind in SCALE_UP and a.model in hot)
+        or (a.kind is ActionKind.CONTINUE and a.from_phase in COMING_BACK)
+    ]
