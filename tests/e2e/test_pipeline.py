@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from slurm_idle.config import load_config
+from slurm_idle.testing.demo import reset_cluster
 from slurm_idle.testing.images import BUSYBOX_IMAGE, build_demo_image
 from slurm_idle.testing.waiting import poll as _poll
 
@@ -33,6 +35,9 @@ poll = functools.partial(_poll, interval_s=1.0)
 def images(sandbox: Any) -> None:
     import docker
 
+    # Earlier e2e modules (agent ticks) may leave nodes drained as serving: start from a plain
+    # cluster, or the steps queue for the one node left.
+    reset_cluster(sandbox, load_config(sandbox.config_path).paths.journal)
     client = docker.DockerClient(base_url=sandbox.docker_host, timeout=60)
     build_demo_image(client)
     client.close()

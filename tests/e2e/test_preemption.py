@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from slurm_idle.config import load_config
 from slurm_idle.jobs import parse_job_spec
 from slurm_idle.runner import (
     LABEL_MANAGED,
@@ -30,6 +31,7 @@ from slurm_idle.runner import (
     SlurmContext,
     run_container,
 )
+from slurm_idle.testing.demo import reset_cluster
 from slurm_idle.testing.images import build_demo_image
 from slurm_idle.testing.waiting import poll
 
@@ -49,6 +51,9 @@ def job_fields(sandbox: Any, job_id: int) -> dict[str, str]:
 def docker_client(sandbox: Any) -> Any:
     import docker
 
+    # Earlier e2e modules (agent ticks) may leave nodes drained as serving: start from a plain
+    # cluster, or the jobs here queue for the one node left and the preemption comes too late.
+    reset_cluster(sandbox, load_config(sandbox.config_path).paths.journal)
     client = docker.DockerClient(base_url=sandbox.docker_host, timeout=60)
     build_demo_image(client)
     yield client
