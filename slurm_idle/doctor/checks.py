@@ -68,7 +68,7 @@ class SiteFacts:
     replicas: Mapping[str, ReplicaLoad] | None = None  # node -> load, from the metrics source
     engines: tuple[EngineFacts, ...] = ()
     paths: tuple[tuple[str, str, str | None], ...] = ()  # (config key, path, problem)
-    router_states: Mapping[str, str] | None = None  # node -> in/out/missing/unknown (routers)
+    router_states: Mapping[str, str] | None = None  # replica -> in/out/missing/unknown (routers)
     errors: Mapping[str, str] = field(default_factory=dict)  # part -> why it is missing
 
 
@@ -335,7 +335,7 @@ def check_router(facts: SiteFacts, config: Config) -> list[Check]:
         return checks
     if facts.router_states is None:
         return [*checks, _unread(name, facts, "router", "the request router's state")]
-    nodes = {r.node for m in config.models if m.name in routed for r in m.replicas}
+    nodes = {r.name for m in config.models if m.name in routed for r in m.replicas}  # replicas
     unknown = sorted(n for n in nodes if facts.router_states.get(n, "unknown") == "unknown")
     missing = sorted(n for n in nodes if facts.router_states.get(n) == "missing")
     if unknown:
