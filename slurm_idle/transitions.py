@@ -49,7 +49,7 @@ from slurm_idle.lifecycle import (
     overdue,
 )
 from slurm_idle.logs import get_logger
-from slurm_idle.model import Action, ActionKind, GroupView, LendGroup, NodeView, Phase
+from slurm_idle.model import Action, ActionKind, GroupView, LendGroup, NodeView, Phase, SlurmNode
 from slurm_idle.powersave import needs_power_up, power_flags
 from slurm_idle.topology import group_index
 
@@ -349,21 +349,40 @@ class NodeDriver:
                 self.router.add(node, self._why.get(view.name, "back to serving"))
         self._mark(view, edge.to_phase)
 
+    def _poll_until(self, deadline: float, ready: Callable[[], bool]) -> bool:
+        """The driver's one wait loop: ask `ready` every POLL_S (Slurm through the shared polls)
+        until it says yes (True) or the deadline has passed (False). It always asks once."""
+        while True:
+            if ready():
+                return True
+            now = self.clock()
+            if now >= deadline:
+                return False
+            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+
     def _engines_idle(self, view: GroupView, deadline: float) -> bool:
-        """No request in flight on any replica, or the engine's drain window is over."""
-        from slurm_idle.engine import wait_until_idle
+        """No request in flight on any replica, or the engine's drain window is over. False:
+        still draining at the tick's deadline, the next tick carries on."""
+        from slurm_idle.engine import is_idle
 
         since = view.phase_since if view.phase_since is not None else self.clock()
+        draining = {}  # replica name -> (model, replica, drain window, its end)
         for model, replica in self._replicas(view):
             drain_s = self.config.engine_for(model).drain_timeout_s
-            give_up_at = since + drain_s
-            wait_s = max(0.0, min(deadline, give_up_at) - self.clock())
-            if not wait_until_idle(self.engine_for(model), replica, wait_s, self.clock, self.sleep, POLL_S):
-                if self.clock() < give_up_at:
-                    return False  # still draining at the tick's deadline: the next tick carries on
-                log.warning("%s: requests still running after the %.0fs drain window; stopping anyway",
-                            replica.name, drain_s)
-        return True
+            draining[replica.name] = (model, replica, drain_s, since + drain_s)
+
+        def drained() -> bool:
+            for name, (model, replica, drain_s, give_up_at) in list(draining.items()):
+                if is_idle(self.engine_for(model), replica):
+                    del draining[name]
+                elif self.clock() >= give_up_at:
+                    log.warning("%s: requests still running after the %.0fs drain window; "
+                                "stopping anyway", name, drain_s)
+                    del draining[name]
+            return not draining
+
+        last_window_end = max(end for *_, end in draining.values())
+        return self._poll_until(min(deadline, last_window_end), drained)
 
     def _call_engine(self, op: str, model: str, replica: ReplicaConfig, deadline: float) -> None:
         """Engine start/stop, given the tick's time left (at least MIN_ENGINE_CALL_S)."""
@@ -455,9 +474,11 @@ class NodeDriver:
         views = {v.name: v for v in view.nodes}
         powered = {name for name, v in views.items() if power_flags(v.node)}
         since = view.phase_since if view.phase_since is not None else self.clock()
-        while True:
+        waiting: list[SlurmNode] = []
+
+        def all_up() -> bool:
             polled = {n.name: n for n in self._nodes_poll.get() if n.name in views}
-            waiting = []
+            waiting.clear()
             for name, v in views.items():
                 node = polled.get(name)
                 if node is not None and node.drained and not node.reason.strip() and name in powered:
@@ -472,14 +493,12 @@ class NodeDriver:
                 if needs_power_up(node) and name not in self._powered_up:
                     self.slurm.power_up(name)
                     self._powered_up.add(name)
-            if not waiting:
-                return
-            now = self.clock()
-            if now >= deadline:
-                flags = "+".join(sorted({f for n in waiting for f in power_flags(n)}))
-                raise CarryOver(f"powering up ({flags}) at the tick's deadline; stays reclaiming, "
-                                "the next tick waits on")
-            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+            return not waiting
+
+        if not self._poll_until(deadline, all_up):
+            flags = "+".join(sorted({f for n in waiting for f in power_flags(n)}))
+            raise CarryOver(f"powering up ({flags}) at the tick's deadline; stays reclaiming, "
+                            "the next tick waits on")
 
     def _still_on(self, node: str, problems: list[str]) -> str:
         """Why a reclaimed node is not empty yet, naming the jobs. Jobs of another partition
@@ -515,23 +534,27 @@ class NodeDriver:
         """No job left on the group's nodes (the evictor warned, requeued or cancelled ours)
         and every node powered up."""
         requeued_again = False
-        while True:
+        problems: list[str] = []
+        busy: list[str] = []
+
+        def empty() -> bool:
+            nonlocal problems, busy, requeued_again
             # Also covers a tick killed between the drain and the requeue, and a job that
             # started just before the drain. The grace is waited here, under the deadline.
             problems = self._evict(view)
             busy = [v.name for v in view.nodes if self._jobs_on(v.name)]
             if not busy:
-                break
-            now = self.clock()
-            if not requeued_again and self._overdue(view, now):
+                return True
+            if not requeued_again and self._overdue(view, self.clock()):
                 # Still not empty long after the requeue: ask again, whatever the state.
                 problems = self._evict(view, again=True)
                 requeued_again = True
-            if now >= deadline:
-                raise CarryOver("; ".join(
-                    self._still_on(name, problems) if len(view.nodes) == 1
-                    else f"{name}: {self._still_on(name, problems)}" for name in busy))
-            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+            return False
+
+        if not self._poll_until(deadline, empty):
+            raise CarryOver("; ".join(
+                self._still_on(name, problems) if len(view.nodes) == 1
+                else f"{name}: {self._still_on(name, problems)}" for name in busy))
         self._wait_powered(view, deadline)
         return True
 
@@ -539,8 +562,6 @@ class NodeDriver:
         """Every replica of the group healthy and awake; a replica that does not get there keeps
         the whole group STARTING, named in the carried-over reason. A replica found down that
         this tick has not started yet is started again (idempotent), never twice in a tick."""
-        from slurm_idle.engine import wait_until_serving
-
         replicas = self._replicas(view)
         down = {r.name for m, r in replicas
                 if r.name not in self._started and not self.engine_for(m).health(r).serving}
@@ -548,12 +569,16 @@ class NodeDriver:
             # Started by an earlier tick (or one killed between writing STARTING and starting
             # the engine): start() is idempotent, issue it again. Never twice in one tick.
             self._start(view, deadline, only=down)
-        late = []
-        for model, replica in replicas:
-            wait_s = max(0.0, deadline - self.clock())
-            if not wait_until_serving(self.engine_for(model), replica, wait_s, self.clock, self.sleep, POLL_S):
-                late.append(replica.name)
-        if late:
+        coming = {r.name: (m, r) for m, r in replicas}
+
+        def serving() -> bool:
+            for name, (model, replica) in list(coming.items()):
+                if self.engine_for(model).health(replica).serving:
+                    del coming[name]
+            return not coming
+
+        if not self._poll_until(deadline, serving):
+            late = list(coming)
             who = f"replica(s) {', '.join(late)}: " if len(replicas) > 1 else ""
             raise CarryOver(f"{who}engine not serving yet at the tick's deadline; stays starting, carried "
                             "over to the next tick, which re-checks health (and re-issues the start)")
