@@ -39,6 +39,7 @@ DRAINED_PHASES = frozenset(
     {Phase.SERVING, Phase.RETIRING, Phase.LENDING, Phase.RECLAIMING, Phase.STARTING}
 )
 
+
 class Ready(StrEnum):
     """What must be observed before an edge is taken; the driver waits for it (through the
     shared Slurm poll, until the tick's deadline) and the simulator charges its latency."""

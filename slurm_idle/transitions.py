@@ -22,6 +22,11 @@ A node's Comment is shared with the admin. Only ours (`slurm-idle:`-tagged) is e
 admin's text found on a node we lend is kept after our marker (`lent_comment`) and put back as
 it was on reclaim (`admin_comment`). Our marker stays first because `derive_phase` reads a lent
 node from a Comment that starts with our tag, so recovering the phase from Slurm is unchanged.
+
+Over 400 lines on purpose (for now): every effect and wait of the table works on the same
+per-tick state of `NodeDriver` (shared polls, evictor, what this tick drained or started), and
+topology/placement work in flight adds rows here; splitting it into effect modules is a
+follow-up once those have landed.
 """
 
 from __future__ import annotations
