@@ -296,6 +296,7 @@ class Simulation:
         wall = 0
         by_model = {m: 0 for m in self.fleet}
         timeline: dict[str, list[tuple[int, int, int, int]]] = {m: [] for m in self.fleet}
+        traffic = [ph for ph in Phase if takes_traffic(ph)]  # once per run, not per minute
         for minute in range(self.trace.minutes):
             now = self.trace.timestamp(minute)
             if policy.auto_continue:
@@ -309,7 +310,7 @@ class Simulation:
                 per_node = self.fleet[model].per_node
                 for node in nodes:
                     counts[node.phase] += per_node  # replicas
-                serving = sum(n for ph, n in counts.items() if takes_traffic(ph))
+                serving = sum(counts[ph] for ph in traffic)
                 row = (
                     serving,
                     counts[Phase.STARTING],
