@@ -22,10 +22,10 @@ from typing import Any
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
 from slurm_idle.journal import Journal
-from slurm_idle.lifecycle import PhaseInfo, derive_phase
+from slurm_idle.lifecycle import PhaseInfo, derive_phase, takes_traffic
 from slurm_idle.lock import Holder, inspect, try_lock
 from slurm_idle.logs import get_logger
-from slurm_idle.metrics.serving import SERVING_PHASES, serving_model_load
+from slurm_idle.metrics.serving import serving_model_load
 from slurm_idle.model import (
     Action,
     ModelLoad,
@@ -195,7 +195,7 @@ def serving_replicas(
     """The replicas in a serving phase on every node they span: a replica with one node lent
     (a half-converged group) is not whole, and that node's ports are a job's, never ours."""
     return [(m, r) for m, r in replicas
-            if all(infos[n].phase in SERVING_PHASES for n in r.nodes)]
+            if all(takes_traffic(infos[n].phase) for n in r.nodes)]
 
 
 def gres_mismatches(config: Config, nodes: dict[str, SlurmNode]) -> list[str]:
