@@ -7,8 +7,12 @@ then sweeps processes carrying this sandbox's marker (slurmstepd, containerd) or
 cluster name (job processes), and unmounts dockerd's netns. Config texts live in
 sandboxconf.py, pid handling in procs.py, the emulator in emulator.py.
 
+Nodes: gpu1-gpu4 (4 GPUs, one replica each, the default config) and gpu5-gpu7 (8 GPUs: two
+replicas on gpu5, one over gpu[6-7]; their own config, `topology_config_path`; issue 13).
+
 CLI (sandbox_cli.py): python -m slurm_idle.testing.sandbox [--root DIR] [--base-port N]
-     up | down | status [--json] | env | load RPS | engine-start NODE | engine-stop NODE
+     up | down | status [--json] | env | load RPS [--model M] | engine-start NODE [--index N]
+     | engine-stop NODE [--index N]
 """
 
 from __future__ import annotations
