@@ -378,12 +378,6 @@ class PolicyConfig(_Strict):
     # it off. The same default holds from 1% to 10% noise because the margin scales with the
     # noise measured, not with a fixed planning factor.
     headroom_sigmas: float = Field(3.0, ge=0)
-    # ... and when the metrics source knows how much the demand rose within the reclaim lead
-    # over the last hour (its 99th percentile, ModelLoad.demand_rise_tokens_per_s: the
-    # Prometheus source), the margin is that observed rise, but never less than this many
-    # sigmas: steps and flash crowds show in the rise, white noise in the sigma floor
-    # (chosen on the tuning half of the trace family, docs/benchmarks.md). None: ignore the rise.
-    headroom_rise_floor_sigmas: float | None = Field(2.5, ge=0)
     # `slurm-idle agent` (a long-running loop instead of cron): a full tick every
     # tick_interval_s, and between ticks a fast check every fast_interval_s that only starts
     # reclaims of models under queue / KV-cache / TTFT pressure (0: no fast check).

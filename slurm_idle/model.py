@@ -175,9 +175,6 @@ class ModelLoad:
     demand_tokens_per_s_mean_window: float | None = None
     demand_trend_per_s_window: float | None = None
     demand_noise_tokens_per_s: float | None = None
-    # a high quantile (metrics/forecast.py RISE_QUANTILE) of how much the demand rose within the
-    # reclaim lead, over the last RISE_SPAN_S; None (no such evidence: the noise margin stands)
-    demand_rise_tokens_per_s: float | None = None
     forecast_demand_tokens_per_s: float | None = None
     # forecast maximum over [now, now + lead + scale-down window]: a replica lent now must not
     # be needed back within the window (policy.forecast_demand computes both from history)

@@ -91,12 +91,3 @@ def noise_from_changes(changes: Sequence[float]) -> float | None:
         return None
     mean = sum(changes) / n
     return math.sqrt(max(0.0, sum((c - mean) ** 2 for c in changes) / n) / 2.0)
-
-
-#: The adaptive headroom's observed rise (capacity.adaptive_demand): the RISE_QUANTILE of the
-#: demand's changes over a model's reclaim lead (value now - value `lead` seconds earlier),
-#: over the last RISE_SPAN_S. An hour holds ~60 such changes, so the 99th percentile is about
-#: the largest rise of the hour: a 10-minute step or a burst shows at once and is forgotten an
-#: hour later (a 3-hour span, tried on the tuning half as the whole margin, lost 1.6 points of median harvest).
-RISE_QUANTILE = 0.99
-RISE_SPAN_S = 3600

@@ -34,15 +34,7 @@ from slurm_idle.errors import MetricsUnavailable
 from slurm_idle.httpdeadline import DeadlineExceeded, call_within
 from slurm_idle.logs import get_logger
 from slurm_idle.metrics import demand_tokens_per_s, names
-from slurm_idle.metrics.forecast import (
-    NOISE_LAG_S,
-    NOISE_SPAN_S,
-    RISE_QUANTILE,
-    RISE_SPAN_S,
-    Peak,
-    forecast_leads,
-    forecasts,
-)
+from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S, Peak, forecast_leads, forecasts
 from slurm_idle.metrics.history import WINDOW_COVERAGE
 from slurm_idle.model import ModelLoad, ReplicaLoad
 
@@ -143,11 +135,8 @@ class Queries:
         return f"(sum by ({m}) ({gen}) + {self.prompt_token_weight!r} * sum by ({m}) ({prompt}))"
 
     # Fleet-wide per model.
-    def model(
-        self, window_s: int, leads: Collection[int] | None, rise_leads: Collection[int] = ()
-    ) -> dict[str, str]:
-        """The per-model queries; `leads`: the models' forecast lead times (None: no forecast);
-        `rise_leads`: the reclaim leads the demand's rise quantile is asked for (capacity.py)."""
+    def model(self, window_s: int, leads: Collection[int] | None) -> dict[str, str]:
+        """The per-model queries; `leads`: the models' forecast lead times (None: no forecast)."""
         m = names.MODEL_LABEL
         # Every series passes `_valid` before it is summed: one NaN or negative series (a fake
         # exporter on a lent node's port) must not poison a model's fleet-wide figures.
@@ -185,24 +174,12 @@ class Queries:
                 _kind(f"deriv({demand})", "trend"),
                 _kind(f"stddev_over_time({noise_sub}) / {math.sqrt(2)!r}", "noise"),
                 _kind(f"count_over_time({noise_sub})", "noise_points"),
-                *self.rise(rise_leads),
             ])
             q["waiting_max"] = f"max_over_time({self._subquery(waiting, window_s)})"
             q["waiting_min"] = f"min_over_time({self._subquery(waiting, window_s)})"
         if leads is not None:
             q["forecast"] = self.forecast(leads, window_s)
         return q
-
-    def rise(self, leads: Collection[int]) -> list[str]:
-        """Per reclaim lead L: the RISE_QUANTILE of the demand's L-second changes over the last
-        RISE_SPAN_S (`rise@L`) and their count (`rise_points@L`, the coverage check)."""
-        step = subquery_step(RISE_SPAN_S, self.rate_window_s)
-        out = []
-        for lead in sorted({max(int(v), 1) for v in leads}):
-            sub = f"({self.demand()} - {self.demand(lead)})[{RISE_SPAN_S}s:{step}s]"
-            out.append(_kind(f"quantile_over_time({RISE_QUANTILE!r}, {sub})", f"rise@{lead}"))
-            out.append(_kind(f"count_over_time({sub})", f"rise_points@{lead}"))
-        return out
 
     def forecast(self, leads: Collection[int], window_s: int) -> str:
         """Every input of `policy.forecast_demand`, for every model, in one query.
@@ -630,26 +607,18 @@ class PrometheusSource:
             self._budget(budget_s)
         policy = self.config.policy
         leads = forecast_leads(self.config, models) if policy.forecast and models else None
-        # the reclaim leads the demand's rise is asked for (the same lead times as the forecast)
-        rising = policy.headroom_rise_floor_sigmas is not None
-        reclaim = forecast_leads(self.config, models) if rising and models else {}
-        queries = self.q.model(
-            policy.scale_down_window_s, None if leads is None else leads.values(), reclaim.values()
-        )
+        queries = self.q.model(policy.scale_down_window_s, None if leads is None else leads.values())
         by_model: dict[str, dict[str, float]] = {}
         for signal, promql in queries.items():
             for labels, value in self.query(promql, time=now).values():
                 key = f"{signal}:{labels['kind']}" if "kind" in labels else signal
                 by_model.setdefault(labels.get(names.MODEL_LABEL, ""), {})[key] = value
         return [
-            self._model_load(m.name, by_model.get(m.name, {}),
-                             None if leads is None else leads[m.name], reclaim.get(m.name))
+            self._model_load(m.name, by_model.get(m.name, {}), None if leads is None else leads[m.name])
             for m in models
         ]
 
-    def _model_load(
-        self, model: str, v: dict[str, float], lead_s: int | None, reclaim_s: int | None = None
-    ) -> ModelLoad:
+    def _model_load(self, model: str, v: dict[str, float], lead_s: int | None) -> ModelLoad:
         gen, prompt = _finite(v.get("generation")), _finite(v.get("prompt"))
         running = _finite(v.get("running"))
         if gen is None or prompt is None or running is None:
@@ -702,12 +671,6 @@ class PrometheusSource:
             demand_noise_tokens_per_s=(
                 _finite(v.get("demand_max:noise"))
                 if windowed and self.q.covered(_finite(v.get("demand_max:noise_points")), NOISE_SPAN_S)
-                else None
-            ),
-            demand_rise_tokens_per_s=(
-                _finite(v.get(f"demand_max:rise@{reclaim_s}"))
-                if windowed and reclaim_s is not None
-                and self.q.covered(_finite(v.get(f"demand_max:rise_points@{reclaim_s}")), RISE_SPAN_S)
                 else None
             ),
             forecast_demand_tokens_per_s=forecast,

@@ -34,7 +34,6 @@ class SyntheticPrometheus:
     queries: Queries
     window_s: int
     forecast_leads: Collection[int] | None  # the models' lead times (forecast_leads(...).values())
-    rise_leads: Collection[int] = ()  # the reclaim leads the rise is asked for (Queries.rise)
     targets: dict[str, dict[str, Value]] = field(default_factory=dict)  # instance -> signal -> v
     models: dict[str, dict[str, Value]] = field(default_factory=dict)  # model -> signal -> v
     served: dict[str, str] = field(default_factory=dict)  # target key -> its model_name label
@@ -44,8 +43,7 @@ class SyntheticPrometheus:
 
     def __post_init__(self) -> None:
         self._replica = {v: k for k, v in self.queries.replica().items()}
-        model = self.queries.model(self.window_s, self.forecast_leads, self.rise_leads)
-        self._model = {v: k for k, v in model.items()}
+        self._model = {v: k for k, v in self.queries.model(self.window_s, self.forecast_leads).items()}
         self._json: dict[str, str] = {}
 
     def prepare(self) -> None:

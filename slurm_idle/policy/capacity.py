@@ -132,11 +132,7 @@ def adaptive_demand(
     `lead_s` (grace + start + a tick: a replica reclaimed now serves only then), plus
     `policy.headroom_sigmas` standard deviations of the noise around the trend, scaled by
     `horizon_factor(lead_s)` (the cost of a wrong lend grows with the cold start). The margin
-    follows the noise measured, so no planning factor has to be tuned per fleet. When the
-    source also reports the demand's observed rise over the lead (a high quantile of its
-    `lead`-second changes over the last hour), the margin is that rise, floored at
-    `policy.headroom_rise_floor_sigmas` sigmas: a sigma multiple fits white noise only, the
-    rise also holds the steps and bursts that cost a whole reclaim of violations. None
+    follows the noise measured, so no planning factor has to be tuned per fleet. None
     without a covered window (the scale-down side then lends nothing anyway).
     """
     if policy.headroom_sigmas <= 0:
@@ -145,17 +141,9 @@ def adaptive_demand(
     if est is None:
         return None
     base = max(seasonal, est.level + max(0.0, est.trend_per_s) * lead_s)
-    sigma = horizon_factor(lead_s) * est.sigma
-    margin = policy.headroom_sigmas * sigma
-    rise = load.demand_rise_tokens_per_s
-    floor = policy.headroom_rise_floor_sigmas
-    if rise is not None and floor is not None:
-        # the rise seen over the lead replaces the full sigma multiple (a step or a flash crowd
-        # shows in it); the floor keeps a margin against white noise
-        margin = max(floor * sigma, rise)
-    seen = "" if rise is None or floor is None else f", rise {rise:.0f} tok/s"
+    margin = policy.headroom_sigmas * horizon_factor(lead_s) * est.sigma
     why = (f"level {est.level:.0f} tok/s, trend {60 * est.trend_per_s:+.0f} tok/s/min, "
-           f"noise {est.sigma:.0f} tok/s{seen}: plans for {base + margin:.0f} over {lead_s:.0f}s")
+           f"noise {est.sigma:.0f} tok/s: plans for {base + margin:.0f} over {lead_s:.0f}s")
     return base + margin, why
 
 

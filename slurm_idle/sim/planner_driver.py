@@ -12,7 +12,6 @@ from the simulated grace and start, its utilisation and prompt weight from the d
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from slurm_idle.config import (
     SlurmConfig,
 )
 from slurm_idle.lifecycle import takes_traffic
-from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S, RISE_QUANTILE, RISE_SPAN_S
+from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S
 from slurm_idle.model import (
     Action,
     ModelLoad,
@@ -164,31 +163,6 @@ def _slopes(values: Sequence[float], width: int) -> list[float]:
     return out
 
 
-def _rise_quantiles(values: Sequence[float], lag: int, span: int, q: float) -> list[float | None]:
-    """out[i]: the q-quantile of values[j] - values[j-lag] for j in i-span+1 .. i (None until
-    the span of changes exists), interpolated between ranks as Prometheus'
-    `quantile_over_time` does; by a sorted sliding window."""
-    out: list[float | None] = []
-    window: list[float] = []
-    changes: list[float] = []
-    for i in range(len(values)):
-        if i >= lag:
-            c = values[i] - values[i - lag]
-            changes.append(c)
-            bisect.insort(window, c)
-            if len(changes) > span:
-                old = changes[-span - 1]
-                del window[bisect.bisect_left(window, old)]
-        if len(changes) < span:
-            out.append(None)
-            continue
-        rank = q * (span - 1)  # as Prometheus' quantile_over_time: linear between ranks
-        lo = int(rank)
-        hi = min(span - 1, lo + 1)
-        out.append(window[lo] + (window[hi] - window[lo]) * (rank - lo))
-    return out
-
-
 class PlannerPolicy:
     """Drives slurm_idle.policy.plan() with Observations built from the simulated fleet."""
 
@@ -207,7 +181,6 @@ class PlannerPolicy:
         self.means: dict[str, list[float]] = {}  # mean over the window
         self.noise: dict[str, list[float | None]] = {}  # metrics.forecast.noise_from_changes
         self.lead_s: dict[str, float] = {}
-        self.rise: dict[str, list[float | None]] = {}  # the demand's rise over the lead
         for model, demand in sim.demand.items():
             lead = max(1, math.ceil(default_forecast_lead_s(config, model) / 60))
             self.window_max[model] = _sliding_max(demand, self.window_min)
@@ -217,7 +190,6 @@ class PlannerPolicy:
             self.means[model] = _means(demand, self.window_min)
             self.noise[model] = _noises(demand, NOISE_LAG_S // 60, NOISE_SPAN_S // 60)
             self.lead_s[model] = lead * 60.0
-            self.rise[model] = _rise_quantiles(demand, lead, RISE_SPAN_S // 60, RISE_QUANTILE)
         self._views: dict[tuple[str, Phase, float], NodeView] = {}
 
     def _waiting(self, sim: Simulation, model: str, minute: int) -> float:
@@ -260,7 +232,6 @@ class PlannerPolicy:
             demand_tokens_per_s_mean_window=self.means[model][seen] if covered else None,
             demand_trend_per_s_window=self.trend[model][seen] if covered else None,
             demand_noise_tokens_per_s=self.noise[model][seen] if minute > 0 else None,
-            demand_rise_tokens_per_s=self.rise[model][seen] if minute > 0 else None,
             waiting_max_window=max(window) if covered else None,
             waiting_min_window=min(window) if covered else None,
             forecast_demand_tokens_per_s=forecast_demand(
@@ -323,4 +294,3 @@ class PlannerPolicy:
         )
         loads = tuple(self.load(sim, model, minute) for model in sim.nodes)
         return planner(Observation(now=now, nodes=views, models=loads), self.config, now)
-

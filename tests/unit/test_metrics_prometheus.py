@@ -46,8 +46,6 @@ def make(cfg: Config | None = None, **tables: Any) -> tuple[PrometheusSource, Sy
         queries_for(config),
         window_s=config.policy.scale_down_window_s,
         forecast_leads=forecast_leads(config, config.models).values() if config.policy.forecast else None,
-        rise_leads=(forecast_leads(config, config.models).values()
-                    if config.policy.headroom_rise_floor_sigmas is not None else ()),
         **tables,
     )
     return PrometheusSource(config, prom=fake), fake
@@ -520,28 +518,6 @@ def test_model_loads_carry_the_adaptive_headroom_inputs() -> None:
     assert len(fake.seen) == 10
     src, _ = make(models={"llama": {**base, "demand_max:noise_points": 10.0}})
     assert src.model_loads(src.config.models, 1_700_000_100.0)[0].demand_noise_tokens_per_s is None
-
-
-def test_model_loads_carry_the_rise_over_the_reclaim_lead() -> None:
-    """The demand's rise over the model's reclaim lead rides on the demand_max query as a
-    `quantile_over_time` of its lead-second changes; it counts only when its hour is covered,
-    and is not asked for when the policy ignores it (headroom_rise_floor_sigmas None)."""
-    base = {"generation": 50.0, "prompt": 500.0, "running": 8.0, "waiting": 0.0, "kv": 0.1,
-            "demand_max": 400.0, "demand_max:points": 40.0, "waiting_max": 0.0,
-            "waiting_min": 0.0, "waiting:recent_min": 0.0, "waiting:recent_points": 10.0}
-    src, fake = make(models={"llama": {**base, "demand_max:rise@300": 120.0,
-                                       "demand_max:rise_points@300": 240.0}})
-    assert src.model_loads(src.config.models, 1_700_000_100.0)[0].demand_rise_tokens_per_s == 120.0
-    assert any("quantile_over_time(0.99" in q and "offset 300s" in q for q in fake.seen)
-    src, _ = make(models={"llama": {**base, "demand_max:rise@300": 120.0,
-                                    "demand_max:rise_points@300": 10.0}})
-    assert src.model_loads(src.config.models, 1_700_000_100.0)[0].demand_rise_tokens_per_s is None
-    off = parse_config(CONFIG.replace("forecast_lead_s: 300}",
-                                      "forecast_lead_s: 300, headroom_rise_floor_sigmas: null}"))
-    src, fake = make(off, models={"llama": {**base, "demand_max:rise@300": 120.0,
-                                            "demand_max:rise_points@300": 240.0}})
-    assert src.model_loads(src.config.models, 1_700_000_100.0)[0].demand_rise_tokens_per_s is None
-    assert not any("quantile_over_time" in q for q in fake.seen)
 
 
 def test_an_invalid_replica_series_is_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:

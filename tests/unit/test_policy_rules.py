@@ -523,23 +523,6 @@ def test_a_slower_reclaim_keeps_a_wider_noise_margin() -> None:
     assert need(40.0, 90.0) == 3  # 1500 + 3 x 40 > 1600 (x 0.56 would be 2)
 
 
-def test_an_observed_rise_is_the_margin_above_a_noise_floor() -> None:
-    """With the demand's observed rise over the lead known (ModelLoad.demand_rise_tokens_per_s,
-    the Prometheus source), the margin is that rise, never less than headroom_rise_floor_sigmas
-    (2.5) sigmas; unknown (None, the scrape source) the full headroom_sigmas (3) stand as
-    before; a floor of None ignores the rise."""
-    def need(noise: float, rise: float | None, **policy: object) -> int:
-        loads = (replace(_noisy(noise), demand_rise_tokens_per_s=rise),)
-        cfg = config(forecast_lead_s=420.0, **policy)
-        return assess(observation(*four_serving(), loads=loads), cfg, NOW)[0].needed_replicas
-
-    assert need(40.0, None) == 3  # 1500 + 3 x 40 > 1600, as before
-    assert need(40.0, 0.0) == 2  # 1500 + 2.5 x 40 = 1600: no step seen, the floor only
-    assert need(40.0, 1000.0) == 4  # a step of 1000 seen within the lead: 2500 > 2400
-    assert need(40.0, 1000.0, headroom_rise_floor_sigmas=None) == 3
-    assert need(400.0, -50.0) == 4  # a falling load keeps its floor: 1500 + 2.5 x 400 > 2400
-
-
 def test_a_rising_trend_is_met_a_reclaim_ahead() -> None:
     """A rising trend is carried over the reclaim lead (grace + start + a tick): the replica
     that the load will need when a reclaim started now serves is reclaimed now."""

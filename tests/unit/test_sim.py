@@ -339,24 +339,6 @@ def test_noise_is_the_same_in_the_simulator_and_the_scrape_history() -> None:
     assert sim[68] is None and history.noise(kept, "m", 60.0 * 50, 120.0) is None
 
 
-def test_the_simulated_rise_is_prometheus_quantile_of_the_lead_changes() -> None:
-    """The simulator's rise over the lead is the quantile of the `lag`-minute changes over the
-    span, interpolated between ranks as Prometheus' quantile_over_time (a naive recount),
-    None until the span of changes exists."""
-    from slurm_idle.sim.planner_driver import _rise_quantiles
-
-    rng = random.Random(5)
-    values = [1000.0 * (1 + 0.05 * rng.gauss(0, 1)) + (300.0 if i >= 90 else 0.0) for i in range(160)]
-    sim = _rise_quantiles(values, 7, 60, 0.99)
-    for i in (66, 95, 120, 159):
-        changes = sorted(values[j] - values[j - 7] for j in range(i - 59, i + 1))
-        rank = 0.99 * 59
-        lo = int(rank)
-        assert sim[i] == pytest.approx(changes[lo] + (changes[lo + 1] - changes[lo]) * (rank - lo))
-    assert sim[65] is None
-    assert sim[95] is not None and sim[95] > 250.0  # the step shows at once
-
-
 def test_fast_checks_between_sparse_ticks_cut_violations() -> None:
     """With a full tick every 5 minutes, fast checks every minute (reclaims on pressure only)
     leave fewer violation minutes than ticks alone; cadences off the minute grid are refused."""
