@@ -30,11 +30,11 @@ from typing import Any, Protocol
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_idle import httpdeadline
+from slurm_idle.commands import TIMEOUT_RC, CommandRunner, SubprocessRunner
 from slurm_idle.config import EngineConfig, ReplicaConfig
 from slurm_idle.engine_version import relied_on, supports, version_from_body
 from slurm_idle.errors import CommandError, EngineError
 from slurm_idle.logs import get_logger
-from slurm_idle.slurm.runner import TIMEOUT_RC, CommandRunner, SubprocessRunner
 
 log = get_logger(__name__)
 

@@ -18,13 +18,13 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from slurm_idle import safefiles
+from slurm_idle.commands import CommandRunner, SubprocessRunner
 from slurm_idle.config import Config
 from slurm_idle.errors import CommandError, ConfigError, SlurmIdleError
 from slurm_idle.journal import Journal
 from slurm_idle.report import CSV_COLUMNS, Report, build_report, csv_rows
 from slurm_idle.slurm.parse import SlurmJsonError, parse_accounting
 from slurm_idle.slurm.protocol import AcctJob
-from slurm_idle.slurm.runner import CommandRunner, SubprocessRunner
 
 
 def parse_date(text: str, tz: str) -> float:

@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from slurm_idle.commands import CommandRunner, CompletedResult, SubprocessRunner
 from slurm_idle.errors import CommandError
 from slurm_idle.model import SlurmJob, SlurmNode
 from slurm_idle.slurm import parse
 from slurm_idle.slurm.protocol import AcctJob, NotRequeueable
-from slurm_idle.slurm.runner import CommandRunner, CompletedResult, SubprocessRunner
 
 #: First release whose `scontrol show node` knows `--json`.
 SCONTROL_JSON_SINCE = (23, 2)

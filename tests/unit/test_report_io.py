@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from slurm_idle.commands import CompletedResult
 from slurm_idle.config import parse_config
 from slurm_idle.errors import CommandError, ConfigError, SlurmIdleError
 from slurm_idle.journal import Journal
 from slurm_idle.report_io import fetch_runs, make_report, parse_date, sacct_argv, write_csv
-from slurm_idle.slurm.runner import CompletedResult
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sacct" / "22.05"
 
