@@ -19,7 +19,7 @@ __all__ = ["Check", "SiteFacts", "diagnose", "exit_code", "run_checks"]
 
 
 def _engine_facts(config: Config, http: Any) -> Any:
-    from slurm_idle.engine import HttpResponse
+    from slurm_idle.httpdeadline import HttpResponse
 
     clients: dict[str | None, Any] = {}
 
