@@ -31,9 +31,10 @@ def use_project_python(script: str, root: Path = ROOT) -> None:
     if in_project_venv(root) or os.environ.get("SLURM_IDLE_NO_VENV") == "1":
         return
     install = f". {root / 'scripts/lib/install.sh'} && install_python_env"
-    print(f"slurm-idle: using {root / '.venv'} (creating or updating it if needed)", file=sys.stderr)
-    done = subprocess.run(["bash", "-c", install], cwd=root, check=False)
     python = root / ".venv" / "bin" / "python"
+    if not python.exists():
+        print(f"slurm-idle: making {root / '.venv'} (once, a few minutes)", file=sys.stderr)
+    done = subprocess.run(["bash", "-c", install], cwd=root, check=False)
     if done.returncode != 0 or not python.exists():
         sys.exit(f"slurm-idle: could not set up {root / '.venv'} (is python3-venv installed? "
                  "`apt-get install python3-venv`), see the messages above")
