@@ -40,33 +40,38 @@ def _print_status(st: dict[str, Any]) -> None:
     print("OK" if st["ok"] else "NOT OK")
 
 
+class _Command(argparse.ArgumentParser):
+    """A subcommand that takes --root and --base-port after its name too (`sandbox up --root
+    DIR`); SUPPRESS keeps it from overwriting a value given before the command."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--root", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        self.add_argument("--base-port", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sandbox", description="A local Slurm + Prometheus + vLLM-emulator sandbox.")
     p.add_argument("--root", type=Path, default=None, help=f"sandbox dir (default {DEFAULT_ROOT})")
     p.add_argument("--base-port", type=int, default=None,
                    help=f"first of {sandboxconf.PORT_SPAN} ports (default {DEFAULT_BASE_PORT} for the default root)")
-    # The same two options after the command too (`sandbox up --root DIR`): SUPPRESS keeps a
-    # subcommand from overwriting a value given before it.
-    location = argparse.ArgumentParser(add_help=False)
-    location.add_argument("--root", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    location.add_argument("--base-port", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    u = sub.add_parser("up", parents=[location], help="start everything (idempotent)")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Command)
+    u = sub.add_parser("up", help="start everything (idempotent)")
     u.add_argument("--engine-start-delay-s", type=float, default=None,
                    help="simulated cold start of engine-start (kept for later engine-start calls)")
-    sub.add_parser("down", parents=[location], help="stop everything started here, by pid")
-    s = sub.add_parser("status", parents=[location], help="what runs and answers")
+    sub.add_parser("down", help="stop everything started here, by pid")
+    s = sub.add_parser("status", help="what runs and answers")
     s.add_argument("--json", action="store_true")
-    sub.add_parser("env", parents=[location], help="print export lines for this sandbox")
-    ld = sub.add_parser("load", parents=[location], help="send RPS completions/s through HAProxy, counted client-side "
+    sub.add_parser("env", help="print export lines for this sandbox")
+    ld = sub.add_parser("load", help="send RPS completions/s through HAProxy, counted client-side "
                         "(--simulated: the emulators' own background rate instead)")
     ld.add_argument("rps", type=float)
     ld.add_argument("--simulated", action="store_true",
                     help="set the emulators' background request rate (no client, no router)")
-    ls = sub.add_parser("load-stats", parents=[location], help="client-side outcome since the last `load`")
+    ls = sub.add_parser("load-stats", help="client-side outcome since the last `load`")
     ls.add_argument("--json", action="store_true")
     for name in ("engine-start", "engine-stop"):
-        e = sub.add_parser(name, parents=[location], help=f"{name.split('-')[1]} one node's vLLM emulator")
+        e = sub.add_parser(name, help=f"{name.split('-')[1]} one node's vLLM emulator")
         e.add_argument("node")
     args = p.parse_args(argv)
     root = args.root or DEFAULT_ROOT
