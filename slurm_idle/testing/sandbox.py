@@ -157,6 +157,23 @@ class Sandbox:
         tmp.write_text(json.dumps({"rps": float(rps)}))
         tmp.replace(self.layout.load_file)
 
+    def load_jobs(self, rps: float) -> None:
+        """Set the simulated request rate of the jobs-mode model's replicas (their own file)."""
+        tmp = self.layout.jobs_load_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rps": float(rps)}))
+        tmp.replace(self.layout.jobs_load_file)
+
+    def jobs_node(self, on: bool) -> None:
+        """Open (RESUME) or close (DRAIN, admin-like Reason) gpu8, the jobs-mode node. Closed by
+        default so that no other story's idle jobs land on it."""
+        node = sandboxconf.JOBS_NODE
+        argv = (["scontrol", "update", f"nodename={node}", "state=resume"] if on else
+                ["scontrol", "update", f"nodename={node}", "state=drain",
+                 f"reason={sandboxconf.JOBS_OFF_REASON}"])
+        r = self.run(argv, timeout=15)
+        if r.returncode != 0 and "invalid node state" not in r.stderr.lower():
+            raise RuntimeError(f"sandbox: {' '.join(argv)} failed: {r.stderr.strip()}")
+
     # --- client traffic through the router (issue 14) -------------------------------------
 
     @property
@@ -277,12 +294,12 @@ class Sandbox:
                   self.root / "state" / "slurmctld", self.root / "munge", self.root / "prometheus",
                   self.root / "docker"):
             d.mkdir(parents=True, exist_ok=True)
-        for n in NODES:
+        for n in (*NODES, sandboxconf.JOBS_NODE):
             (self.root / "state" / f"slurmd-{n}").mkdir(parents=True, exist_ok=True)
         self._state_file.write_text(json.dumps({
             "base_port": lay.base_port, "python": self.python, "slurm_version": self.slurm_version,
             "engine_start_delay_s": self.engine_start_delay_s}))
-        for i in range(sandboxconf.GPUS_PER_NODE):
+        for i in range(max(sandboxconf.GPUS_PER_NODE, sandboxconf.JOBS_NODE_GPUS)):
             dev = lay.dev / f"nvidia{i}"
             if not dev.exists():
                 os.mknod(dev, 0o666 | 0o020000, os.makedev(195, i))
@@ -306,6 +323,16 @@ class Sandbox:
         (self.root / "prometheus.yml").write_text(sandboxconf.prometheus_yml(lay))
         (self.root / "docker" / "daemon.json").write_text("{}\n")
         lay.config_path.write_text(sandboxconf.slurm_idle_config(lay, self.tokens_per_s_per_replica))
+        cap = self.capacity
+        lay.jobs_config_path.write_text(sandboxconf.slurm_idle_jobs_config(
+            lay, self.tokens_per_s_per_replica,
+            {"max_num_seqs": cap.max_num_seqs, "tokens_per_s": cap.tokens_per_s,
+             "seq_tokens_per_s": cap.seq_tokens_per_s}))
+        if not lay.jobs_targets.exists():
+            lay.jobs_targets.write_text("[]\n")
+        (self.root / "emulators-jobs").mkdir(exist_ok=True)
+        if not lay.jobs_load_file.exists():
+            self.load_jobs(0.0)
         if not lay.load_file.exists():
             self.load(0.0)
 
@@ -366,9 +393,10 @@ class Sandbox:
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(self.slurm_conf)])
         self._wait("slurmctld", lambda: self.run(["scontrol", "ping"], timeout=10).stdout.count("UP") > 0, timeout_s)
         timings["slurmctld"] = time.monotonic() - t0
-        for node in NODES:
+        for node in (*NODES, sandboxconf.JOBS_NODE):
             self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.slurm_conf)])
         self._wait("slurmd-gpu4", lambda: self._nodes_ready(), timeout_s)
+        self.jobs_node(False)
         timings["slurmd"] = time.monotonic() - t0
         self._wait("slurmdbd", lambda: self.run(["sacct", "-n", "-X"], timeout=10).returncode == 0, timeout_s)
         timings["sacct"] = time.monotonic() - t0
@@ -418,7 +446,7 @@ class Sandbox:
         self._pidfile("slurmctld").clear()
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.slurm_conf)])
         self._wait("slurmctld", lambda: self.run(["scontrol", "ping"], timeout=10).stdout.count("UP") > 0, timeout_s)
-        self._wait("slurmctld", lambda: len(self.slurm_nodes()) == len(NODES) and not any(
+        self._wait("slurmctld", lambda: len(self.slurm_nodes()) == len(NODES) + 1 and not any(
             "*" in n["state"] or n["state"].startswith(("down", "unk")) for n in self.slurm_nodes()),
             timeout_s)
         return round(time.monotonic() - t0, 2)
@@ -431,6 +459,7 @@ class Sandbox:
         for n in NODES:
             ports[f"slurmd-{n}"] = [lay.slurmd_port(n)]
             ports[f"emulator-{n}"] = [lay.emulator_port(n)]
+        ports[f"slurmd-{sandboxconf.JOBS_NODE}"] = [lay.jobs_slurmd_port]
         return ports
 
     def _check_ports(self) -> None:
@@ -477,7 +506,7 @@ class Sandbox:
 
     def _nodes_ready(self) -> bool:
         nodes = self.slurm_nodes()
-        return len(nodes) == len(NODES) and all(n["state"] == "idle" for n in nodes)
+        return len(nodes) == len(NODES) + 1 and all(n["state"] == "idle" for n in nodes)
 
     def slurm_nodes(self) -> list[dict[str, Any]]:
         """Each node once: name, base state (idle, mixed, drained...), GPUs configured."""
@@ -640,10 +669,11 @@ class Sandbox:
         # ok: the infrastructure works. Node states and stopped emulators are the product's
         # business (a lent node is drained/allocated, its engine stopped), so they do not count.
         engines = [n for n in NODES if running.get(f"emulator-{n}")]
-        st["ok"] = (len(st["nodes"]) == len(NODES)
+        pool = [n for n in st["nodes"] if n["name"] in NODES]
+        st["ok"] = (len(pool) == len(NODES) and len(st["nodes"]) == len(NODES) + 1
                     and all(n["gpus"] == sandboxconf.GPUS_PER_NODE
                             and not n["state"].startswith(("down", "unk", "inval", "fail"))
-                            for n in st["nodes"])
+                            for n in pool)
                     and all(emus[n]["healthy"] for n in engines) and st["sacct"] and st["docker"]
                     and targets["up"] >= len(engines))
         return st
@@ -662,7 +692,8 @@ class Sandbox:
         return targets
 
     def _component_names(self) -> list[str]:
-        return (["munged", "mariadb", "slurmdbd", "slurmctld"] + [f"slurmd-{n}" for n in NODES]
+        return (["munged", "mariadb", "slurmdbd", "slurmctld"]
+                + [f"slurmd-{n}" for n in (*NODES, sandboxconf.JOBS_NODE)]
                 + ["dockerd", "prometheus", "haproxy"] + [f"emulator-{n}" for n in NODES])
 
 
