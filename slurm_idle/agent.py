@@ -409,9 +409,12 @@ class Agent:
         todo: list[tuple[Callable[..., list[StepResult]], Any, Action]] = [
             (driver.drive, groups[a.node], a) for a in actions if a.node in groups]
         replica_jobs = {r.name: r for r in observation.replica_jobs}
-        if replica_jobs:
+        if any(r.duplicates for r in observation.replica_jobs) or any(
+                a.node in replica_jobs for a in actions):
             jobs = JobDriver(self.config, self.slurm, self.engine_for, self.clock, self.sleep,
                              on_step=self._journal_step)
+            for record in jobs.cancel_duplicates(observation.replica_jobs):
+                self._journal_event(record)
             todo += [(jobs.drive, replica_jobs[a.node], a) for a in actions if a.node in replica_jobs]
         if not todo:
             return []

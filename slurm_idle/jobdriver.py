@@ -16,7 +16,7 @@ a replica is only ever submitted when `squeue` shows no job of ours for it, and 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,16 +58,31 @@ class JobDriver:
     def __post_init__(self) -> None:
         self._jobs = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
 
+    def cancel_duplicates(self, replicas: Sequence[JobReplica]) -> list[dict[str, Any]]:
+        """Cancel every duplicate replica job (two jobs of ours for one replica: the lock should
+        make it impossible; the running, then oldest, one is kept). Returns journal records."""
+        records = []
+        for r in replicas:
+            if not r.duplicates:
+                continue
+            record: dict[str, Any] = {"event": "duplicate-replica-job", "ts": round(self.clock(), 3),
+                                      "replica": r.name, "model": r.model, "kept": r.job_id,
+                                      "cancelled": list(r.duplicates)}
+            try:
+                self.slurm.cancel(list(r.duplicates))
+            except SlurmIdleError as exc:
+                record["error"] = str(exc)
+            log.warning("%s: cancelled duplicate replica job(s) %s (kept job %s)", r.name,
+                        ", ".join(map(str, r.duplicates)), r.job_id)
+            records.append(record)
+        return records
+
     # --- one replica ---------------------------------------------------------------------
 
     def drive(self, r: JobReplica, action: Action, deadline: float) -> list[StepResult]:
         """Take `action` on replica `r`, then carry on along the lifecycle until a settled
         phase, a wait that outlasts `deadline`, or an error (journaled, never raised)."""
         steps: list[StepResult] = []
-        if r.duplicates:
-            self.slurm.cancel(list(r.duplicates))
-            log.warning("%s: cancelled duplicate replica job(s) %s (kept job %s)", r.name,
-                        ", ".join(map(str, r.duplicates)), r.job_id)
         to: Phase | None = action.to_phase
         reason = action.reason
         while to is not None:

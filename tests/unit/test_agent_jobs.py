@@ -185,3 +185,17 @@ def test_dry_run_submits_nothing(tmp_path: Path, dry: bool) -> None:
     agent, slurm, _, _ = make_agent(tmp_path, demand=150.0)
     result = agent.tick(dry_run=dry)
     assert result.actions and not slurm.job_list
+
+
+def test_a_duplicate_replica_job_is_cancelled(tmp_path: Path) -> None:
+    """Two jobs of ours for one replica (a lost race): the running one is kept, the other
+    cancelled at the next action on the replica, and the observation says so."""
+    agent, slurm, _, _ = make_agent(tmp_path, demand=150.0)
+    for _ in range(3):
+        agent.tick()
+    first = active(slurm)[0]
+    slurm.job_list.append(replace(first, job_id=99, state="PENDING", nodes=()))
+    obs = agent.observe()
+    assert any("duplicate replica job(s) 99" in e for e in obs.errors)
+    agent.tick()
+    assert 99 not in {j.job_id for j in slurm.job_list} and first in slurm.job_list

@@ -230,8 +230,9 @@ def test_unknown_metrics_lend_nothing_and_start_the_floor() -> None:
 
 def test_no_lend_while_a_replica_is_on_its_way_back() -> None:
     """A replica job PENDING (reclaiming) blocks any lend of the model; it is carried on."""
-    cfg = config()
-    jobs = [BOTH[0], job(6, "PENDING", comment(Phase.RECLAIMING, 1), reason="Resources")]
+    cfg = config(CONFIG.replace("replicas: 2", "replicas: 3"))
+    jobs = [BOTH[0], job(7, "RUNNING", comment(Phase.SERVING, 2)),
+            job(6, "PENDING", comment(Phase.RECLAIMING, 1), reason="Resources")]
     actions = plan_jobs(obs(cfg, jobs, demand=1.0), cfg, T0)
     assert [(a.kind, a.node, a.to_phase) for a in actions] == [
         (ActionKind.CONTINUE, "jm#1", Phase.STARTING)]
