@@ -95,6 +95,11 @@ class JobDriver:
                 outcome, error, detail = "ok", None, None
             except CarryOver as exc:
                 outcome, error, detail = "waiting", None, str(exc)
+                if self._overdue(r, started):
+                    # e.g. a replica job PENDING past timeouts.reclaim_s (a reservation, an admin
+                    # drain, no preemptible GPU): an error of the tick (exit 1, the textfile's
+                    # tick errors, SlurmIdleTickErrors) with Slurm's reason; retried next tick.
+                    outcome, error = "stuck", f"{r.phase.value} for longer than its timeout; {detail}"
             except SlurmIdleError as exc:
                 outcome, error, detail = "error", str(exc), None
             step = StepResult(r.name, r.model, action.kind.value, before, to, why, outcome,
@@ -142,6 +147,12 @@ class JobDriver:
         else:  # pragma: no cover - check_transition let through an edge this driver lacks
             raise SlurmIdleError(f"{r.name}: no job step for {r.phase.value} -> {to.value}")
         return _moved(r, to, now)
+
+    def _overdue(self, r: JobReplica, now: float) -> bool:
+        t = self.config.timeouts
+        limit = {Phase.RETIRING: t.retire_s, Phase.LENDING: t.lend_s,
+                 Phase.RECLAIMING: t.reclaim_s, Phase.STARTING: t.start_s}.get(r.phase)
+        return limit is not None and r.phase_since is not None and now - r.phase_since > limit
 
     def _comment(self, r: JobReplica, phase: Phase, now: float) -> None:
         assert r.job_id is not None

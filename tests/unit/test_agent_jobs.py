@@ -199,3 +199,20 @@ def test_a_duplicate_replica_job_is_cancelled(tmp_path: Path) -> None:
     assert any("duplicate replica job(s) 99" in e for e in obs.errors)
     agent.tick()
     assert 99 not in {j.job_id for j in slurm.job_list} and first in slurm.job_list
+
+
+def test_a_replica_job_pending_too_long_is_stuck_with_slurms_reason(tmp_path: Path) -> None:
+    """A replica job Slurm cannot place (no preemptible GPU) stays RECLAIMING; past
+    timeouts.reclaim_s the step is `stuck`, an error of the tick, with Slurm's reason."""
+    agent, slurm, _, cluster = make_agent(tmp_path, demand=150.0)
+    agent.config = replace_timeouts(agent.config, 2.0)
+    agent.sleep = lambda s: setattr(cluster, "t", cluster.t + max(s, 0.01))  # nothing starts
+    agent.tick()
+    submitted = sum(1 for e in slurm.log if e[0] == "submit")
+    slurm.job_list = [replace(j, state_reason="ReqNodeNotAvail") for j in slurm.job_list]
+    cluster.t += agent.config.timeouts.reclaim_s + 1
+    result = agent.tick()
+    stuck = [s for s in result.steps if s.outcome == "stuck"]
+    assert stuck and all("ReqNodeNotAvail" in (s.error or "") for s in stuck)
+    assert result.errors == len(stuck)
+    assert sum(1 for e in slurm.log if e[0] == "submit") == submitted == 2  # never a second job
