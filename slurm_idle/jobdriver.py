@@ -27,6 +27,7 @@ from slurm_idle.lifecycle import check_transition, next_phase
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Action, ActionKind, JobReplica, Phase, SlurmJob
 from slurm_idle.replicajobs import format_comment, render_script, submit_args
+from slurm_idle.router.sync import job_target
 from slurm_idle.transitions import POLL_S, CarryOver, SharedPoll, StepResult
 
 log = get_logger(__name__)
@@ -54,6 +55,7 @@ class JobDriver:
     sleep: Callable[[float], None]
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
     read_file: Callable[[str], str] = field(default=lambda path: Path(path).read_text())
+    router: Any = None  # slurm_idle.router.sync.RouterSet, or None: no router is told
 
     def __post_init__(self) -> None:
         self._jobs = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
@@ -116,13 +118,18 @@ class JobDriver:
         """Apply one edge; returns the replica in its new phase."""
         model = self.config.model(r.model)
         now = self.clock()
-        if to is Phase.RETIRING or (to is Phase.SERVING and r.phase is Phase.RETIRING):
+        if to is Phase.RETIRING:
+            self._router("remove", r, "retiring: out of the router before the job is cancelled")
+            self._comment(r, to, now)
+        elif to is Phase.SERVING and r.phase is Phase.RETIRING:
+            self._router("add", r, "load rose again: back into the router")
             self._comment(r, to, now)
         elif to is Phase.LENDING:
             self._drain(r, model, deadline)
             self._comment(r, Phase.LENDING, now)
             assert r.job_id is not None
             self.slurm.cancel([r.job_id])
+            return _moved(r, Phase.LENDING, now, job_state="COMPLETING")  # cancelled: no re-cancel
         elif to is Phase.LENT:
             if r.job_state in _RUNNING and r.job_id is not None:
                 # Our Comment says lending but the job still runs: the tick that wrote it was
@@ -143,10 +150,19 @@ class JobDriver:
             return _moved(r, Phase.STARTING, job.start_time or now, nodes=job.nodes, url=url)
         elif to is Phase.SERVING:
             self._await_health(r, model, deadline)
+            if self.router is not None and r.url:
+                self.router.warm_up_target(job_target(r))
+            self._router("add", r, "healthy and warm: into the router")
             self._comment(r, Phase.SERVING, now)
         else:  # pragma: no cover - check_transition let through an edge this driver lacks
             raise SlurmIdleError(f"{r.name}: no job step for {r.phase.value} -> {to.value}")
         return _moved(r, to, now)
+
+    def _router(self, op: str, r: JobReplica, reason: str) -> None:
+        """Tell the router first (remove before retiring, add before serving); a failure keeps
+        the replica where it is (RouterError), as in node placement."""
+        if self.router is not None and r.url and r.nodes:
+            self.router.call_target(op, job_target(r), reason)
 
     def _overdue(self, r: JobReplica, now: float) -> bool:
         t = self.config.timeouts

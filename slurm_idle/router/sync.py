@@ -23,8 +23,17 @@ from typing import Any
 from slurm_idle.config import Config, RouterConfig
 from slurm_idle.errors import RouterError, SlurmIdleError
 from slurm_idle.logs import get_logger
-from slurm_idle.model import Observation, Phase
-from slurm_idle.router import IN, OUT, UNKNOWN, Router, RouterTarget, make_router, target_for
+from slurm_idle.model import JobReplica, Observation, Phase
+from slurm_idle.router import (
+    IN,
+    MISSING,
+    OUT,
+    UNKNOWN,
+    Router,
+    RouterTarget,
+    make_router,
+    target_for,
+)
 
 log = get_logger(__name__)
 
@@ -38,6 +47,11 @@ def desired(phase: Phase) -> str | None:
     if phase is Phase.SERVING:
         return IN
     return OUT if phase in OUT_PHASES else None
+
+
+def job_target(r: JobReplica) -> RouterTarget:
+    """A placed replica job as a router target: named `model#index`, on its head node."""
+    return RouterTarget(name=r.name, model=r.model, url=r.url, node=r.nodes[0], port=r.port)
 
 
 Post = Callable[[str, bytes, float], int]
@@ -99,7 +113,12 @@ class RouterSet:
         return n
 
     def _call(self, op: str, node: str, reason: str) -> None:
-        target = target_for(self.config, node)
+        self.call_target(op, target_for(self.config, node), reason)
+
+    def call_target(self, op: str, target: RouterTarget, reason: str) -> None:
+        """`remove` or `add` one target (a replica job's, `placement: jobs`, has no node of
+        its own in the config); journaled; RouterError when the router could not be told."""
+        node = target.name
         router = self.router(target.model)
         if router.kind == "none":
             return
@@ -129,16 +148,18 @@ class RouterSet:
         self._call("add", node, reason)
 
     def warm_up(self, node: str) -> None:
-        target = target_for(self.config, node)
+        self.warm_up_target(target_for(self.config, node))
+
+    def warm_up_target(self, target: RouterTarget) -> None:
         cfg = self.config.router_for(target.model)
         if cfg.warmup_prompt:
             warm_up(target, cfg.warmup_prompt, cfg.warmup_timeout_s, self.post)
 
-    def states(self, nodes: Sequence[str]) -> dict[str, str]:
-        """What each node's router says now (`unknown` where it cannot be read)."""
+    def states(self, nodes: Sequence[str], extra: Sequence[RouterTarget] = ()) -> dict[str, str]:
+        """What each node's (and each `extra` target's) router says now (`unknown` where it
+        cannot be read)."""
         by_router: dict[int, tuple[Router, list[RouterTarget]]] = {}
-        for node in nodes:
-            target = target_for(self.config, node)
+        for target in [*(target_for(self.config, node) for node in nodes), *extra]:
             router = self.router(target.model)
             by_router.setdefault(id(router), (router, []))[1].append(target)
         out: dict[str, str] = {}
@@ -159,8 +180,21 @@ class RouterSet:
         # A node a replica only spans (not its head) has no router target of its own.
         views = [v for v in obs.nodes
                  if desired(v.phase) is not None and self.config.replica(v.name) is not None]
-        states = self.states([v.name for v in views])
+        jobs = {r.name: (r, job_target(r)) for r in obs.replica_jobs
+                if r.url and r.nodes and desired(r.phase) is not None}
+        states = self.states([v.name for v in views], [t for _, t in jobs.values()])
         done: list[dict[str, Any]] = []
+        for name, (r, target) in jobs.items():  # `placement: jobs` replicas
+            want, have = desired(r.phase), states.get(name, UNKNOWN)
+            if have in (UNKNOWN, want) or (want == OUT and have == MISSING):
+                continue
+            op = "add" if want == IN else "remove"
+            try:
+                self.call_target(op, target, f"reconcile: {name} is {r.phase.value} in Slurm "
+                                             f"but {have} in the router")
+                done.append({"node": name, "call": op, "outcome": "ok"})
+            except RouterError as exc:
+                done.append({"node": name, "call": op, "outcome": "error", "error": str(exc)})
         for v in views:
             want, have = desired(v.phase), states.get(v.name, UNKNOWN)
             if have == UNKNOWN or have == want:

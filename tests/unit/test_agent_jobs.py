@@ -216,3 +216,32 @@ def test_a_replica_job_pending_too_long_is_stuck_with_slurms_reason(tmp_path: Pa
     assert stuck and all("ReqNodeNotAvail" in (s.error or "") for s in stuck)
     assert result.errors == len(stuck)
     assert sum(1 for e in slurm.log if e[0] == "submit") == submitted == 2  # never a second job
+
+
+def test_router_told_first_on_lend_and_last_on_reclaim(tmp_path: Path) -> None:
+    """With a router: a replica job joins it after /health, before our Comment says serving,
+    and leaves it before the Comment says retiring (so before the scancel)."""
+    from slurm_idle.router.sync import RouterSet
+    from slurm_idle.testing.fake_router import FakeRouter
+
+    text = make_config(tmp_path).model_dump(mode="json")
+    text["router"] = {"kind": "command", "remove_command": "true {name}", "add_command": "true {name}"}
+    cfg = Config.model_validate(text)
+    agent, slurm, metrics, _ = make_agent(tmp_path, demand=150.0)
+    agent.config = cfg
+    router = FakeRouter(log=slurm.log)
+    agent.router = RouterSet(cfg, make=lambda _: router)
+    for _ in range(3):
+        agent.tick()
+    calls = [e for e in slurm.log if e[0] in {"router_add", "set_job_comment"}]
+    assert calls[0] == ("router_add", "jm#0") and calls[1][0] == "set_job_comment"
+    assert "slurm-idle:serving" in calls[1][2]
+    assert router.members == {"jm#0": "in", "jm#1": "in"}
+    set_demand(metrics, 10.0)
+    agent.tick()
+    tail = [e[0] for e in slurm.log if e[0] in {"router_remove", "set_job_comment", "cancel"}]
+    assert tail[-4:] == ["router_remove", "set_job_comment", "set_job_comment", "cancel"]
+    # The reconcile puts a serving replica the router lost back in.
+    router.members.pop("jm#0")
+    agent.tick()
+    assert router.members["jm#0"] == "in"
