@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -180,6 +180,9 @@ class Report:
     ticks: int = 0
     tick_errors: int = 0
     journal: str | None = None  # the journal read; None when there was none (no lends known)
+    # GPU-hours of the replica jobs of `placement: jobs` models (sacct, serve partition);
+    # None without such a model.
+    inference_gpu_hours: float | None = None
 
     @property
     def savings(self) -> float:
@@ -210,6 +213,7 @@ class Report:
             "ticks": self.ticks,
             "tick_errors": self.tick_errors,
             "journal": self.journal,
+            "inference_gpu_hours": _r(self.inference_gpu_hours),
             "price_per_gpu_hour": self.price_per_gpu_hour,
             "savings": round(self.savings, 2),
             "currency": self.currency,
@@ -375,6 +379,19 @@ def build_report(
         tick_errors=facts.tick_errors,
         journal=journal_path,
     )
+
+
+def inference_gpu_hours(runs: Iterable[AcctJob], names: Collection[str], since: float,
+                        horizon: float) -> float:
+    """GPU-hours in [since, horizon) of the runs named as our replica jobs (`names`:
+    replicajobs.job_name of every replica; sacct keeps a job's name, its Comment only with
+    AccountingStoreFlags=job_comment)."""
+    total = 0.0
+    for run in runs:
+        if run.name in names and run.start is not None:
+            end = run.end if run.end is not None else horizon
+            total += max(0.0, min(end, horizon) - max(run.start, since)) * run.gpus
+    return total / HOUR
 
 
 def is_preemption(
@@ -550,6 +567,8 @@ def render_text(report: Report) -> str:
         (f"  reclaim latency p50 / p95    {latency}"
          f"   ({report.reclaim_latencies} reclaims completed)"),
         f"  node-hours per phase         {phases}",
+        *([(f"  GPU-hours of replica jobs    {report.inference_gpu_hours:12.2f}   (inference, "
+            "placement: jobs)")] if report.inference_gpu_hours is not None else []),
         f"  journal                      {report.journal or 'none: lends, reclaims, lent GPU-h unknown'}",
         "",
         (f"  {'date':<12}{'GPU-h':>10}{'lent GPU-h':>12}{'jobs':>6}{'preempt':>9}"

@@ -12,6 +12,7 @@ import csv
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from slurm_idle import safefiles
 from slurm_idle.config import Config
 from slurm_idle.errors import CommandError, ConfigError, SlurmIdleError
 from slurm_idle.journal import Journal
-from slurm_idle.report import CSV_COLUMNS, Report, build_report, csv_rows
+from slurm_idle.replicajobs import job_name
+from slurm_idle.report import CSV_COLUMNS, Report, build_report, csv_rows, inference_gpu_hours
 from slurm_idle.slurm.parse import SlurmJsonError, parse_accounting
 from slurm_idle.slurm.protocol import AcctJob
 from slurm_idle.slurm.runner import CommandRunner, SubprocessRunner
@@ -58,11 +60,13 @@ def sacct_argv(since: float, until: float, partition: str, bin_dir: str | None =
 
 
 def fetch_runs(
-    config: Config, since: float, until: float, runner: CommandRunner | None = None
+    config: Config, since: float, until: float, runner: CommandRunner | None = None,
+    partition: str | None = None,
 ) -> list[AcctJob]:
-    """Every run of a lend-partition job that may overlap [since, until), from accounting."""
+    """Every run of a lend-partition (or `partition`) job that may overlap [since, until),
+    from accounting."""
     runner = runner or SubprocessRunner(timeout=config.slurm.command_timeout_s)
-    argv = sacct_argv(since, until, config.slurm.lend_partition, config.slurm.bin_dir)
+    argv = sacct_argv(since, until, partition or config.slurm.lend_partition, config.slurm.bin_dir)
     try:
         result = runner.run(argv)
     except CommandError as exc:
@@ -86,6 +90,7 @@ def make_report(
     runs: Sequence[AcctJob],
     journal_path: str | None = None,
     slurm_gpus: Mapping[str, int] | None = None,
+    inference_runs: Sequence[AcctJob] | None = None,
 ) -> Report:
     """The report of [since, until) from accounting runs and the configured journal.
 
@@ -104,7 +109,11 @@ def make_report(
     per_node.update({n: g for n, g in (slurm_gpus or {}).items() if g > 0 and n in per_node})
     # The journal names a lend group by its key node: its GPUs are those of all its nodes.
     node_gpus = {g.name: sum(per_node[n] for n in g.nodes) for g in lend_groups(config)}
-    return build_report(
+    # `placement: jobs`: the journal names a replica job `model#index`, lent with its GPUs.
+    jobs_models = [m for m in config.models if m.job is not None]
+    node_gpus.update({f"{m.name}#{i}": m.job_gpus_per_replica
+                      for m in jobs_models if m.job is not None for i in range(m.job.replicas)})
+    report = build_report(
         runs,
         journal.records(),
         since=since,
@@ -118,6 +127,25 @@ def make_report(
         checkpoint_interval_s=config.report.checkpoint_interval_s,
         journal_path=str(path) if path.exists() else None,
     )
+    if not jobs_models:
+        return report
+    names = {job_name(config.slurm.tag, m.name, i)
+             for m in jobs_models if m.job is not None for i in range(m.job.replicas)}
+    return replace(report, inference_gpu_hours=inference_gpu_hours(
+        inference_runs or (), names, since, min(until, now)))
+
+
+def fetch_inference_runs(
+    config: Config, since: float, until: float, runner: CommandRunner | None = None
+) -> list[AcctJob]:
+    """Runs in the serve partitions of `placement: jobs` models (none without such a model)."""
+    from slurm_idle.replicajobs import partition_of
+
+    parts = sorted({partition_of(config, m) for m in config.models if m.job is not None})
+    runs: list[AcctJob] = []
+    for part in parts:
+        runs += fetch_runs(config, since, until, runner, partition=part)
+    return runs
 
 
 #: Formats `--plot` writes (matplotlib's Agg backend), chosen by the file name.

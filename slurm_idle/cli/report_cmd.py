@@ -45,6 +45,7 @@ def report(
     from slurm_idle.report_io import (
         check_output_path,
         check_plot_ready,
+        fetch_inference_runs,
         fetch_runs,
         make_report,
         parse_date,
@@ -64,7 +65,8 @@ def report(
     if plot:
         check_plot_ready(plot)  # before the CSV is written: all outputs or none
     runs = fetch_runs(config, start, end)
-    result = make_report(config, start, end, now, runs, slurm_gpus=_node_gres(config))
+    result = make_report(config, start, end, now, runs, slurm_gpus=_node_gres(config),
+                         inference_runs=fetch_inference_runs(config, start, end))
     if result.journal is None:
         click.echo(f"slurm-idle: warning: no journal at {config.paths.journal} (paths.journal): "
                    "lends, reclaims, reclaim latency and lent GPU-hours are not counted; run "

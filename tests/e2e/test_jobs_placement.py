@@ -134,3 +134,8 @@ def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     # Prometheus' targets follow the replica jobs (file_sd, rewritten each tick).
     poll(lambda: {t.split(":")[1] for t in prometheus_targets(sb)} == ports, 30,
          "Prometheus scraping both replica jobs")
+    # `report`: the replica jobs' (inference) GPU-hours from sacct beside the lent ones.
+    r = sb.run(["slurm-idle", "--config", str(sb.layout.jobs_config_path), "report", "--json"])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["inference_gpu_hours"] > 0 and doc["lent_gpu_hours"] > 0, doc

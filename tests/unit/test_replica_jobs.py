@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from slurm_idle.config import Config, parse_config
@@ -246,3 +248,24 @@ def test_a_rise_aborts_a_retiring_replica_first() -> None:
     actions = plan_jobs(obs(cfg, jobs, demand=150.0), cfg, T0)
     assert [(a.kind, a.node, a.to_phase) for a in actions] == [
         (ActionKind.ABORT_LEND, "jm#1", Phase.SERVING)]
+
+
+def test_report_counts_replica_job_and_lent_gpu_hours(tmp_path: Path) -> None:
+    """`report`: the replica jobs' GPU-hours from accounting (by their name) beside the GPU-hours
+    their replicas were lent (journal: `model#index` lent x job GPUs)."""
+    from slurm_idle.journal import Journal
+    from slurm_idle.report_io import make_report
+    from slurm_idle.slurm.protocol import AcctJob
+
+    cfg = config(CONFIG + f"paths: {{journal: {tmp_path}/j.jsonl}}\n")
+    journal = Journal(tmp_path / "j.jsonl")
+    for ts, frm, to in ((T0, "lending", "lent"), (T0 + 1800, "lent", "reclaiming")):
+        journal.append({"event": "transition", "ts": ts, "node": "jm#1", "model": "jm",
+                        "action": "x", "from": frm, "to": to, "reason": "", "outcome": "ok",
+                        "duration_s": 0})
+    runs = [AcctJob(7, "slurm-idle-jm-0", "serve", "RUNNING", T0, None, 3600, 4),
+            AcctJob(8, "someone-else", "serve", "RUNNING", T0, None, 3600, 4)]
+    report = make_report(cfg, T0 - 3600, T0 + 3600, T0 + 3600, [], inference_runs=runs)
+    assert report.inference_gpu_hours == 4.0  # job 7 only: 1 h x 4 GPUs
+    assert report.lent_gpu_hours == 2.0  # jm#1 lent 30 min x 4 GPUs
+    assert report.to_json()["inference_gpu_hours"] == 4.0
