@@ -245,3 +245,17 @@ def test_router_told_first_on_lend_and_last_on_reclaim(tmp_path: Path) -> None:
     router.members.pop("jm#0")
     agent.tick()
     assert router.members["jm#0"] == "in"
+
+
+def test_textfile_counts_replica_jobs(tmp_path: Path) -> None:
+    """The agent's metrics count replica jobs: serving per model after the tick's steps (the
+    floor alert reads it) and replicas per phase."""
+    from slurm_idle.wiring import group_counts, serving_after
+
+    agent, _, metrics, _ = make_agent(tmp_path, demand=150.0)
+    result = agent.tick()
+    assert serving_after(result, agent.config) == {"jm": 2}
+    set_demand(metrics, 10.0)
+    result = agent.tick()
+    assert serving_after(result, agent.config) == {"jm": 1}
+    assert group_counts(result, agent.config)["replicas"][("jm", "lent")] == 1
