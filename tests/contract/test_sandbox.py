@@ -55,10 +55,11 @@ def post(url: str) -> int:
 
 
 def test_four_idle_nodes_with_four_gpus(sandbox: Sandbox) -> None:
-    """After `up` the cluster has gpu1..gpu4, each plain idle with 4 GPUs, and status is OK."""
+    """After `up` the cluster has gpu1..gpu4, each plain idle with 4 GPUs, gpu8 (8 GPUs, the
+    `placement: jobs` node) closed, and status is OK."""
     st = sandbox.status()
     assert [(n["name"], n["state"], n["gpus"]) for n in st["nodes"]] == [
-        (n, "idle", 4) for n in sandbox.nodes]
+        (n, "idle", 4) for n in sandbox.nodes] + [("gpu8", "drained", 8)]  # placement: jobs, closed
     assert st["ok"], st
 
 
@@ -190,7 +191,8 @@ def test_second_sandbox_runs_beside_and_down_leaves_nothing(sandbox: Sandbox, tm
     try:
         assert other.base_port != sandbox.base_port
         other.up()
-        assert other.run(["sinfo", "-h", "-o", "%P=%D"]).stdout.split() == ["inference=4", "idle*=4"]
+        assert other.run(["sinfo", "-h", "-o", "%P=%D"]).stdout.split() == [
+            "inference=4", "serve=1", "idle*=5"]
         job = ok(other, ["sbatch", "--parsable", "-p", "idle", "-o", "/dev/null", "--wrap", "sleep 300"]).strip()
         poll(lambda: job_field(other, job, "JobState") == "RUNNING", 20, "job running in 2nd sandbox")
     finally:
