@@ -39,7 +39,7 @@ from slurm_idle.model import (
     SlurmJob,
     SlurmNode,
 )
-from slurm_idle.replicajobs import replica_views
+from slurm_idle.replicajobs import partition_of, replica_views
 from slurm_idle.topology import group_views
 from slurm_idle.transitions import ACTIVE_JOB_STATES, NodeDriver, StepResult
 
@@ -190,16 +190,32 @@ def observe(
             errors.append(
                 f"{len(missing)} pool node(s) not known to Slurm, left out: {shown} (check the config)"
             )
+        placement_nodes = _placement_nodes(config, nodes, jobs) if replica_jobs else ()
         for r in replica_jobs:
             if r.duplicates:
                 errors.append(f"{r.name}: duplicate replica job(s) {', '.join(map(str, r.duplicates))} "
                               f"beside job {r.job_id}: the extra ones are cancelled")
         return Observation(now=now, nodes=tuple(views), models=model_loads, errors=tuple(errors),
                            metrics_source=str(getattr(metrics, "source", "")),
-                           replica_jobs=replica_jobs)
+                           replica_jobs=replica_jobs, placement_nodes=placement_nodes)
     finally:
         if collecting:
             gc.enable()
+
+
+def _placement_nodes(config: Config, nodes: dict[str, SlurmNode],
+                     jobs: Sequence[SlurmJob]) -> tuple[NodeView, ...]:
+    """The nodes replica jobs may run on (their partitions), each with its active jobs of the
+    lend partition: what a replica job would preempt there."""
+    parts = {partition_of(config, m) for m in config.models if m.job is not None}
+    lend = config.slurm.lend_partition
+    on: dict[str, list[SlurmJob]] = {}
+    for job in jobs:
+        if job.state in ACTIVE_JOB_STATES and lend in job.partition.split(","):
+            for name in job.nodes:
+                on.setdefault(name, []).append(job)
+    return tuple(NodeView(node=n, model="", phase=Phase.UNKNOWN, jobs=tuple(on.get(n.name, ())))
+                 for n in nodes.values() if parts & set(n.partitions))
 
 
 def gres_mismatches(config: Config, nodes: dict[str, SlurmNode]) -> list[str]:

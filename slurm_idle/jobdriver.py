@@ -93,7 +93,7 @@ class JobDriver:
             try:
                 edge_why = check_transition(before, to)
                 why = reason if not steps else edge_why
-                r = self._edge(r, to, deadline)
+                r = self._edge(r, to, deadline, str(action.details.get("nodelist", "")))
                 outcome, error, detail = "ok", None, None
             except CarryOver as exc:
                 outcome, error, detail = "waiting", None, str(exc)
@@ -114,7 +114,7 @@ class JobDriver:
             to = nxt if nxt is not None and self.clock() < deadline else None
         return steps
 
-    def _edge(self, r: JobReplica, to: Phase, deadline: float) -> JobReplica:
+    def _edge(self, r: JobReplica, to: Phase, deadline: float, nodelist: str = "") -> JobReplica:
         """Apply one edge; returns the replica in its new phase."""
         model = self.config.model(r.model)
         now = self.clock()
@@ -139,8 +139,9 @@ class JobDriver:
             return _moved(r, Phase.LENT, now, job_id=None, nodes=(), url="")
         elif to is Phase.RECLAIMING:
             script = None if model.job is None or model.job.script is None else self.read_file(model.job.script)
+            steer = [f"--nodelist={nodelist}"] if nodelist else []  # policy/jobs.py steer()
             job_id = self.slurm.submit(render_script(self.config, model, r.index, script),
-                                       submit_args(self.config, model, r.index, now))
+                                       [*submit_args(self.config, model, r.index, now), *steer])
             return _moved(r, Phase.RECLAIMING, now, job_id=job_id)
         elif to is Phase.STARTING:
             job = self._wait(r, deadline, lambda j: j is not None and j.state in _RUNNING and bool(j.nodes),

@@ -291,6 +291,9 @@ class Observation:
     metrics_source: str = ""
     # The replicas of `placement: jobs` models, every configured index (LENT when no job).
     replica_jobs: tuple[JobReplica, ...] = ()
+    # The nodes of the partitions replica jobs run in, each with its lend-partition jobs (what a
+    # replica job would preempt there): where the planner steers a reclaim (policy/jobs.py).
+    placement_nodes: tuple[NodeView, ...] = ()
 
     def model_load(self, model: str) -> ModelLoad | None:
         for load in self.models:

@@ -14,12 +14,16 @@ serves or is on its way back is held (or everything comes back with
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from slurm_idle.config import Config, ModelConfig
 from slurm_idle.lifecycle import next_phase
 from slurm_idle.metrics.serving import usable
 from slurm_idle.model import Action, ActionKind, JobReplica, ModelPlan, Observation, Phase
 from slurm_idle.policy.capacity import assess_need, default_forecast_lead_s
+from slurm_idle.policy.reclaim_order import reclaim_rank
 from slurm_idle.policy.windows import in_windows
+from slurm_idle.replicajobs import partition_of
 
 _ARRIVING = (Phase.RECLAIMING, Phase.STARTING)
 
@@ -70,8 +74,16 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[l
         why = f"{reason}; {supply} serving or coming back: needs {needed}"
         candidates = ([(ActionKind.ABORT_LEND, r, Phase.SERVING) for r in by[Phase.RETIRING]]
                       + [(ActionKind.RECLAIM, r, Phase.RECLAIMING) for r in by[Phase.LENT]])
+        taken: dict[str, int] = {}
         for kind, r, to in candidates[:deficit]:
-            actions.append(_act(kind, r, to, why))
+            action = _act(kind, r, to, why)
+            if kind is ActionKind.RECLAIM:
+                node = steer(obs, config, model, taken)
+                if node is not None:
+                    action.details["nodelist"] = node
+                    action = replace(action, reason=f"{why}; steered to {node} (no free GPUs: "
+                                                    "its idle jobs lose the least work)")
+            actions.append(action)
             touched.add(r.name)
     elif down is not None and not any(by[p] for p in _ARRIVING) and serving > down:
         budget = config.policy.max_transitions_per_tick
@@ -89,6 +101,34 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[l
                 why += f" (job {r.job_id} PENDING: {r.state_reason})"
             actions.append(_act(ActionKind.CONTINUE, r, nxt, why))
     return actions, ModelPlan(model.name, needed, taking, reason)
+
+
+def steer(obs: Observation, config: Config, model: ModelConfig, taken: dict[str, int]) -> str | None:
+    """Where a replica job being submitted should go (`--nodelist`), None to let Slurm choose.
+
+    Slurm places a job on free GPUs before it preempts anything, so while some node of the
+    partition has the GPUs free no steering is needed. Otherwise the node whose idle jobs would
+    lose the least work (reclaim_order.reclaim_rank, node placement's rule) among those whose
+    free and preemptible GPUs cover the replica; `taken` (node -> GPUs) counts this tick's
+    earlier choices. Single-node replicas only (a multi-node one is left to Slurm).
+    """
+    assert model.job is not None
+    if model.job.nodes_per_replica != 1 or not obs.placement_nodes:
+        return None
+    need = model.job_gpus_per_replica
+    part = partition_of(config, model)
+    usable = [v for v in obs.placement_nodes
+              if part in v.node.partitions and not v.node.drained and not v.node.down]
+    free = {v.name: v.node.gpus_total - v.node.gpus_used - taken.get(v.name, 0) for v in usable}
+    if any(f >= need for f in free.values()):
+        return None
+    fits = [v for v in usable if free[v.name] + sum(j.gpus for j in v.jobs) >= need]
+    if not fits:
+        return None
+    ckpt, young = config.report.checkpoint_interval_s, config.policy.min_job_runtime_s
+    best = min(fits, key=lambda v: reclaim_rank(v, obs.now, ckpt, young))
+    taken[best.name] = taken.get(best.name, 0) + need
+    return best.name
 
 
 def _jobs_models(config: Config) -> list[ModelConfig]:

@@ -259,3 +259,18 @@ def test_textfile_counts_replica_jobs(tmp_path: Path) -> None:
     result = agent.tick()
     assert serving_after(result, agent.config) == {"jm": 1}
     assert group_counts(result, agent.config)["replicas"][("jm", "lent")] == 1
+
+
+def test_a_steered_reclaim_submits_with_nodelist(tmp_path: Path) -> None:
+    """The planner's steering reaches sbatch as --nodelist, and observe lists the serve
+    partition's nodes with their idle jobs (what the steering ranks)."""
+    agent, slurm, _, _ = make_agent(tmp_path, demand=150.0)
+    slurm.node_map["gpu8"] = replace(slurm.node_map["gpu8"], state="allocated", gpus_used=8,
+                                     partitions=("serve", "idle"))
+    slurm.job_list.append(SlurmJob(50, "train", "idle", "RUNNING", nodes=("gpu8",),
+                                   start_time=T0 - 60, gpus=8))
+    obs = agent.observe()
+    assert [(v.name, [j.job_id for j in v.jobs]) for v in obs.placement_nodes] == [("gpu8", [50])]
+    agent.tick()
+    submits = [e for e in slurm.log if e[0] == "submit"]
+    assert submits and all("--nodelist=gpu8" in e for e in submits)

@@ -269,3 +269,40 @@ def test_report_counts_replica_job_and_lent_gpu_hours(tmp_path: Path) -> None:
     assert report.inference_gpu_hours == 4.0  # job 7 only: 1 h x 4 GPUs
     assert report.lent_gpu_hours == 2.0  # jm#1 lent 30 min x 4 GPUs
     assert report.to_json()["inference_gpu_hours"] == 4.0
+
+
+def placement(*nodes: tuple[str, int, list[SlurmJob]]) -> tuple:  # type: ignore[type-arg]
+    from slurm_idle.model import NodeView, SlurmNode
+
+    return tuple(NodeView(SlurmNode(name, "mixed", gpus_total=8, gpus_used=used,
+                                    partitions=("serve", "idle")), "", Phase.UNKNOWN,
+                          jobs=tuple(jobs)) for name, used, jobs in nodes)
+
+
+def idle_job(job_id: int, started: float) -> SlurmJob:
+    return SlurmJob(job_id, "train", "idle", "RUNNING", nodes=("n",), start_time=started, gpus=4)
+
+
+def test_reclaim_steers_to_the_node_whose_idle_jobs_lose_least() -> None:
+    """No free GPUs anywhere: the replica job is sent (--nodelist) to the node whose idle jobs
+    started last (least work lost), as long as what it can free covers the replica: the second
+    reclaim of the tick goes to the other node."""
+    from dataclasses import replace
+
+    cfg = config()
+    base = obs(cfg, [], demand=150.0)
+    nodes = placement(("old", 8, [idle_job(1, T0 - 7200), idle_job(2, T0 - 7200)]),
+                      ("new", 8, [idle_job(3, T0 - 60)]))  # its other 4 GPUs: not preemptible
+    actions = plan_jobs(replace(base, placement_nodes=nodes), cfg, T0)
+    assert [(a.node, a.details.get("nodelist")) for a in actions] == [("jm#0", "new"), ("jm#1", "old")]
+    assert "steered to new" in actions[0].reason
+
+
+def test_free_gpus_need_no_steering() -> None:
+    """A node with the replica's GPUs free: Slurm places the job there itself, no --nodelist."""
+    from dataclasses import replace
+
+    cfg = config()
+    nodes = placement(("busy", 8, [idle_job(1, T0 - 60), idle_job(2, T0 - 60)]), ("half", 4, []))
+    actions = plan_jobs(replace(obs(cfg, BOTH[:1], demand=150.0), placement_nodes=nodes), cfg, T0)
+    assert [(a.node, a.details.get("nodelist")) for a in actions] == [("jm#1", None)]
