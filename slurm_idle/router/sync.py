@@ -50,8 +50,10 @@ def desired(phase: Phase) -> str | None:
 
 
 def job_target(r: JobReplica) -> RouterTarget:
-    """A placed replica job as a router target: named `model#index`, on its head node."""
-    return RouterTarget(name=r.name, model=r.model, url=r.url, node=r.nodes[0], port=r.port)
+    """A replica job as a router target: named `model#index`, on its head node (url and node
+    empty while it runs nowhere: routers know targets by name)."""
+    return RouterTarget(name=r.name, model=r.model, url=r.url, node=r.nodes[0] if r.nodes else "",
+                        port=r.port)
 
 
 Post = Callable[[str, bytes, float], int]
@@ -180,8 +182,8 @@ class RouterSet:
         # A node a replica only spans (not its head) has no router target of its own.
         views = [v for v in obs.nodes
                  if desired(v.phase) is not None and self.config.replica(v.name) is not None]
-        jobs = {r.name: (r, job_target(r)) for r in obs.replica_jobs
-                if r.url and r.nodes and desired(r.phase) is not None}
+        # Unplaced ones too: a replica job that died while serving is LENT now, and must leave.
+        jobs = {r.name: (r, job_target(r)) for r in obs.replica_jobs if desired(r.phase) is not None}
         states = self.states([v.name for v in views], [t for _, t in jobs.values()])
         done: list[dict[str, Any]] = []
         for name, (r, target) in jobs.items():  # `placement: jobs` replicas

@@ -245,6 +245,11 @@ def test_router_told_first_on_lend_and_last_on_reclaim(tmp_path: Path) -> None:
     router.members.pop("jm#0")
     agent.tick()
     assert router.members["jm#0"] == "in"
+    # A replica job that died while serving (its job gone: LENT) is taken out of the router.
+    set_demand(metrics, 10.0)
+    slurm.job_list = [j for j in slurm.job_list if "index=0" not in j.comment]
+    agent.router.reconcile(agent.observe())
+    assert router.members["jm#0"] == "out"
 
 
 def test_textfile_counts_replica_jobs(tmp_path: Path) -> None:
