@@ -188,11 +188,14 @@ class JobDriver:
             job = self._job(r.job_id)
             if done(job):
                 return job
+            # A job not listed may be one just submitted that a shared poll of a second ago
+            # predates: waited for like a pending one (the next tick reads it LENT if gone).
             if job is not None and job.state in _GONE:
                 raise SlurmIdleError(f"{r.name}: replica job {r.job_id} ended ({job.state}) "
                                      f"while waiting for it {what}")
             if self.clock() >= deadline:
-                state = f"{job.state}" + (f": {job.state_reason}" if job and job.state_reason else "") if job else "gone"
+                state = ("not listed" if job is None else
+                         job.state + (f": {job.state_reason}" if job.state_reason else ""))
                 raise CarryOver(f"replica job {r.job_id} still {state}: waiting for it {what}")
             self.sleep(POLL_S)
 
