@@ -96,7 +96,7 @@ def observe(
         # `placement: jobs` replicas: rebuilt from the same squeue answer (replicajobs.py).
         replica_jobs = replica_views(config, jobs)
         placed = [r for r in replica_jobs if r.nodes and r.url]
-        job_serving = [r for r in placed if r.phase in SERVING_PHASES]
+        job_serving = [r for r in placed if takes_traffic(r.phase)]
         replicas = [(m.name, r) for m in config.models for r in m.replicas]
         tag = config.slurm.tag
         infos: dict[str, PhaseInfo] = {}

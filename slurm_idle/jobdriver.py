@@ -21,9 +21,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from slurm_idle.config import Config, ModelConfig, ReplicaConfig
+from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.lifecycle import check_transition, next_phase
+from slurm_idle.lifecycle import (
+    JOB_LIFECYCLE,
+    Edge,
+    Effect,
+    Ready,
+    job_edge_for,
+    job_next_phase,
+)
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Action, ActionKind, JobReplica, Phase, SlurmJob
 from slurm_idle.replicajobs import format_comment, render_script, submit_args
@@ -86,18 +93,20 @@ class JobDriver:
         phase, a wait that outlasts `deadline`, or an error (journaled, never raised)."""
         steps: list[StepResult] = []
         to: Phase | None = action.to_phase
-        reason = action.reason
+        nodelist = str(action.details.get("nodelist", ""))  # policy/jobs.py steer()
         while to is not None:
             started, before = self.clock(), r.phase
-            why = reason
+            why = action.reason
             try:
-                edge_why = check_transition(before, to)
-                why = reason if not steps else edge_why
-                r = self._edge(r, to, deadline, str(action.details.get("nodelist", "")))
+                edge = job_edge_for(before, to)
+                why = action.reason if not steps else edge.why
+                if not self._waiters()[edge.ready](r, deadline):
+                    raise CarryOver(f"not ready: {edge.ready.value}")
+                r = self._effects()[edge.effect](r, edge, deadline, nodelist)
                 outcome, error, detail = "ok", None, None
             except CarryOver as exc:
                 outcome, error, detail = "waiting", None, str(exc)
-                if self._overdue(r, started):
+                if overdue_job(r, self.config, started):
                     # e.g. a replica job PENDING past timeouts.reclaim_s (a reservation, an admin
                     # drain, no preemptible GPU): an error of the tick (exit 1, the textfile's
                     # tick errors, SlurmIdleTickErrors) with Slurm's reason; retried next tick.
@@ -110,66 +119,86 @@ class JobDriver:
             self.on_step(step)
             if outcome != "ok" or action.kind is ActionKind.ABORT_LEND:
                 break
-            nxt = next_phase(to)
+            nxt = job_next_phase(to)
             to = nxt if nxt is not None and self.clock() < deadline else None
         return steps
 
-    def _edge(self, r: JobReplica, to: Phase, deadline: float, nodelist: str = "") -> JobReplica:
-        """Apply one edge; returns the replica in its new phase."""
+    # --- what an edge waits for (Edge.ready) and does (Edge.effect) ------------------------
+
+    def _waiters(self) -> dict[Ready, Callable[[JobReplica, float], bool]]:
+        return {
+            Ready.NOW: lambda r, deadline: True,
+            Ready.ENGINES_IDLE: self._engine_idle,
+            Ready.JOB_GONE: self._job_gone,
+            Ready.JOB_RUNNING: lambda r, deadline: self._wait(
+                r, deadline, lambda j: j is not None and j.state in _RUNNING and bool(j.nodes),
+                "to run") is not None,
+            Ready.ENGINES_SERVING: self._engine_serving,
+        }
+
+    def _effects(self) -> dict[Effect, Callable[[JobReplica, Edge, float, str], JobReplica]]:
+        return {
+            Effect.ROUTER_REMOVE: lambda r, e, d, n: self._route_and_write(
+                r, e, "remove", "retiring: out of the router before the job is cancelled"),
+            Effect.ROUTER_ADD: lambda r, e, d, n: self._route_and_write(
+                r, e, "add", "load rose again: back into the router"),
+            Effect.CANCEL_JOB: self._cancel,
+            Effect.NOTHING: self._moved_on,
+            Effect.SUBMIT_JOB: self._submit,
+            Effect.WARM_UP_AND_ROUTER_ADD: self._warm_up_and_serve,
+        }
+
+    def _route_and_write(self, r: JobReplica, edge: Edge, op: str, reason: str) -> JobReplica:
+        self._router(op, r, reason)
+        now = self.clock()
+        self._comment(r, edge.to_phase, now)
+        return _moved(r, edge.to_phase, now)
+
+    def _cancel(self, r: JobReplica, edge: Edge, deadline: float, nodelist: str) -> JobReplica:
+        now = self.clock()
+        self._comment(r, Phase.LENDING, now)
+        assert r.job_id is not None
+        self.slurm.cancel([r.job_id])
+        return _moved(r, Phase.LENDING, now, job_state="COMPLETING")  # cancelled: no re-cancel
+
+    def _job_gone(self, r: JobReplica, deadline: float) -> bool:
+        if r.job_state in _RUNNING and r.job_id is not None:
+            # Our Comment says lending but the job still runs: the tick that wrote it was
+            # killed before its scancel. Cancelling again is harmless.
+            self.slurm.cancel([r.job_id])
+        self._wait(r, deadline, lambda j: j is None or j.state in _GONE, "to leave the queue")
+        return True
+
+    def _moved_on(self, r: JobReplica, edge: Edge, deadline: float, nodelist: str) -> JobReplica:
+        """LENT (the job left) or STARTING (it runs: where, and since when, from squeue)."""
+        if edge.to_phase is Phase.LENT:
+            return _moved(r, Phase.LENT, self.clock(), job_id=None, nodes=(), url="")
+        job = self._job(r.job_id)
+        model = self.config.model(r.model)
+        assert job is not None and job.nodes and model.job is not None
+        url = model.job.url.format(node=job.nodes[0], port=r.port)
+        return _moved(r, edge.to_phase, job.start_time or self.clock(), nodes=job.nodes, url=url,
+                      job_state=job.state)
+
+    def _submit(self, r: JobReplica, edge: Edge, deadline: float, nodelist: str) -> JobReplica:
         model = self.config.model(r.model)
         now = self.clock()
-        if to is Phase.RETIRING:
-            self._router("remove", r, "retiring: out of the router before the job is cancelled")
-            self._comment(r, to, now)
-        elif to is Phase.SERVING and r.phase is Phase.RETIRING:
-            self._router("add", r, "load rose again: back into the router")
-            self._comment(r, to, now)
-        elif to is Phase.LENDING:
-            self._drain(r, model, deadline)
-            self._comment(r, Phase.LENDING, now)
-            assert r.job_id is not None
-            self.slurm.cancel([r.job_id])
-            return _moved(r, Phase.LENDING, now, job_state="COMPLETING")  # cancelled: no re-cancel
-        elif to is Phase.LENT:
-            if r.job_state in _RUNNING and r.job_id is not None:
-                # Our Comment says lending but the job still runs: the tick that wrote it was
-                # killed before its scancel. Cancelling again is harmless.
-                self.slurm.cancel([r.job_id])
-            self._wait(r, deadline, lambda j: j is None or j.state in _GONE, "to leave the queue")
-            return _moved(r, Phase.LENT, now, job_id=None, nodes=(), url="")
-        elif to is Phase.RECLAIMING:
-            script = None if model.job is None or model.job.script is None else self.read_file(model.job.script)
-            steer = [f"--nodelist={nodelist}"] if nodelist else []  # policy/jobs.py steer()
-            job_id = self.slurm.submit(render_script(self.config, model, r.index, script),
-                                       [*submit_args(self.config, model, r.index, now), *steer])
-            return _moved(r, Phase.RECLAIMING, now, job_id=job_id)
-        elif to is Phase.STARTING:
-            job = self._wait(r, deadline, lambda j: j is not None and j.state in _RUNNING and bool(j.nodes),
-                             "to run")
-            assert job is not None and model.job is not None
-            url = model.job.url.format(node=job.nodes[0], port=r.port)
-            return _moved(r, Phase.STARTING, job.start_time or now, nodes=job.nodes, url=url)
-        elif to is Phase.SERVING:
-            self._await_health(r, model, deadline)
-            if self.router is not None and r.url:
-                self.router.warm_up_target(job_target(r))
-            self._router("add", r, "healthy and warm: into the router")
-            self._comment(r, Phase.SERVING, now)
-        else:  # pragma: no cover - check_transition let through an edge this driver lacks
-            raise SlurmIdleError(f"{r.name}: no job step for {r.phase.value} -> {to.value}")
-        return _moved(r, to, now)
+        script = None if model.job is None or model.job.script is None else self.read_file(model.job.script)
+        steer = [f"--nodelist={nodelist}"] if nodelist else []
+        job_id = self.slurm.submit(render_script(self.config, model, r.index, script),
+                                   [*submit_args(self.config, model, r.index, now), *steer])
+        return _moved(r, Phase.RECLAIMING, now, job_id=job_id, job_state="PENDING")
+
+    def _warm_up_and_serve(self, r: JobReplica, edge: Edge, deadline: float, nodelist: str) -> JobReplica:
+        if self.router is not None and r.url:
+            self.router.warm_up_target(job_target(r))
+        return self._route_and_write(r, edge, "add", "healthy and warm: into the router")
 
     def _router(self, op: str, r: JobReplica, reason: str) -> None:
         """Tell the router first (remove before retiring, add before serving); a failure keeps
         the replica where it is (RouterError), as in node placement."""
         if self.router is not None and r.url and r.nodes:
             self.router.call_target(op, job_target(r), reason)
-
-    def _overdue(self, r: JobReplica, now: float) -> bool:
-        t = self.config.timeouts
-        limit = {Phase.RETIRING: t.retire_s, Phase.LENDING: t.lend_s,
-                 Phase.RECLAIMING: t.reclaim_s, Phase.STARTING: t.start_s}.get(r.phase)
-        return limit is not None and r.phase_since is not None and now - r.phase_since > limit
 
     def _comment(self, r: JobReplica, phase: Phase, now: float) -> None:
         assert r.job_id is not None
@@ -199,25 +228,25 @@ class JobDriver:
                 raise CarryOver(f"replica job {r.job_id} still {state}: waiting for it {what}")
             self.sleep(POLL_S)
 
-    def _drain(self, r: JobReplica, model: ModelConfig, deadline: float) -> None:
+    def _engine_idle(self, r: JobReplica, deadline: float) -> bool:
         """Wait for the requests in flight to finish, up to engine.drain_timeout_s after the
-        retire began (then the stop goes ahead: vLLM's --shutdown-timeout is the last net)."""
-        engine = self.engine_for(model.name)
-        limit = self.config.engine_for(model.name).drain_timeout_s
+        retire began (then the cancel goes ahead: vLLM's --shutdown-timeout is the last net)."""
+        engine = self.engine_for(r.model)
+        limit = self.config.engine_for(r.model).drain_timeout_s
         since = r.phase_since if r.phase_since is not None else self.clock()
         if not r.nodes:
-            return
+            return True
         probe = probe_config(r)
         while True:
             left = engine.in_flight(probe)
             if left is None or left <= 0 or self.clock() - since >= limit:
-                return
+                return True
             if self.clock() >= deadline:
                 raise CarryOver(f"{left:g} request(s) still in flight")
             self.sleep(POLL_S)
 
-    def _await_health(self, r: JobReplica, model: ModelConfig, deadline: float) -> None:
-        engine = self.engine_for(model.name)
+    def _engine_serving(self, r: JobReplica, deadline: float) -> bool:
+        engine = self.engine_for(r.model)
         probe = probe_config(r)
         while True:
             job = self._job(r.job_id)
@@ -225,10 +254,17 @@ class JobDriver:
                 raise SlurmIdleError(f"{r.name}: replica job {r.job_id} ended before serving")
             health = engine.health(probe)
             if health.serving:
-                return
+                return True
             if self.clock() >= deadline:
                 raise CarryOver(f"{r.url}: not healthy yet ({health.error or 'starting'})")
             self.sleep(POLL_S)
+
+
+def overdue_job(r: JobReplica, config: Config, now: float) -> bool:
+    """A replica job's timed phase older than its edge's timeout (JOB_EDGES): stuck."""
+    edge = JOB_LIFECYCLE.forward.get(r.phase)
+    limit = edge.timeout_s(config) if edge is not None else None
+    return limit is not None and r.phase_since is not None and now - r.phase_since > limit
 
 
 def _moved(r: JobReplica, phase: Phase, since: float, **changes: Any) -> JobReplica:

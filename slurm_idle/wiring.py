@@ -141,7 +141,7 @@ def serving_after(result: TickResult, config: Config | None = None) -> dict[str,
                     counts[r.model] = counts.get(r.model, 0) + 1
         final_jobs = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}
         for j in result.observation.replica_jobs:  # `placement: jobs`
-            if final_jobs.get(j.name, j.phase) in _TAKING_TRAFFIC:
+            if takes_traffic(final_jobs.get(j.name, j.phase)):
                 counts[j.model] = counts.get(j.model, 0) + 1
         return counts
     final = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}

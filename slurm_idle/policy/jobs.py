@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from slurm_idle.config import Config, ModelConfig
-from slurm_idle.lifecycle import next_phase
+from slurm_idle.lifecycle import job_next_phase, takes_traffic
 from slurm_idle.metrics.serving import usable
 from slurm_idle.model import Action, ActionKind, JobReplica, ModelPlan, Observation, Phase
 from slurm_idle.policy.capacity import assess_need, default_forecast_lead_s
@@ -39,7 +39,7 @@ def _verdict(obs: Observation, config: Config, model: ModelConfig,
     assert model.job is not None
     total = model.job.replicas
     floor = min(model.min_serving_replicas, total)
-    taking = [r for r in mine if r.phase in (Phase.SERVING, Phase.RETIRING)]
+    taking = [r for r in mine if takes_traffic(r.phase)]
     supply = len(taking) + sum(1 for r in mine if r.phase in _ARRIVING)
     policy = config.policy
     load = obs.model_load(model.name)
@@ -94,7 +94,7 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[l
                                 f"{reason}; {serving} serving, needs {down} over the window: lending"))
             touched.add(r.name)
     for r in mine:
-        nxt = next_phase(r.phase)
+        nxt = job_next_phase(r.phase)
         if r.name not in touched and nxt is not None:
             why = f"carry on {r.phase.value} -> {nxt.value}"
             if r.phase is Phase.RECLAIMING and r.state_reason:
