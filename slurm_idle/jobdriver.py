@@ -7,6 +7,8 @@ Reclaim: LENT -> RECLAIMING (`sbatch` of the replica job into the serve partitio
 preempts the idle jobs holding the GPUs it needs, with their GraceTime and signals) ->
 STARTING (the job runs) -> SERVING (/health 200 and awake: our Comment says serving).
 
+The edges are lifecycle.JOB_EDGES (the node table's phases; each edge's `ready` is waited
+for, its `effect` applied, its timeout makes a phase stuck), dispatched like the node driver's.
 Every step is idempotent and its phase is in Slurm before the slow part of the next starts
 (the Comment, or the job's own state), so a tick killed anywhere converges on the next one;
 a replica is only ever submitted when `squeue` shows no job of ours for it, and duplicates
