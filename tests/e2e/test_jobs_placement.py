@@ -115,6 +115,12 @@ def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     assert job_fields(sb, serving_job).get("JobState") == "RUNNING"
     log = Path(str(out).replace("%j", str(idle)))
     poll(lambda: log.exists() and "start" in log.read_text(), 15, "idle job started")
+    # ... on the GPUs the cancelled replica freed: none of the serving replica's (as each
+    # process saw them from Slurm: CUDA_VISIBLE_DEVICES).
+    idle_gpus = set(log.read_text().split("gpus=")[1].split()[0].split(","))
+    replica_log = sb.layout.log / f"replica-{serving_job}.out"
+    serving_gpus = set(replica_log.read_text().split("gpus=")[1].split()[0].split(","))
+    assert len(idle_gpus) == 4 and len(serving_gpus) == 4 and not idle_gpus & serving_gpus
 
     # High load: the replica job is submitted, Slurm preempts the idle job, the replica serves.
     sb.load_jobs(HIGH_RPS)
