@@ -284,7 +284,7 @@ def test_make_backend_from_sandbox_config(sandbox: Any) -> None:
     backend = make_backend(load_config(sandbox.config_path),
                            runner=SubprocessRunner(env=sandbox.env()))
     assert isinstance(backend, CliBackend)
-    assert len(backend.nodes()) == 5  # gpu1-4 and gpu8 (placement: jobs)
+    assert len(backend.nodes()) == 8  # gpu1-4, gpu5-7 (8 GPUs, issue 13), gpu8 (placement: jobs)
 
 
 def test_phases_survive_a_slurmctld_restart(slurm: CliBackend, sandbox: Any) -> None:
