@@ -105,6 +105,10 @@ class SlurmBackend(Protocol):
         """Submit a batch script (given as text) and return the job id."""
         ...
 
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        """Set a job's Comment (where a replica job of `placement: jobs` keeps its phase)."""
+        ...
+
     def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None:
         """Cancel jobs, or only send them `signal` (e.g. "TERM") when it is given."""
         ...

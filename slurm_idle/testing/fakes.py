@@ -31,6 +31,7 @@ class FakeSlurm:
     fail_jobs: set[int] = field(default_factory=set)  # jobs whose requeue fails (CommandError)
     power_up_polls: int = 0  # nodes() shows POWERING_UP this many times after a power_up
     _powering: dict[str, int] = field(default_factory=dict)
+    scripts: dict[int, str] = field(default_factory=dict)  # job id -> batch script (submit)
 
     @classmethod
     def with_nodes(cls, names: Sequence[str], gpus: int = 4) -> FakeSlurm:
@@ -112,6 +113,22 @@ class FakeSlurm:
     def signal(self, job_ids: Sequence[int], signal: str, batch_shell: bool = False) -> None:
         self._call("signal", signal, "batch" if batch_shell else "steps", *map(str, job_ids))
         self.signals.append((tuple(job_ids), signal, batch_shell))
+
+    def submit(self, script: str, extra_args: Sequence[str] = ()) -> int:
+        """A PENDING job with the partition, name and comment of `extra_args` (`--key=value`)."""
+        self._call("submit", *extra_args)
+        opts = dict(a[2:].split("=", 1) for a in extra_args if a.startswith("--") and "=" in a)
+        job_id = max((j.job_id for j in self.job_list), default=0) + 1
+        self.job_list.append(SlurmJob(job_id, opts.get("job-name", "sbatch"),
+                                      opts.get("partition", "idle"), "PENDING",
+                                      comment=opts.get("comment", "")))
+        self.scripts[job_id] = script
+        return job_id
+
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        self._call("set_job_comment", str(job_id), comment)
+        self.job_list = [replace(j, comment=comment) if j.job_id == job_id else j
+                         for j in self.job_list]
 
     def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None:
         self._call("cancel", *map(str, job_ids))
