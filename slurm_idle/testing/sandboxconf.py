@@ -291,8 +291,10 @@ def slurm_conf(lay: Layout) -> str:
         "SlurmdUser=root",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        # cred_expire: a requeued job may restart after ~11 s instead of ~120 s.
-        f"AuthInfo=socket={lay.munge_socket},cred_expire=10",
+        # cred_expire: a requeued job waits cred_expire + 1 s (BeginTime) before it may run
+        # again, 121 s by default; 5 is Slurm's minimum (22.05 and 24.11). The credential
+        # must reach slurmd within it: batch launches here take < 0.1 s even on a loaded machine.
+        f"AuthInfo=socket={lay.munge_socket},cred_expire=5",
         f"StateSaveLocation={lay.root}/state/slurmctld",
         f"SlurmdSpoolDir={lay.root}/state/slurmd-%n",
         f"SlurmctldPidFile={lay.run}/slurmctld.pid",

@@ -43,7 +43,7 @@ def test_slurm_conf_has_preemption_accounting_and_no_removed_keys(version: str) 
     text = sandboxconf.slurm_conf(lay)
     keys = conf_keys(text)
     assert keys["PreemptType"] == "preempt/partition_prio" and keys["JobRequeue"] == "1"
-    assert "cred_expire=10" in keys["AuthInfo"] and keys["AccountingStorageTRES"] == "gres/gpu"
+    assert "cred_expire=5" in keys["AuthInfo"] and keys["AccountingStorageTRES"] == "gres/gpu"
     assert keys["SlurmctldPort"] == "30000" and "Port=30010-30013" in text
     assert "PartitionName=inference Nodes=gpu[1-7] PriorityTier=10 PreemptMode=OFF" in text
     assert "PartitionName=idle Nodes=gpu[1-7],gpu8 PriorityTier=1 PreemptMode=REQUEUE GraceTime=10" in text
