@@ -21,6 +21,12 @@ echo "output of $name"
 exit "$(cat rc-$name 2>/dev/null || echo 0)"
 """
 
+# The host's install steps, which the parallel mode runs once before forking the lanes.
+FAKE_INSTALL = """
+install_system_packages() { echo "install packages" >> calls.log; }
+install_python_env() { echo "install venv" >> calls.log; }
+"""
+
 
 def run_ci(tmp_path: Path, serial: bool = False, **rcs: int) -> tuple[int, list[str], str]:
     (tmp_path / ".ci").mkdir()
@@ -29,6 +35,8 @@ def run_ci(tmp_path: Path, serial: bool = False, **rcs: int) -> tuple[int, list[
     fake = tmp_path / "scripts" / "test"
     fake.write_text(FAKE_TEST)
     fake.chmod(0o755)
+    (tmp_path / "scripts" / "lib").mkdir()
+    (tmp_path / "scripts" / "lib" / "install.sh").write_text(FAKE_INSTALL)
     for name, rc in rcs.items():
         (tmp_path / f"rc-{name}").write_text(str(rc))
     env = {"PATH": "/usr/bin:/bin", "SLURM_IDLE_CI_SERIAL": "1" if serial else "0"}
@@ -42,7 +50,9 @@ def test_both_lanes_run_at_once_the_24_11_one_on_the_slurm_tests(tmp_path: Path)
     assert rc == 0, err
     assert sorted(c for c in calls if c.startswith("start")) == [
         "start debian13 --debian 13 -m slurm", "start host "]  # 22.05: the whole suite
-    assert [c.split()[0] for c in calls] == ["start", "start", "end", "end"]  # overlapping
+    # installed once, before the lanes (they would race for apt's lock), then overlapping
+    assert calls[:2] == ["install packages", "install venv"]
+    assert [c.split()[0] for c in calls[2:]] == ["start", "start", "end", "end"]
     assert "output of debian13" in err  # its log is printed at the end
     assert "debian12=0 debian13=0" in err
 
