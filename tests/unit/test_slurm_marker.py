@@ -1,7 +1,8 @@
-"""The `slurm` marker that selects the Slurm 24.11 lane's tests (tests/conftest.py).
+"""The `slurm` marker (tests/conftest.py): `-m slurm` selects the tests that touch a real Slurm,
+the quick check on another Slurm release (CI runs the whole suite on both).
 
-A Slurm-touching test that loses the marker silently drops out of that lane, so each rule that
-sets it has a case here that fails when the rule is removed.
+A Slurm-touching test that loses the marker silently drops out of that selection, so each rule
+that sets it has a case here that fails when the rule is removed.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def test_unit_tests_are_never_marked_by_their_source() -> None:
 
 
 def test_non_slurm_contract_modules_are_the_known_ones() -> None:
-    """The contract modules the 24.11 lane skips whole: they neither use the sandbox nor run
+    """The contract modules `-m slurm` leaves out whole: they neither use the sandbox nor run
     Slurm. A new module that does neither fails here until it is listed with its reason."""
     skipped = sorted(p.name for p in CONTRACT_DIR.glob("test_*.py")
                      if not runs_slurm(p) and "sandbox" not in p.read_text())
@@ -70,5 +71,5 @@ def test_non_slurm_contract_modules_are_the_known_ones() -> None:
         "test_http_deadline.py",  # a trickling HTTP server
         "test_router_real.py",  # HAProxy's runtime API, an nginx reload
     ], ("a contract module that neither uses the sandbox nor runs a Slurm command is skipped by "
-        "the 24.11 lane (-m slurm): list it here with the reason its outcome cannot depend on "
+        "`-m slurm`: list it here with the reason its outcome cannot depend on "
         "the Slurm release, or mark it @pytest.mark.slurm")
