@@ -234,8 +234,12 @@ def test_router_told_first_on_lend_and_last_on_reclaim(tmp_path: Path) -> None:
     for _ in range(3):
         agent.tick()
     calls = [e for e in slurm.log if e[0] in {"router_add", "set_job_comment"}]
-    assert calls[0] == ("router_add", "jm#0") and calls[1][0] == "set_job_comment"
-    assert "slurm-idle:serving" in calls[1][2]
+    assert calls[0][0] == "router_add"  # before any replica's Comment says serving
+    for index in (0, 1):  # the replicas start side by side: each in its own order
+        added = calls.index(("router_add", f"jm#{index}"))
+        serving = next(i for i, c in enumerate(calls) if c[0] == "set_job_comment"
+                       and "slurm-idle:serving" in c[2] and f"index={index}" in c[2])
+        assert added < serving, calls
     assert router.members == {"jm#0": "in", "jm#1": "in"}
     set_demand(metrics, 10.0)
     agent.tick()
