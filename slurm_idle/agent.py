@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
@@ -37,8 +37,14 @@ from slurm_idle.model import (
     SlurmJob,
     SlurmNode,
 )
+from slurm_idle.slurm.protocol import ClusterReader, PoolSlurm
 from slurm_idle.topology import group_views
 from slurm_idle.transitions import ACTIVE_JOB_STATES, NodeDriver, StepResult
+
+if TYPE_CHECKING:  # imported where used: a tick that needs no engine loads none
+    from slurm_idle.engine import Engine, Identity
+    from slurm_idle.metrics import MetricsSource
+    from slurm_idle.router.sync import RouterSet
 
 log = get_logger(__name__)
 
@@ -53,13 +59,13 @@ MAX_ACTION_WORKERS = 32
 OBSERVE_SHARE = 0.5
 
 #: model name, replica -> whether its endpoint is the expected engine (engine.Identity).
-Identify = Callable[[str, ReplicaConfig], Any]
+Identify = Callable[[str, ReplicaConfig], "Identity"]
 
 
 def observe(
     config: Config,
-    slurm: Any,
-    metrics: Any,
+    slurm: ClusterReader,
+    metrics: MetricsSource,
     now: float,
     *,
     identify: Identify | None = None,
@@ -317,9 +323,9 @@ class Agent:
     """Everything a tick needs, injected: adapters, planner, clock."""
 
     config: Config
-    slurm: Any
-    metrics: Any
-    engine_for: Callable[[str], Any]
+    slurm: PoolSlurm
+    metrics: MetricsSource
+    engine_for: Callable[[str], Engine]
     planner: Planner
     assessor: Assessor
     clock: Callable[[], float] = time.time
@@ -328,7 +334,7 @@ class Agent:
     on_tick: Callable[[TickResult], None] | None = None  # e.g. the textfile writer
     max_workers: int = MAX_ACTION_WORKERS  # nodes acted on at once
     journal_empty: bool = True  # journal passes without action or error (the fast check: no)
-    router: Any = None  # slurm_idle.router.sync.RouterSet; None: no router is told
+    router: RouterSet | None = None  # None: no router is told
 
     def __post_init__(self) -> None:
         if self.journal is None:
@@ -338,7 +344,7 @@ class Agent:
         return observe(self.config, self.slurm, self.metrics, self.clock(),
                        identify=self._identify, budget_s=budget_s)
 
-    def _identify(self, model: str, replica: ReplicaConfig) -> Any:
+    def _identify(self, model: str, replica: ReplicaConfig) -> Identity:
         """The model's engine's identity check of one replica (engines without one: ours)."""
         from slurm_idle.engine import Identity
 

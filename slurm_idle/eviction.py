@@ -33,7 +33,7 @@ from slurm_idle.jobs import parse_job_comment
 from slurm_idle.logs import get_logger
 from slurm_idle.model import SlurmJob
 from slurm_idle.slurm.parse import JobSignal, parse_signal_option
-from slurm_idle.slurm.protocol import NotRequeueable
+from slurm_idle.slurm.protocol import JobControl, NotRequeueable
 
 log = get_logger(__name__)
 
@@ -65,7 +65,7 @@ class Evictor:
     def __init__(
         self,
         config: Config,
-        slurm: Any,
+        slurm: JobControl,
         clock: Callable[[], float],
         steps: Callable[[], Mapping[int, int]],
         on_event: Callable[[dict[str, Any]], None],

@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
@@ -42,9 +42,16 @@ from slurm_idle.lifecycle import (
     next_phase,
 )
 from slurm_idle.logs import get_logger
-from slurm_idle.model import Action, ActionKind, GroupView, LendGroup, NodeView, Phase
+from slurm_idle.model import Action, ActionKind, GroupView, LendGroup, NodeView, Phase, SlurmJob
 from slurm_idle.powersave import needs_power_up, power_flags
+from slurm_idle.slurm.protocol import PoolSlurm
 from slurm_idle.topology import group_index
+
+if TYPE_CHECKING:  # imported where used (engine.py loads the HTTP and docker helpers)
+    from slurm_idle.engine import Engine
+    from slurm_idle.router.sync import RouterSet
+
+T = TypeVar("T")
 
 log = get_logger(__name__)
 
@@ -88,17 +95,17 @@ def lent_comment(tag: str, since: float, current: str) -> str:
     return f"{marker}{COMMENT_SEP}{kept}" if kept else marker
 
 
-class SharedPoll:
+class SharedPoll(Generic[T]):
     """One Slurm query shared by every node thread per poll interval, so that acting on many
     nodes at once stays a handful of `squeue`/`sinfo` calls, not one per node per second."""
 
-    def __init__(self, fetch: Callable[[], Any], max_age_s: float, clock: Callable[[], float]) -> None:
+    def __init__(self, fetch: Callable[[], T], max_age_s: float, clock: Callable[[], float]) -> None:
         self._fetch, self._max_age_s, self._clock = fetch, max_age_s, clock
         self._lock = threading.Lock()
-        self._value: Any = None
+        self._value: T | None = None
         self._at = float("-inf")
 
-    def get(self) -> Any:
+    def get(self) -> T:
         with self._lock:
             now = self._clock()
             if self._value is None or now - self._at >= self._max_age_s:
@@ -151,13 +158,13 @@ class NodeDriver:
     """Applies transitions to pool nodes through the Slurm backend and engine controls."""
 
     config: Config
-    slurm: Any  # slurm_idle.slurm.SlurmBackend
-    engine_for: Callable[[str], Any]  # model name -> slurm_idle.engine.EngineControl
+    slurm: PoolSlurm
+    engine_for: Callable[[str], Engine]  # model name -> its engine control
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
     on_event: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
-    router: Any = None  # slurm_idle.router.sync.RouterSet, or None: no router is told
+    router: RouterSet | None = None  # None: no router is told
 
     def __post_init__(self) -> None:
         self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
@@ -407,7 +414,7 @@ class NodeDriver:
             except EngineDeadline as exc:
                 log.warning("%s: %s; stays starting, carried over to the next tick", replica.name, exc)
 
-    def _jobs_on(self, node: str) -> list[Any]:
+    def _jobs_on(self, node: str) -> list[SlurmJob]:
         return [j for j in self._jobs_poll.get() if node in j.nodes and j.state in ACTIVE_JOB_STATES]
 
     def _drain_and_requeue(self, view: GroupView, deadline: float) -> bool:
