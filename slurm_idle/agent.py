@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
-from slurm_idle.journal import Journal
+from slurm_idle.journal import JobRecord, Journal, StepOutcome, TickRecord
 from slurm_idle.lifecycle import PhaseInfo, derive_phase
 from slurm_idle.lock import Holder, inspect, try_lock
 from slurm_idle.logs import get_logger
@@ -53,6 +53,9 @@ log = get_logger(__name__)
 #: start as threads free up, all within the same deadline.
 MAX_ACTION_WORKERS = 32
 
+
+#: Step outcomes that count as a tick's errors (the textfile's tick_error, `explain`).
+FAILED_OUTCOMES = frozenset({StepOutcome.ERROR, StepOutcome.STUCK})
 
 #: Share of the tick budget observe may spend on metrics and identity checks (Slurm reads have
 #: their own command timeout): the rest is for acting, which a surge needs most.
@@ -282,7 +285,7 @@ class TickResult:
 
     @property
     def errors(self) -> int:
-        return (sum(1 for s in self.steps if s.outcome in {"error", "stuck"}) + bool(self.error)
+        return (sum(1 for s in self.steps if s.outcome in FAILED_OUTCOMES) + bool(self.error)
                 + bool(self.lock_problem))
 
     def as_json(self) -> dict[str, Any]:
@@ -443,29 +446,25 @@ class Agent:
 
     def _journal_step(self, step: StepResult) -> None:
         assert self.journal is not None
-        self.journal.append(step.record())
+        self.journal.append(step.to_record())
 
-    def _journal_event(self, record: dict[str, Any]) -> None:
+    def _journal_event(self, record: JobRecord) -> None:
         """What a reclaim did to one job (eviction.py: signalled, requeued, cancelled, error)."""
         assert self.journal is not None
         self.journal.append(record)
 
     def _journal_tick(self, result: TickResult, started: float) -> None:
         assert self.journal is not None
-        record: dict[str, Any] = {
-            "event": "tick",
-            "ts": round(started, 3),
-            "duration_s": round(result.duration_s, 3),
-            "actions": len(result.actions),
-            "errors": result.errors,
-            "dry_run": False,
-            "phases": phase_counts(result),
-            "needed": {p.model: p.needed_replicas for p in result.plans},
-            "serving": {p.model: p.serving_replicas for p in result.plans},
-        }
-        if result.error:
-            record["error"] = result.error
-        self.journal.append(record)
+        self.journal.append(TickRecord(
+            ts=started,
+            duration_s=result.duration_s,
+            actions=len(result.actions),
+            errors=result.errors,
+            phases=phase_counts(result),
+            needed={p.model: p.needed_replicas for p in result.plans},
+            serving={p.model: p.serving_replicas for p in result.plans},
+            error=result.error,
+        ))
 
 
 def phase_counts(result: TickResult) -> dict[str, int]:
@@ -475,7 +474,7 @@ def phase_counts(result: TickResult) -> dict[str, int]:
         return dict(counts)
     final: dict[str, Phase] = {v.name: v.phase for v in result.observation.nodes}
     for step in result.steps:
-        if step.outcome == "ok":
+        if step.outcome is StepOutcome.OK:
             for node in step.nodes or (step.node,):
                 final[node] = step.to_phase
     counts.update(p.value for p in final.values())

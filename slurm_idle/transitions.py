@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.eviction import Evictor
+from slurm_idle.journal import JobRecord, StepOutcome, TransitionRecord
 from slurm_idle.lifecycle import (
     COMMENT_SEP,
     check_transition,
@@ -124,33 +125,28 @@ class StepResult:
     from_phase: Phase
     to_phase: Phase
     reason: str
-    outcome: str  # ok | waiting | error | stuck | skipped
+    outcome: StepOutcome
     started: float
     duration_s: float
     error: str | None = None
     detail: str | None = None  # why a step is still waiting (carried over to the next tick)
     nodes: tuple[str, ...] = ()  # every node of a multi-node lend group (`node` is its key)
 
+    def __post_init__(self) -> None:
+        # A caller's plain string ("ok") becomes the member, so `is StepOutcome.OK` holds.
+        object.__setattr__(self, "outcome", StepOutcome(self.outcome))
+
+    def to_record(self) -> TransitionRecord:
+        return TransitionRecord(
+            ts=self.started, node=self.node, model=self.model, action=self.action,
+            from_phase=self.from_phase.value, to_phase=self.to_phase.value, reason=self.reason,
+            outcome=self.outcome, duration_s=self.duration_s, error=self.error,
+            detail=self.detail, nodes=self.nodes,
+        )
+
     def record(self) -> dict[str, Any]:
-        rec: dict[str, Any] = {
-            "event": "transition",
-            "ts": round(self.started, 3),
-            "node": self.node,
-            "model": self.model,
-            "action": self.action,
-            "from": self.from_phase.value,
-            "to": self.to_phase.value,
-            "reason": self.reason,
-            "outcome": self.outcome,
-            "duration_s": round(self.duration_s, 3),
-        }
-        if self.error:
-            rec["error"] = self.error
-        if self.detail:
-            rec["detail"] = self.detail
-        if self.nodes:
-            rec["nodes"] = list(self.nodes)
-        return rec
+        """The journal's transition record (also `tick --json`'s steps)."""
+        return self.to_record().to_json()
 
 
 @dataclass
@@ -163,7 +159,7 @@ class NodeDriver:
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
-    on_event: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
+    on_event: Callable[[JobRecord], None] = field(default=lambda record: None)
     router: RouterSet | None = None  # None: no router is told
 
     def __post_init__(self) -> None:
@@ -214,7 +210,7 @@ class NodeDriver:
             result = self._step(current, model, target, action.kind.value, reason, deadline)
             results.append(result)
             self.on_step(result)
-            if result.outcome != "ok":
+            if result.outcome is not StepOutcome.OK:
                 break
             since = result.started + result.duration_s
             current = replace(current, phase=target, phase_since=since,
@@ -230,24 +226,24 @@ class NodeDriver:
         self, view: GroupView, model: str, to_phase: Phase, action: str, reason: str, deadline: float
     ) -> StepResult:
         started = self.clock()
-        outcome, error, detail = "ok", None, None
+        outcome, error, detail = StepOutcome.OK, None, None
         try:
             check_transition(view.phase, to_phase)
             self._why[view.name] = reason
             handler = self._handlers()[(view.phase, to_phase)]
             done = handler(view, deadline)
             if not done:
-                outcome = "waiting"
+                outcome = StepOutcome.WAITING
         except CarryOver as exc:
-            outcome, detail = "waiting", str(exc)
+            outcome, detail = StepOutcome.WAITING, str(exc)
         except Superseded as exc:
-            outcome, error = "skipped", str(exc)
+            outcome, error = StepOutcome.SKIPPED, str(exc)
         except SlurmIdleError as exc:
-            outcome, error = "error", str(exc)
+            outcome, error = StepOutcome.ERROR, str(exc)
         except Exception as exc:  # noqa: BLE001 - an effector bug must not crash the tick
-            outcome, error = "error", f"{type(exc).__name__}: {exc}"
-        if outcome == "waiting" and self._overdue(view, started):
-            outcome = "stuck"
+            outcome, error = StepOutcome.ERROR, f"{type(exc).__name__}: {exc}"
+        if outcome is StepOutcome.WAITING and self._overdue(view, started):
+            outcome = StepOutcome.STUCK
             error = f"{view.phase.value} for longer than its timeout; will retry" + (
                 f"; {detail}" if detail else "")
         result = StepResult(
@@ -264,7 +260,7 @@ class NodeDriver:
             detail=detail,
             nodes=tuple(view.group.nodes) if len(view.nodes) > 1 else (),
         )
-        level = log.info if outcome == "ok" else log.warning
+        level = log.info if outcome is StepOutcome.OK else log.warning
         level(
             "%s %s -> %s: %s [%s%s]",
             ",".join(v.name for v in view.nodes), view.phase.value, to_phase.value, reason, outcome,

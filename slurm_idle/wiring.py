@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurm_idle.agent import Agent, TickResult
 from slurm_idle.config import Config
+from slurm_idle.journal import StepOutcome
 from slurm_idle.model import GroupView, Phase
 
 if TYPE_CHECKING:  # the adapters are imported where they are built
@@ -88,7 +89,7 @@ def _textfile_writer(config: Config) -> Callable[[TickResult], None]:
             tick_duration_s=result.duration_s,
             tick_ts=result.started,
             transitions=[
-                (s.from_phase.value, s.to_phase.value) for s in result.steps if s.outcome == "ok"
+                (s.from_phase.value, s.to_phase.value) for s in result.steps if s.outcome is StepOutcome.OK
             ],
             tick_error=result.errors > 0,
             floors={m.name: m.min_serving_replicas for m in config.models},
@@ -106,7 +107,7 @@ def _final_groups(result: TickResult, config: Config) -> list[tuple[GroupView, P
     from slurm_idle.topology import group_views
 
     assert result.observation is not None
-    final = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}
+    final = {s.node: s.to_phase for s in result.steps if s.outcome is StepOutcome.OK}
     return [(g, final.get(g.name, g.phase), g.name in final)
             for g in group_views(result.observation, config)]
 
@@ -144,7 +145,7 @@ def serving_after(result: TickResult, config: Config | None = None) -> dict[str,
                 if phase in _TAKING_TRAFFIC and not asleep:
                     counts[r.model] = counts.get(r.model, 0) + 1
         return counts
-    final = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}
+    final = {s.node: s.to_phase for s in result.steps if s.outcome is StepOutcome.OK}
     counts = {p.model: 0 for p in result.plans}
     for view in result.observation.nodes:
         moved = view.name in final

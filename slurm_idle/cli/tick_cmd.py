@@ -15,7 +15,7 @@ import click
 from slurm_idle.cli import main
 from slurm_idle.cli.common import Context, echo_json, pass_ctx
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.journal import Journal
+from slurm_idle.journal import Journal, RouterOutcome, RouterRecord, TickRecord, TransitionRecord
 from slurm_idle.lifecycle import DRAINED_PHASES, format_reason
 from slurm_idle.lock import lock_holder, try_lock
 from slurm_idle.model import ActionKind, GroupView, NodeView, Observation, Phase
@@ -134,35 +134,36 @@ def _lock_warning(path: str, now: float) -> list[str]:
 def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
     """Why the latest decisions were taken (for NODE, or all nodes), from the journal."""
     config = ctx.config()
-    records = list(Journal(Path(config.paths.journal)).records())
-    transitions = [r for r in records if r.get("event") in ("transition", "router")
-                   and (node is None or r.get("node") == node or node in r.get("nodes", ()))]
-    ticks = [r for r in records if r.get("event") == "tick"]
+    records = list(Journal(Path(config.paths.journal)).typed())
+    transitions = [r for r in records if isinstance(r, TransitionRecord | RouterRecord)
+                   and (node is None or r.node == node
+                        or (isinstance(r, TransitionRecord) and node in r.nodes))]
+    ticks = [r for r in records if isinstance(r, TickRecord)]
     if node is not None and node not in config.pool_nodes:
         raise SlurmIdleError(f"{node} is not a pool node in {ctx.resolved_config_path}")
     shown = transitions[-last:]
     if as_json:
-        echo_json({"transitions": [r for r in shown if r.get("event") == "transition"],
-                   "router": [r for r in shown if r.get("event") == "router"],
-                   "last_tick": ticks[-1] if ticks else None})
+        echo_json({"transitions": [r.to_json() for r in shown if isinstance(r, TransitionRecord)],
+                   "router": [r.to_json() for r in shown if isinstance(r, RouterRecord)],
+                   "last_tick": ticks[-1].to_json() if ticks else None})
         return
     if not shown:
         click.echo(f"no transitions journaled{' for ' + node if node else ''} in {config.paths.journal}")
     for r in shown:
-        err = f" ({r['error']})" if r.get("error") else ""
-        if r.get("event") == "router":
-            verb = {"remove": "left", "add": "joined"}.get(str(r.get("call")), str(r.get("call")))
-            if r.get("outcome") != "ok":
-                verb = f"FAILED to be {'removed from' if r.get('call') == 'remove' else 'added to'}"
-            click.echo(f"{r.get('time', '?')} {r.get('node')}: {verb} the router "
-                       f"({r.get('router')}) because {r.get('reason')}{err}")
+        err = f" ({r.error})" if r.error else ""
+        if isinstance(r, RouterRecord):
+            verb = {"remove": "left", "add": "joined"}.get(r.call, r.call)
+            if r.outcome != RouterOutcome.OK:
+                verb = f"FAILED to be {'removed from' if r.call == 'remove' else 'added to'}"
+            click.echo(f"{r.time or '?'} {r.node}: {verb} the router ({r.router}) because "
+                       f"{r.reason}{err}")
             continue
-        click.echo(f"{r.get('time', '?')} {r.get('node')}: {r.get('from')} -> {r.get('to')} "
-                   f"[{r.get('outcome')}] because {r.get('reason')}{err}")
+        click.echo(f"{r.time or '?'} {r.node}: {r.from_phase} -> {r.to_phase} [{r.outcome}] "
+                   f"because {r.reason}{err}")
     if ticks:
         t = ticks[-1]
-        click.echo(f"last tick {t.get('time')}: needed {t.get('needed')}, serving {t.get('serving')}, "
-                   f"{t.get('actions')} action(s), {t.get('errors')} error(s)")
+        click.echo(f"last tick {t.time}: needed {t.needed}, serving {t.serving}, "
+                   f"{t.actions} action(s), {t.errors} error(s)")
 
 
 def _group(obs: Observation, config: Any, node: str) -> GroupView:

@@ -17,11 +17,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_idle.config import Config, RouterConfig
 from slurm_idle.errors import RouterError, SlurmIdleError
+from slurm_idle.journal import RouterOutcome, RouterRecord
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Observation, Phase
 from slurm_idle.router import IN, OUT, UNKNOWN, Router, RouterTarget, make_router, target_for
@@ -70,7 +71,7 @@ class RouterSet:
     """The routers of a pool (one per distinct router config), and the journal of calls."""
 
     config: Config
-    journal: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
+    journal: Callable[[RouterRecord], None] = field(default=lambda record: None)
     make: Callable[[RouterConfig], Router] = make_router
     clock: Callable[[], float] = time.time
     post: Post = urllib_post
@@ -104,20 +105,17 @@ class RouterSet:
         if router.kind == "none":
             return
         started = self.clock()
-        record: dict[str, Any] = {"event": "router", "ts": round(started, 3), "node": node,
-                                  "model": target.model, "router": router.kind, "call": op,
-                                  "reason": reason}
+        record = RouterRecord(ts=started, node=node, model=target.model, router=router.kind,
+                              call=op, reason=reason, outcome=RouterOutcome.OK)
         try:
             getattr(router, op)(target)
         except SlurmIdleError as exc:
             with self._lock:
                 self.errors += 1
-            record.update(outcome="error", error=str(exc))
-            self.journal(record)
+            self.journal(replace(record, outcome=RouterOutcome.ERROR, error=str(exc)))
             log.warning("%s: router %s failed: %s", node, op, exc)
             raise RouterError(f"router {op} failed: {exc}") from None
-        record.update(outcome="ok", duration_s=round(self.clock() - started, 3))
-        self.journal(record)
+        self.journal(replace(record, duration_s=self.clock() - started))
         log.info("%s: router %s (%s)", node, op, reason)
 
     def remove(self, node: str, reason: str) -> None:
