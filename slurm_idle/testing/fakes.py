@@ -243,7 +243,8 @@ class FakeEngine:
 
 @dataclass
 class FakeMetrics:
-    """Returns the loads it was given; `fail` makes it raise MetricsUnavailable."""
+    """Returns the loads it was given (unknown for the other replicas asked for, as the real
+    sources do); `fail` makes it raise MetricsUnavailable."""
 
     replicas: dict[str, ReplicaLoad] = field(default_factory=dict)
     models: dict[str, ModelLoad] = field(default_factory=dict)
@@ -262,7 +263,10 @@ class FakeMetrics:
         self.queries += 1
         if self.fail:
             raise MetricsUnavailable("fake metrics source is down")
-        return [self.replicas[r.name] for _, r in replicas if r.name in self.replicas]
+        # One per replica asked, in order, like the real sources: one it was not given reads
+        # unknown (a real source's missing or stale series), never absent.
+        return [self.replicas.get(r.name) or ReplicaLoad(model=m, node=r.node, url=r.url, known=False)
+                for m, r in replicas]
 
     def model_loads(
         self,
