@@ -15,7 +15,15 @@ import click
 from slurm_idle.cli import main
 from slurm_idle.cli.common import Context, echo_json, pass_ctx
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.journal import Journal, RouterOutcome, RouterRecord, TickRecord, TransitionRecord
+from slurm_idle.journal import (
+    AdminRecord,
+    Journal,
+    RouterOutcome,
+    RouterRecord,
+    StepOutcome,
+    TickRecord,
+    TransitionRecord,
+)
 from slurm_idle.model import ActionKind
 from slurm_idle.status import group_rows, model_rows, node_rows, render_status, replica_rows
 
@@ -127,10 +135,13 @@ def _lock_warning(path: str, now: float) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
-    """Why the latest decisions were taken (for NODE, or all nodes), from the journal."""
+    """Why the latest decisions were taken (for NODE, or all nodes), from the journal.
+
+    Shows phase changes, router calls and an admin's pin/unpin, newest last.
+    """
     config = ctx.config()
     records = list(Journal(Path(config.paths.journal)).typed())
-    transitions = [r for r in records if isinstance(r, TransitionRecord | RouterRecord)
+    transitions = [r for r in records if isinstance(r, TransitionRecord | RouterRecord | AdminRecord)
                    and (node is None or r.node == node
                         or (isinstance(r, TransitionRecord) and node in r.nodes))]
     ticks = [r for r in records if isinstance(r, TickRecord)]
@@ -140,11 +151,17 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
     if as_json:
         echo_json({"transitions": [r.to_json() for r in shown if isinstance(r, TransitionRecord)],
                    "router": [r.to_json() for r in shown if isinstance(r, RouterRecord)],
+                   "admin": [r.to_json() for r in shown if isinstance(r, AdminRecord)],
                    "last_tick": ticks[-1].to_json() if ticks else None})
         return
     if not shown:
         click.echo(f"no transitions journaled{' for ' + node if node else ''} in {config.paths.journal}")
     for r in shown:
+        if isinstance(r, AdminRecord):  # pin/unpin (lend/reclaim journal transitions)
+            failed = "" if r.outcome == StepOutcome.OK else f" FAILED ({r.detail})"
+            click.echo(f"{r.time or '?'} {r.node}: {r.command} by an admin while "
+                       f"{r.phase}{failed}")
+            continue
         err = f" ({r.error})" if r.error else ""
         if isinstance(r, RouterRecord):
             verb = {"remove": "left", "add": "joined"}.get(r.call, r.call)

@@ -181,3 +181,16 @@ def test_cli_unpin_of_a_lent_node_has_nothing_to_do(tmp_path: Path) -> None:
     code, out = cli(tmp_path, agent, "unpin", "gpu1")
     assert (code, out.strip()) == (0, "gpu1 is lent; nothing to unpin")
 
+
+
+def test_explain_shows_an_admin_pin(tmp_path: Path) -> None:
+    """`explain NODE` tells an admin's pin from the journal, in text and in `--json`."""
+    agent, _ = adopted(tmp_path)
+    admin.pin(agent, "gpu1")
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG.format(tmp=tmp_path))
+    text = CliRunner().invoke(main, ["--config", str(path), "explain", "gpu1"]).stdout
+    assert "gpu1: pin by an admin while serving" in text
+    doc = json.loads(CliRunner().invoke(main, ["--config", str(path), "explain", "gpu1",
+                                               "--json"]).stdout)
+    assert [(r["command"], r["outcome"]) for r in doc["admin"]] == [("pin", "ok")]
