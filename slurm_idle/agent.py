@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
 from slurm_idle.journal import JobRecord, Journal, StepOutcome, TickRecord
-from slurm_idle.lifecycle import PhaseInfo, derive_phase
+from slurm_idle.lifecycle import PhaseInfo, derive_phase, takes_traffic
 from slurm_idle.lock import Holder, inspect, try_lock
 from slurm_idle.logs import get_logger
-from slurm_idle.metrics.serving import SERVING_PHASES, serving_model_load
+from slurm_idle.metrics.serving import serving_model_load
 from slurm_idle.model import (
     Action,
     ModelLoad,
@@ -119,7 +119,7 @@ def observe(
             else:
                 infos[name] = derive_phase(node, tag)
         errors.extend(gres_mismatches(config, nodes))
-        serving = [(m, r) for m, r in replicas if infos[r.node].phase in SERVING_PHASES]
+        serving = [(m, r) for m, r in replicas if takes_traffic(infos[r.node].phase)]
         foreign: dict[str, str] = {}  # replica name -> why
         if identify is not None and serving:
             foreign = check_identities(identify, serving, left())

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_idle import safefiles
-from slurm_idle.lifecycle import TRANSITIONS
+from slurm_idle.lifecycle import edges
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Phase
 
@@ -162,7 +162,7 @@ def _transition_samples(
 ) -> list[tuple[dict[str, str], float]]:
     # Every edge of the lifecycle starts at 0: a counter that first appears at 1 loses that
     # first increment in increase()/rate(), and dashboards should not depend on history.
-    moved: dict[tuple[str, str], float] = {(f.value, t.value): 0.0 for f, t in TRANSITIONS}
+    moved: dict[tuple[str, str], float] = {(e.from_phase.value, e.to_phase.value): 0.0 for e in edges()}
     moved.update(previous.transitions)
     for from_phase, to_phase in transitions:
         key = (str(from_phase), str(to_phase))

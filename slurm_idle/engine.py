@@ -631,6 +631,12 @@ class Drainable(Protocol):
     def in_flight(self, replica: ReplicaConfig) -> float | None: ...
 
 
+def is_idle(engine: Drainable, replica: ReplicaConfig) -> bool:
+    """No request in flight, running or waiting (or the replica is down: it can drop none)."""
+    running = engine.in_flight(replica)
+    return running == 0 or (running is None and not engine.health(replica).up)
+
+
 def wait_until_idle(
     engine: Drainable,
     replica: ReplicaConfig,
@@ -643,10 +649,7 @@ def wait_until_idle(
     drop none); False at timeout."""
     deadline = clock() + timeout_s
     while True:
-        running = engine.in_flight(replica)
-        if running == 0:
-            return True
-        if running is None and not engine.health(replica).up:
+        if is_idle(engine, replica):
             return True
         if clock() >= deadline:
             return False

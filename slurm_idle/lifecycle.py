@@ -1,5 +1,13 @@
-"""The node lifecycle as data: how a phase is written into and read back from Slurm, and
-which phase changes are allowed.
+"""The node lifecycle as data: which phase changes are allowed (one table of `Edge`s), and how a
+phase is written into and read back from Slurm.
+
+`EDGES` is the only place the lifecycle is written down. Each edge says why it exists, how long
+its from-phase may last (`timeout`, which also makes it the phase's forward step), what must be
+observed before it is taken (`ready`) and which adapter calls it makes (`effect`). The driver
+(transitions.py) dispatches on `ready` and `effect` and reports a phase past its timeout as
+stuck; the planner carries transitional phases on with `next_phase` and stops counting on stuck
+ones; the simulator charges each `ready` a latency; `takes_traffic` is the one answer to "does
+this replica serve" for wiring, planner and simulator.
 
 The pool's state lives in Slurm, not in a file of ours. A node we hold back for serving is
 DRAINed with a Reason carrying our tag (`slurm-idle:serving since=2026-12-02T10:00:00Z`);
@@ -12,55 +20,199 @@ touched. Everything here is pure text handling, tested on its own.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, TypeAlias
 
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.journal import iso
 from slurm_idle.model import Phase, SlurmNode
 from slurm_idle.powersave import powered_only
 
+if TYPE_CHECKING:
+    from slurm_idle.config import Config
+
 #: Phases that are written into a drained node's Reason.
 DRAINED_PHASES = frozenset(
     {Phase.SERVING, Phase.RETIRING, Phase.LENDING, Phase.RECLAIMING, Phase.STARTING}
 )
 
-#: Every allowed phase change, with why it exists. `apply` refuses anything else.
-TRANSITIONS: dict[tuple[Phase, Phase], str] = {
-    (Phase.SERVING, Phase.RETIRING): "load stayed low: let in-flight requests finish before the engine stops",
-    (Phase.RETIRING, Phase.LENDING): "no request in flight (or drain timeout): stop or sleep the engine",
-    (Phase.RETIRING, Phase.SERVING): "load rose again before the engine stopped: keep serving",
-    (Phase.LENDING, Phase.LENT): "engine stopped: RESUME the node into the idle partition",
-    (Phase.LENDING, Phase.STARTING): "load rose while the engine was stopping: bring it straight back",
-    (Phase.LENT, Phase.RECLAIMING): "load rises or forecast ramp: DRAIN and requeue the idle jobs",
-    (Phase.RECLAIMING, Phase.STARTING): "node empty: start or wake the engine",
-    (Phase.STARTING, Phase.SERVING): "engine healthy and awake: serving again",
-    (Phase.UNKNOWN, Phase.RECLAIMING): "unmanaged pool node: adopt it into serving (service first)",
-}
+
+class Ready(StrEnum):
+    """What must be observed before an edge is taken; the driver waits for it (through the
+    shared Slurm poll, until the tick's deadline) and the simulator charges its latency."""
+
+    NOW = "now"  # nothing to wait for
+    ENGINES_IDLE = "engines_idle"  # no request in flight on any replica, or the drain window over
+    NODES_EMPTY = "nodes_empty"  # no job left on the group's nodes, every node powered up
+    ENGINES_SERVING = "engines_serving"  # every replica healthy and awake
+
+
+class Effect(StrEnum):
+    """The adapter calls an edge makes once it is ready; the driver dispatches on this name.
+    Each writes the new phase into Slurm (before any slow call, so a killed tick resumes)."""
+
+    ROUTER_REMOVE = "router_remove"  # router forgets the replicas; write RETIRING
+    ROUTER_ADD = "router_add"  # router knows the replicas again; write SERVING
+    WRITE_PHASE = "write_phase"  # only write the new phase
+    STOP_ENGINES_AND_RESUME = "stop_engines_and_resume"  # stop engines; lent Comment; RESUME
+    START_ENGINES = "start_engines"  # write STARTING; start (or wake) the engines
+    RESTORE_COMMENT_AND_START = "restore_comment_and_start"  # as START_ENGINES, lent Comment off
+    DRAIN_AND_REQUEUE = "drain_and_requeue"  # write RECLAIMING (DRAIN); warn/requeue; POWER_UP
+    WARM_UP_AND_ROUTER_ADD = "warm_up_and_router_add"  # one completion, router add; write SERVING
+
+
+#: How long the from-phase may last: a key of `config.timeouts` or a function of the config.
+Timeout: TypeAlias = str | Callable[["Config"], float] | None
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One allowed phase change. An edge with a `timeout` is its from-phase's forward step
+    (CONTINUE, `next_phase`); the phase is stuck once older than the timeout."""
+
+    from_phase: Phase
+    to_phase: Phase
+    why: str
+    timeout: Timeout
+    ready: Ready
+    effect: Effect
+
+    def timeout_s(self, config: Config) -> float | None:
+        if self.timeout is None:
+            return None
+        if isinstance(self.timeout, str):
+            return float(getattr(config.timeouts, self.timeout))
+        return float(self.timeout(config))
+
+
+#: Every allowed phase change, with why it exists. `check_transition` refuses anything else.
+EDGES: tuple[Edge, ...] = (
+    Edge(Phase.SERVING, Phase.RETIRING,
+         "load stayed low: let in-flight requests finish before the engine stops",
+         None, Ready.NOW, Effect.ROUTER_REMOVE),
+    Edge(Phase.RETIRING, Phase.LENDING,
+         "no request in flight (or drain timeout): stop or sleep the engine",
+         "retire_s", Ready.ENGINES_IDLE, Effect.WRITE_PHASE),
+    Edge(Phase.RETIRING, Phase.SERVING,
+         "load rose again before the engine stopped: keep serving",
+         None, Ready.NOW, Effect.ROUTER_ADD),
+    Edge(Phase.LENDING, Phase.LENT,
+         "engine stopped: RESUME the node into the idle partition",
+         "lend_s", Ready.NOW, Effect.STOP_ENGINES_AND_RESUME),
+    Edge(Phase.LENDING, Phase.STARTING,
+         "load rose while the engine was stopping: bring it straight back",
+         None, Ready.NOW, Effect.RESTORE_COMMENT_AND_START),
+    Edge(Phase.LENT, Phase.RECLAIMING,
+         "load rises or forecast ramp: DRAIN and requeue the idle jobs",
+         None, Ready.NOW, Effect.DRAIN_AND_REQUEUE),
+    Edge(Phase.RECLAIMING, Phase.STARTING,
+         "node empty: start or wake the engine",
+         "reclaim_s", Ready.NODES_EMPTY, Effect.START_ENGINES),
+    Edge(Phase.STARTING, Phase.SERVING,
+         "engine healthy and awake: serving again",
+         "start_s", Ready.ENGINES_SERVING, Effect.WARM_UP_AND_ROUTER_ADD),
+    Edge(Phase.UNKNOWN, Phase.RECLAIMING,
+         "unmanaged pool node: adopt it into serving (service first)",
+         None, Ready.NOW, Effect.DRAIN_AND_REQUEUE),
+)
 
 
 class IllegalTransition(SlurmIdleError):
-    """A phase change that is not in TRANSITIONS."""
+    """A phase change that is not in the edge table."""
 
 
-def check_transition(from_phase: Phase, to_phase: Phase) -> str:
-    """Return why the edge exists, or raise IllegalTransition."""
+class Lifecycle:
+    """What the edge table implies, worked out once: every consumer (driver, planner,
+    simulator, metrics) asks this object, so the table is the only place a phase change is
+    written down. Tests build one from a reduced table to see who depends on an edge."""
+
+    def __init__(self, edges: Iterable[Edge]) -> None:
+        self.edges: tuple[Edge, ...] = tuple(edges)
+        self.by_key: dict[tuple[Phase, Phase], Edge] = {}
+        self.forward: dict[Phase, Edge] = {}
+        for e in self.edges:
+            if (e.from_phase, e.to_phase) in self.by_key:
+                raise ValueError(f"edge {e.from_phase.value} -> {e.to_phase.value} given twice")
+            self.by_key[(e.from_phase, e.to_phase)] = e
+            if e.timeout is not None:
+                if e.from_phase in self.forward:
+                    raise ValueError(f"{e.from_phase.value} has two timed (forward) edges")
+                self.forward[e.from_phase] = e
+        # A replica takes traffic in the phase its engines come up into (the to-phase of the
+        # edge that waits for them serving) and in a phase that waits for its requests to end
+        # (it still finishes what it has while it drains): SERVING and RETIRING.
+        self.traffic: frozenset[Phase] = frozenset(
+            {e.to_phase for e in self.edges if e.ready is Ready.ENGINES_SERVING}
+            | {e.from_phase for e in self.edges if e.ready is Ready.ENGINES_IDLE})
+
+
+#: The lifecycle of the running process. Read through the functions below (never copied at
+#: import), so a test may swap it for a reduced table.
+LIFECYCLE = Lifecycle(EDGES)
+
+
+def edges() -> tuple[Edge, ...]:
+    """Every allowed edge, in table order."""
+    return LIFECYCLE.edges
+
+
+def edge_for(from_phase: Phase, to_phase: Phase) -> Edge:
+    """The edge from -> to, or raise IllegalTransition."""
     try:
-        return TRANSITIONS[(from_phase, to_phase)]
+        return LIFECYCLE.by_key[(from_phase, to_phase)]
     except KeyError:
         raise IllegalTransition(
             f"transition {from_phase.value} -> {to_phase.value} is not allowed"
         ) from None
 
 
+def allowed(from_phase: Phase, to_phase: Phase) -> bool:
+    """Whether from -> to is an edge of the table."""
+    return (from_phase, to_phase) in LIFECYCLE.by_key
+
+
+def check_transition(from_phase: Phase, to_phase: Phase) -> str:
+    """Return why the edge exists, or raise IllegalTransition."""
+    return edge_for(from_phase, to_phase).why
+
+
+def forward_edge(phase: Phase) -> Edge | None:
+    """The timed edge a transitional phase moves on by (CONTINUE), None for a settled one."""
+    return LIFECYCLE.forward.get(phase)
+
+
 def next_phase(phase: Phase) -> Phase | None:
     """The forward step of a transitional phase (CONTINUE), None for a settled one."""
-    return {
-        Phase.RETIRING: Phase.LENDING,
-        Phase.LENDING: Phase.LENT,
-        Phase.RECLAIMING: Phase.STARTING,
-        Phase.STARTING: Phase.SERVING,
-    }.get(phase)
+    edge = LIFECYCLE.forward.get(phase)
+    return edge.to_phase if edge is not None else None
+
+
+def timed_phases() -> frozenset[Phase]:
+    """The phases that move on by themselves and can be stuck (RETIRING, LENDING, RECLAIMING,
+    STARTING)."""
+    return frozenset(LIFECYCLE.forward)
+
+
+def phase_timeout_s(phase: Phase, config: Config) -> float | None:
+    """How long `phase` may last before it is stuck, None for a settled phase."""
+    edge = LIFECYCLE.forward.get(phase)
+    return edge.timeout_s(config) if edge is not None else None
+
+
+def overdue(phase: Phase, since: float | None, config: Config, now: float) -> bool:
+    """A timed phase entered at `since` and older than its timeout at `now` (stuck)."""
+    if since is None:
+        return False
+    limit = phase_timeout_s(phase, config)
+    return limit is not None and now - since > limit
+
+
+def takes_traffic(phase: Phase) -> bool:
+    """Whether a replica in `phase` serves requests (SERVING, and RETIRING while it drains)."""
+    return phase in LIFECYCLE.traffic
 
 
 @dataclass(frozen=True)

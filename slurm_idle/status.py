@@ -7,11 +7,9 @@ from typing import Any
 
 from slurm_idle.config import Config
 from slurm_idle.fleetspec import format_gpus
+from slurm_idle.lifecycle import takes_traffic
 from slurm_idle.model import ModelPlan, Observation, Phase, ReplicaLoad
 from slurm_idle.topology import group_views
-
-#: Phases in which a replica is meant to be up and serving.
-_UP = frozenset({Phase.SERVING, Phase.RETIRING})
 
 
 def slurm_state(flags: frozenset[str], state: str) -> str:
@@ -44,7 +42,7 @@ def _healthy(load: ReplicaLoad | None, phase: Phase) -> bool | None:
     """Up and serving as far as this tick saw: its health check, else known awake metrics;
     None where it is not meant to serve (lent, or not checked)."""
     if load is None:
-        return False if phase in _UP else None
+        return False if takes_traffic(phase) else None
     if load.healthy is not None:
         return load.healthy and not load.sleeping
     return load.known and not load.sleeping

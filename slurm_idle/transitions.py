@@ -5,7 +5,9 @@ or the nodes a replica spans. Its phase is written on every one of its nodes, ea
 is taken for every replica of it (each with its own `{port}`/`{index}`, container or url), and
 the group serves only once all its replicas are healthy.
 
-`NodeDriver.drive` is the single function that applies transitions. Every step is idempotent
+`NodeDriver.drive` is the single function that applies transitions: each step looks its edge up
+in the lifecycle table (lifecycle.EDGES; anything else is refused), waits for the edge's `ready`
+and applies its `effect`. Every step is idempotent
 (draining a drained node, stopping a stopped engine, resuming a resumed node are no-ops), and
 the phase is written into Slurm before the slow part of the next step starts, so a tick killed
 at any point leaves a node whose Reason says where to carry on. Waiting steps (in-flight
@@ -20,6 +22,11 @@ A node's Comment is shared with the admin. Only ours (`slurm-idle:`-tagged) is e
 admin's text found on a node we lend is kept after our marker (`lent_comment`) and put back as
 it was on reclaim (`admin_comment`). Our marker stays first because `derive_phase` reads a lent
 node from a Comment that starts with our tag, so recovering the phase from Slurm is unchanged.
+
+Over 400 lines on purpose (for now): every effect and wait of the table works on the same
+per-tick state of `NodeDriver` (shared polls, evictor, what this tick drained or started), and
+topology/placement work in flight adds rows here; splitting it into effect modules is a
+follow-up once those have landed.
 """
 
 from __future__ import annotations
@@ -35,15 +42,29 @@ from slurm_idle.eviction import Evictor
 from slurm_idle.journal import JobRecord, StepOutcome, TransitionRecord
 from slurm_idle.lifecycle import (
     COMMENT_SEP,
+    Edge,
+    Effect,
+    Ready,
     check_transition,
     derive_phase,
+    edge_for,
     format_lent_comment,
     format_reason,
     is_ours,
     next_phase,
+    overdue,
 )
 from slurm_idle.logs import get_logger
-from slurm_idle.model import Action, ActionKind, GroupView, LendGroup, NodeView, Phase, SlurmJob
+from slurm_idle.model import (
+    Action,
+    ActionKind,
+    GroupView,
+    LendGroup,
+    NodeView,
+    Phase,
+    SlurmJob,
+    SlurmNode,
+)
 from slurm_idle.powersave import needs_power_up, power_flags
 from slurm_idle.slurm.protocol import PoolSlurm
 from slurm_idle.topology import group_index
@@ -220,7 +241,7 @@ class NodeDriver:
                 reason = check_transition(current.phase, target)
         return results
 
-    # -- the steps, one per edge ----------------------------------------------------------------
+    # -- one step: wait for the edge's `ready`, apply its `effect` ----------------------------------------------------------------
 
     def _step(
         self, view: GroupView, model: str, to_phase: Phase, action: str, reason: str, deadline: float
@@ -228,11 +249,12 @@ class NodeDriver:
         started = self.clock()
         outcome, error, detail = StepOutcome.OK, None, None
         try:
-            check_transition(view.phase, to_phase)
+            # The single check: an edge off the table is refused before any adapter call.
+            edge = edge_for(view.phase, to_phase)
             self._why[view.name] = reason
-            handler = self._handlers()[(view.phase, to_phase)]
-            done = handler(view, deadline)
-            if not done:
+            if self._waiters()[edge.ready](view, deadline):
+                self._effects()[edge.effect](view, edge, deadline)
+            else:
                 outcome = StepOutcome.WAITING
         except CarryOver as exc:
             outcome, detail = StepOutcome.WAITING, str(exc)
@@ -268,17 +290,27 @@ class NodeDriver:
         )
         return result
 
-    def _handlers(self) -> dict[tuple[Phase, Phase], Callable[[GroupView, float], bool]]:
+    def _waiters(self) -> dict[Ready, Callable[[GroupView, float], bool]]:
+        """Per `Edge.ready`: wait for it until the deadline. True once ready; False or
+        CarryOver (with why) when not yet at the deadline."""
         return {
-            (Phase.SERVING, Phase.RETIRING): self._retire,
-            (Phase.RETIRING, Phase.SERVING): self._back_to_serving,
-            (Phase.RETIRING, Phase.LENDING): self._wait_idle_then_lending,
-            (Phase.LENDING, Phase.LENT): self._stop_engine_and_resume,
-            (Phase.LENDING, Phase.STARTING): self._start_engine,
-            (Phase.LENT, Phase.RECLAIMING): self._drain_and_requeue,
-            (Phase.UNKNOWN, Phase.RECLAIMING): self._drain_and_requeue,
-            (Phase.RECLAIMING, Phase.STARTING): self._wait_empty_then_start,
-            (Phase.STARTING, Phase.SERVING): self._wait_serving,
+            Ready.NOW: lambda view, deadline: True,
+            Ready.ENGINES_IDLE: self._engines_idle,
+            Ready.NODES_EMPTY: self._nodes_empty,
+            Ready.ENGINES_SERVING: self._engines_serving,
+        }
+
+    def _effects(self) -> dict[Effect, Callable[[GroupView, Edge, float], None]]:
+        """Per `Edge.effect`: the adapter calls, each writing `edge.to_phase`."""
+        return {
+            Effect.ROUTER_REMOVE: self._retire,
+            Effect.ROUTER_ADD: self._back_to_serving,
+            Effect.WRITE_PHASE: lambda view, edge, deadline: self._mark(view, edge.to_phase),
+            Effect.STOP_ENGINES_AND_RESUME: self._stop_engine_and_resume,
+            Effect.START_ENGINES: self._start_engines,
+            Effect.RESTORE_COMMENT_AND_START: self._restore_comment_and_start,
+            Effect.DRAIN_AND_REQUEUE: self._drain_and_requeue,
+            Effect.WARM_UP_AND_ROUTER_ADD: self._warm_up_and_serve,
         }
 
     def _still_ours(self, view: GroupView, fresh: bool = False) -> None:
@@ -317,45 +349,64 @@ class NodeDriver:
         replica by its node, so a second replica on a node is the router's to map)."""
         return list(dict.fromkeys(r.node for r in view.group.replicas)) or [view.name]
 
-    def _retire(self, view: GroupView, deadline: float) -> bool:
+    # -- the edges' effects (Edge.effect, `_effects`) and waits (Edge.ready, `_waiters`) ---------
+
+    def _retire(self, view: GroupView, edge: Edge, deadline: float) -> None:
         # The router first: no new request reaches the replicas while they drain. A failed
         # call raises before the mark, so the group stays SERVING (retried next tick).
         self._still_ours(view)
         if self.router is not None:
             for node in self._router_nodes(view):
                 self.router.remove(node, self._why.get(view.name, "retiring"))
-        self._mark(view, Phase.RETIRING)
-        return True
+        self._mark(view, edge.to_phase)
 
-    def _back_to_serving(self, view: GroupView, deadline: float) -> bool:
+    def _back_to_serving(self, view: GroupView, edge: Edge, deadline: float) -> None:
         if self.router is not None:
             for node in self._router_nodes(view):
                 self.router.add(node, self._why.get(view.name, "back to serving"))
-        self._mark(view, Phase.SERVING)
-        return True
+        self._mark(view, edge.to_phase)
 
-    def _wait_idle_then_lending(self, view: GroupView, deadline: float) -> bool:
-        from slurm_idle.engine import wait_until_idle
+    def _poll_until(self, deadline: float, ready: Callable[[], bool]) -> bool:
+        """The driver's one wait loop: ask `ready` every POLL_S (Slurm through the shared polls)
+        until it says yes (True) or the deadline has passed (False). It always asks once."""
+        while True:
+            if ready():
+                return True
+            now = self.clock()
+            if now >= deadline:
+                return False
+            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+
+    def _engines_idle(self, view: GroupView, deadline: float) -> bool:
+        """No request in flight on any replica, or the engine's drain window is over. False:
+        still draining at the tick's deadline, the next tick carries on."""
+        from slurm_idle.engine import is_idle
 
         since = view.phase_since if view.phase_since is not None else self.clock()
+        draining = {}  # replica name -> (model, replica, drain window, its end)
         for model, replica in self._replicas(view):
             drain_s = self.config.engine_for(model).drain_timeout_s
-            give_up_at = since + drain_s
-            wait_s = max(0.0, min(deadline, give_up_at) - self.clock())
-            if not wait_until_idle(self.engine_for(model), replica, wait_s, self.clock, self.sleep, POLL_S):
-                if self.clock() < give_up_at:
-                    return False  # still draining at the tick's deadline: the next tick carries on
-                log.warning("%s: requests still running after the %.0fs drain window; stopping anyway",
-                            replica.name, drain_s)
-        self._mark(view, Phase.LENDING)
-        return True
+            draining[replica.name] = (model, replica, drain_s, since + drain_s)
+
+        def drained() -> bool:
+            for name, (model, replica, drain_s, give_up_at) in list(draining.items()):
+                if is_idle(self.engine_for(model), replica):
+                    del draining[name]
+                elif self.clock() >= give_up_at:
+                    log.warning("%s: requests still running after the %.0fs drain window; "
+                                "stopping anyway", name, drain_s)
+                    del draining[name]
+            return not draining
+
+        last_window_end = max(end for *_, end in draining.values())
+        return self._poll_until(min(deadline, last_window_end), drained)
 
     def _call_engine(self, op: str, model: str, replica: ReplicaConfig, deadline: float) -> None:
         """Engine start/stop, given the tick's time left (at least MIN_ENGINE_CALL_S)."""
         method = getattr(self.engine_for(model), op)
         method(replica, timeout_s=max(MIN_ENGINE_CALL_S, deadline - self.clock()))
 
-    def _stop_engine_and_resume(self, view: GroupView, deadline: float) -> bool:
+    def _stop_engine_and_resume(self, view: GroupView, edge: Edge, deadline: float) -> None:
         from slurm_idle.engine import EngineDeadline
 
         self._still_ours(view)
@@ -375,13 +426,15 @@ class NodeDriver:
             # which the next tick carries on; never an undrained node without our comment.
             self.slurm.set_comment(node.name, lent_comment(self.tag, self.clock(), node.node.comment))
             self.slurm.resume(node.name)
-        return True
 
-    def _start_engine(self, view: GroupView, deadline: float) -> bool:
-        self._mark(view, Phase.STARTING)
+    def _restore_comment_and_start(self, view: GroupView, edge: Edge, deadline: float) -> None:
+        self._mark(view, edge.to_phase)
         self._restore_comment(view)  # a lend that failed after writing its comment
         self._start(view, deadline)
-        return True
+
+    def _start_engines(self, view: GroupView, edge: Edge, deadline: float) -> None:
+        self._mark(view, edge.to_phase)
+        self._start(view, deadline)
 
     def _restore_comment(self, view: GroupView, powered_down_too: bool = True) -> None:
         """Take our lent marker off the nodes' Comment, leaving the admin's text as it was; a
@@ -413,8 +466,8 @@ class NodeDriver:
     def _jobs_on(self, node: str) -> list[SlurmJob]:
         return [j for j in self._jobs_poll.get() if node in j.nodes and j.state in ACTIVE_JOB_STATES]
 
-    def _drain_and_requeue(self, view: GroupView, deadline: float) -> bool:
-        self._mark(view, Phase.RECLAIMING)
+    def _drain_and_requeue(self, view: GroupView, edge: Edge, deadline: float) -> None:
+        self._mark(view, edge.to_phase)
         # A powered-down node keeps our lent Comment until it is up (_wait_powered): Slurm
         # clears its Reason when the power-up starts, and the Comment still says it is ours.
         self._restore_comment(view, powered_down_too=False)
@@ -426,7 +479,6 @@ class NodeDriver:
                 log.info("%s: powered down by Slurm's power saving; asking for POWER_UP", node.name)
                 self.slurm.power_up(node.name)
                 self._powered_up.add(node.name)
-        return True
 
     def _wait_powered(self, view: GroupView, deadline: float) -> None:
         """Wait until Slurm's power saving has every node of the group up (no power flag left),
@@ -439,9 +491,11 @@ class NodeDriver:
         views = {v.name: v for v in view.nodes}
         powered = {name for name, v in views.items() if power_flags(v.node)}
         since = view.phase_since if view.phase_since is not None else self.clock()
-        while True:
+        waiting: list[SlurmNode] = []
+
+        def all_up() -> bool:
             polled = {n.name: n for n in self._nodes_poll.get() if n.name in views}
-            waiting = []
+            waiting.clear()
             for name, v in views.items():
                 node = polled.get(name)
                 if node is not None and node.drained and not node.reason.strip() and name in powered:
@@ -456,14 +510,12 @@ class NodeDriver:
                 if needs_power_up(node) and name not in self._powered_up:
                     self.slurm.power_up(name)
                     self._powered_up.add(name)
-            if not waiting:
-                return
-            now = self.clock()
-            if now >= deadline:
-                flags = "+".join(sorted({f for n in waiting for f in power_flags(n)}))
-                raise CarryOver(f"powering up ({flags}) at the tick's deadline; stays reclaiming, "
-                                "the next tick waits on")
-            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+            return not waiting
+
+        if not self._poll_until(deadline, all_up):
+            flags = "+".join(sorted({f for n in waiting for f in power_flags(n)}))
+            raise CarryOver(f"powering up ({flags}) at the tick's deadline; stays reclaiming, "
+                            "the next tick waits on")
 
     def _still_on(self, node: str, problems: list[str]) -> str:
         """Why a reclaimed node is not empty yet, naming the jobs. Jobs of another partition
@@ -495,36 +547,38 @@ class NodeDriver:
         since = None if view.name in self._drained else view.phase_since
         return self._evictor.step(view.name, jobs.values(), since, again=again)
 
-    def _wait_empty_then_start(self, view: GroupView, deadline: float) -> bool:
+    def _nodes_empty(self, view: GroupView, deadline: float) -> bool:
+        """No job left on the group's nodes (the evictor warned, requeued or cancelled ours)
+        and every node powered up."""
         requeued_again = False
-        while True:
+        problems: list[str] = []
+        busy: list[str] = []
+
+        def empty() -> bool:
+            nonlocal problems, busy, requeued_again
             # Also covers a tick killed between the drain and the requeue, and a job that
             # started just before the drain. The grace is waited here, under the deadline.
             problems = self._evict(view)
             busy = [v.name for v in view.nodes if self._jobs_on(v.name)]
             if not busy:
-                break
-            now = self.clock()
-            if not requeued_again and self._overdue(view, now):
+                return True
+            if not requeued_again and self._overdue(view, self.clock()):
                 # Still not empty long after the requeue: ask again, whatever the state.
                 problems = self._evict(view, again=True)
                 requeued_again = True
-            if now >= deadline:
-                raise CarryOver("; ".join(
-                    self._still_on(name, problems) if len(view.nodes) == 1
-                    else f"{name}: {self._still_on(name, problems)}" for name in busy))
-            self.sleep(min(POLL_S, max(0.0, deadline - now)))
+            return False
+
+        if not self._poll_until(deadline, empty):
+            raise CarryOver("; ".join(
+                self._still_on(name, problems) if len(view.nodes) == 1
+                else f"{name}: {self._still_on(name, problems)}" for name in busy))
         self._wait_powered(view, deadline)
-        self._mark(view, Phase.STARTING)
-        self._start(view, deadline)
         return True
 
-    def _wait_serving(self, view: GroupView, deadline: float) -> bool:
-        """SERVING once every replica of the group is healthy and awake (and warmed up, with a
-        router); a replica that does not get there keeps the whole group STARTING, named in the
-        carried-over reason."""
-        from slurm_idle.engine import wait_until_serving
-
+    def _engines_serving(self, view: GroupView, deadline: float) -> bool:
+        """Every replica of the group healthy and awake; a replica that does not get there keeps
+        the whole group STARTING, named in the carried-over reason. A replica found down that
+        this tick has not started yet is started again (idempotent), never twice in a tick."""
         replicas = self._replicas(view)
         down = {r.name for m, r in replicas
                 if r.name not in self._started and not self.engine_for(m).health(r).serving}
@@ -532,15 +586,23 @@ class NodeDriver:
             # Started by an earlier tick (or one killed between writing STARTING and starting
             # the engine): start() is idempotent, issue it again. Never twice in one tick.
             self._start(view, deadline, only=down)
-        late = []
-        for model, replica in replicas:
-            wait_s = max(0.0, deadline - self.clock())
-            if not wait_until_serving(self.engine_for(model), replica, wait_s, self.clock, self.sleep, POLL_S):
-                late.append(replica.name)
-        if late:
+        coming = {r.name: (m, r) for m, r in replicas}
+
+        def serving() -> bool:
+            for name, (model, replica) in list(coming.items()):
+                if self.engine_for(model).health(replica).serving:
+                    del coming[name]
+            return not coming
+
+        if not self._poll_until(deadline, serving):
+            late = list(coming)
             who = f"replica(s) {', '.join(late)}: " if len(replicas) > 1 else ""
             raise CarryOver(f"{who}engine not serving yet at the tick's deadline; stays starting, carried "
                             "over to the next tick, which re-checks health (and re-issues the start)")
+        return True
+
+    def _warm_up_and_serve(self, view: GroupView, edge: Edge, deadline: float) -> None:
+        """With a router: one real completion per replica, then clients; then SERVING."""
         if self.router is not None:
             # Healthy and awake is not enough: one real completion, then clients.
             for node in self._router_nodes(view):
@@ -550,20 +612,10 @@ class NodeDriver:
                     raise CarryOver(f"{exc}; stays starting, the next tick warms it up again") from None
             for node in self._router_nodes(view):
                 self.router.add(node, self._why.get(view.name, "serving again"))
-        self._mark(view, Phase.SERVING)
-        return True
+        self._mark(view, edge.to_phase)
 
     def _overdue(self, view: GroupView, now: float) -> bool:
-        if view.phase_since is None:
-            return False
-        t = self.config.timeouts
-        limit = {
-            Phase.RETIRING: t.retire_s,
-            Phase.LENDING: t.lend_s,
-            Phase.RECLAIMING: t.reclaim_s,
-            Phase.STARTING: t.start_s,
-        }.get(view.phase)
-        return limit is not None and now - view.phase_since > limit
+        return overdue(view.phase, view.phase_since, self.config, now)
 
 
 def action_for_admin(view: NodeView, kind: ActionKind, reason: str) -> Action:

@@ -12,15 +12,13 @@ from typing import TYPE_CHECKING, Any
 from slurm_idle.agent import Agent, TickResult
 from slurm_idle.config import Config
 from slurm_idle.journal import StepOutcome
+from slurm_idle.lifecycle import takes_traffic
 from slurm_idle.model import GroupView, Phase
 
 if TYPE_CHECKING:  # the adapters are imported where they are built
     from slurm_idle.engine import Engine
     from slurm_idle.metrics import MetricsSource
     from slurm_idle.router.sync import RouterSet
-
-#: Phases whose replica takes traffic (the planner's "taking traffic": serving and retiring).
-_TAKING_TRAFFIC = frozenset({Phase.SERVING, Phase.RETIRING})
 
 
 def make_metrics_source(config: Config, read_only: bool = False) -> MetricsSource:
@@ -142,7 +140,7 @@ def serving_after(result: TickResult, config: Config | None = None) -> dict[str,
             for r in g.group.replicas:
                 load = g.load(r)
                 asleep = not moved and load is not None and load.sleeping
-                if phase in _TAKING_TRAFFIC and not asleep:
+                if takes_traffic(phase) and not asleep:
                     counts[r.model] = counts.get(r.model, 0) + 1
         return counts
     final = {s.node: s.to_phase for s in result.steps if s.outcome is StepOutcome.OK}
@@ -151,6 +149,6 @@ def serving_after(result: TickResult, config: Config | None = None) -> dict[str,
         moved = view.name in final
         asleep = not moved and view.replica is not None and (
             view.replica.sleeping or view.replica.foreign)
-        if final.get(view.name, view.phase) in _TAKING_TRAFFIC and not asleep:
+        if takes_traffic(final.get(view.name, view.phase)) and not asleep:
             counts[view.model] = counts.get(view.model, 0) + 1
     return counts

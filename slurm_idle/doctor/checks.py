@@ -15,13 +15,11 @@ from typing import Literal
 
 from slurm_idle import powersave
 from slurm_idle.config import Config
-from slurm_idle.lifecycle import derive_phase
+from slurm_idle.lifecycle import derive_phase, takes_traffic
 from slurm_idle.model import Phase, ReplicaLoad, SlurmNode
 from slurm_idle.slurm.text import PartitionInfo, is_unset, parse_duration_s
 
 Status = Literal["ok", "warn", "fail"]
-#: Phases whose replica is expected to answer and report metrics.
-TAKING_TRAFFIC = frozenset({Phase.SERVING, Phase.RETIRING})
 
 
 @dataclass(frozen=True)
@@ -288,7 +286,7 @@ def check_metrics(facts: SiteFacts, config: Config) -> list[Check]:
                       f"{facts.errors.get('replicas', 'not read')}")]
     phases = {n.name: derive_phase(n, config.slurm.tag).phase for n in facts.nodes or ()}
     serving = [r.node for m in config.models for r in m.replicas
-               if phases.get(r.node) in TAKING_TRAFFIC]
+               if takes_traffic(phases.get(r.node, Phase.UNKNOWN))]
     blind = [n for n in serving if n not in facts.replicas or not facts.replicas[n].known]
     if blind:
         return [Check(name, "fail",

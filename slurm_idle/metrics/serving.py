@@ -15,11 +15,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from slurm_idle.model import ModelLoad, Phase, ReplicaLoad
+from slurm_idle.model import ModelLoad, ReplicaLoad
 from slurm_idle.policy.capacity import demand_tokens_per_s
-
-#: Phases whose replica takes traffic, so whose load is the model's demand.
-SERVING_PHASES = frozenset({Phase.SERVING, Phase.RETIRING})
 
 
 def _ok(value: float) -> bool:

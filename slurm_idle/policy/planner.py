@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from slurm_idle.config import Config, ModelConfig
-from slurm_idle.lifecycle import next_phase
+from slurm_idle.lifecycle import next_phase, overdue, takes_traffic
 from slurm_idle.model import (
     Action,
     ActionKind,
@@ -119,7 +119,7 @@ class _Model:
 
     @property
     def taking_traffic(self) -> int:
-        return sum(u.capacity() for u in self.units(Phase.SERVING, Phase.RETIRING))
+        return sum(u.capacity() for p, units in self.by_phase.items() if takes_traffic(p) for u in units)
 
     @property
     def lendable(self) -> bool:
@@ -161,7 +161,7 @@ def _examine(obs: Observation, config: Config, model: ModelConfig, now: float, u
         by_phase.setdefault(unit.phase, []).append(unit)
     adoptable = [u for u in by_phase.get(Phase.UNKNOWN, []) if _adoptable(u.group)]
     total = sum(len(u.replicas) for u in units if u.phase is not Phase.ADMIN)
-    taking = by_phase.get(Phase.SERVING, []) + by_phase.get(Phase.RETIRING, [])
+    taking = [u for p in Phase if takes_traffic(p) for u in by_phase.get(p, [])]
     awake = sum(u.capacity() for u in taking)
     policy = config.policy
     load = obs.model_load(model.name)
@@ -227,11 +227,9 @@ def _lend_order(unit: _Unit) -> tuple[bool, int, float, str]:
 
 
 def _stuck(group: GroupView, config: Config, now: float) -> bool:
-    """A RECLAIMING/STARTING group older than its timeout (timeouts.reclaim_s / start_s)."""
-    if group.phase_since is None:
-        return False
-    limit = config.timeouts.reclaim_s if group.phase is Phase.RECLAIMING else config.timeouts.start_s
-    return now - group.phase_since > limit
+    """A group in a timed phase (RETIRING, LENDING, RECLAIMING, STARTING) older than its
+    timeout (lifecycle.overdue: the driver's own test of stuck)."""
+    return overdue(group.phase, group.phase_since, config, now)
 
 
 def _act(kind: ActionKind, unit: _Unit, model: str, to: Phase, reason: str,
@@ -397,10 +395,10 @@ def _out_now(m: _Model, tick: _Tick) -> int:
 def _carry_on(m: _Model, tick: _Tick) -> list[Action]:
     """CONTINUE every transitional group of the model no decision of this tick touched."""
     actions = []
-    for unit in m.units(Phase.RETIRING, Phase.LENDING, Phase.STARTING, Phase.RECLAIMING):
+    for unit in m.units(*(p for p in Phase if next_phase(p) is not None)):
         if unit.name not in tick.touched:
             nxt = next_phase(unit.phase)
-            assert nxt is not None  # retiring/lending/reclaiming/starting all move on
+            assert nxt is not None
             actions.append(_act(ActionKind.CONTINUE, unit, m.config.name, nxt,
                                 f"carry on {unit.phase.value} -> {nxt.value}"))
             tick.touched.add(unit.name)

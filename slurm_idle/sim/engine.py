@@ -3,14 +3,15 @@
 Each minute of the trace is one tick: the policy looks at the fleet and returns `Action`s (the
 same type the real agent executes), the engine applies them through the real transition table
 (lifecycle.check_transition) with the configured latencies, then counts the minute. A node is
-driven forward within a tick as long as its latencies allow, like the agent's NodeDriver:
+driven forward within a tick as long as its latencies allow, like the agent's NodeDriver. A
+phase lasts as long as what its forward edge waits for (`Edge.ready`, lifecycle.py):
 
-  RETIRING  `drain_s` (the replica still serves while it drains)
-  LENDING   0         (engine stop and RESUME within the tick)
-  RECLAIMING `grace_s` (the idle jobs' grace time)
-  STARTING  `start_s`, or `wake_s` for sleep-mode engines
+  ENGINES_IDLE    `drain_s` (RETIRING: the replica still serves while it drains)
+  NOW             0         (LENDING: engine stop and RESUME within the tick)
+  NODES_EMPTY     `grace_s` (RECLAIMING: the idle jobs' grace time)
+  ENGINES_SERVING `start_s`, or `wake_s` for sleep-mode engines (STARTING)
 
-Accounting per model and minute: serving = SERVING + RETIRING, lent = LENT + LENDING, starting,
+Accounting per model and minute: serving = the phases that take traffic (SERVING + RETIRING), lent = LENT + LENDING, starting,
 reclaiming (they always sum to the replicas). A model-minute violates the SLO when the model's
 serving replicas are below what the trace needs; violations are counted per model-minute (a
 minute short for two models counts twice) and their share is taken of all model-minutes;
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from slurm_idle.lifecycle import check_transition, next_phase
+from slurm_idle.lifecycle import Ready, check_transition, forward_edge, next_phase, takes_traffic
 from slurm_idle.model import Action, ActionKind, Phase
 from slurm_idle.policy.capacity import demand_tokens_per_s, replicas_for
 from slurm_idle.traces import Trace
@@ -97,12 +98,20 @@ class SimParams:
         return math.ceil(self.drain_s / 60)
 
     def latency(self, phase: Phase) -> float:
+        """How long a transitional phase lasts: what its forward edge waits for (its `ready`)
+        takes this long here. KeyError for a settled phase."""
+        edge = forward_edge(phase)
+        if edge is None:
+            raise KeyError(phase)
+        return self.ready_latency(edge.ready)
+
+    def ready_latency(self, ready: Ready) -> float:
         return {
-            Phase.RETIRING: self.drain_s,
-            Phase.LENDING: 0.0,
-            Phase.RECLAIMING: self.grace_s,
-            Phase.STARTING: self.engine_start_s,
-        }[phase]
+            Ready.NOW: 0.0,
+            Ready.ENGINES_IDLE: self.drain_s,
+            Ready.NODES_EMPTY: self.grace_s,
+            Ready.ENGINES_SERVING: self.engine_start_s,
+        }[ready]
 
 
 @dataclass
@@ -287,6 +296,7 @@ class Simulation:
         wall = 0
         by_model = {m: 0 for m in self.fleet}
         timeline: dict[str, list[tuple[int, int, int, int]]] = {m: [] for m in self.fleet}
+        traffic = [ph for ph in Phase if takes_traffic(ph)]  # once per run, not per minute
         for minute in range(self.trace.minutes):
             now = self.trace.timestamp(minute)
             if policy.auto_continue:
@@ -300,7 +310,7 @@ class Simulation:
                 per_node = self.fleet[model].per_node
                 for node in nodes:
                     counts[node.phase] += per_node  # replicas
-                serving = counts[Phase.SERVING] + counts[Phase.RETIRING]
+                serving = sum(counts[ph] for ph in traffic)
                 row = (
                     serving,
                     counts[Phase.STARTING],

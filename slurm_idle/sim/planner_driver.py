@@ -24,6 +24,7 @@ from slurm_idle.config import (
     ReplicaConfig,
     SlurmConfig,
 )
+from slurm_idle.lifecycle import takes_traffic
 from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S
 from slurm_idle.model import (
     Action,
@@ -253,7 +254,7 @@ class PlannerPolicy:
                       start_time=node.lent_since, gpus=gpus),)
             if lent else ()
         )
-        taking = node.phase in (Phase.SERVING, Phase.RETIRING)
+        taking = takes_traffic(node.phase)
         loads = tuple(
             ReplicaLoad(model=node.model, node=node.name, url=f"http://{node.name}:{8000 + i}")
             for i in range(per_node)

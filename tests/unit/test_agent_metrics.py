@@ -153,7 +153,7 @@ def test_temp_file_is_complete_and_invisible_to_the_collector(tmp_path: Path) ->
 def test_a_quiet_tick_still_declares_every_family_and_edge(tmp_path: Path) -> None:
     """No transition, failed observation: every family is declared, each lifecycle edge is a
     0 counter, and the node gauge has no sample (unknown, not an empty pool)."""
-    from slurm_idle.lifecycle import TRANSITIONS
+    from slurm_idle.lifecycle import edges
 
     path = tmp_path / "slurm_idle.prom"
     write_textfile(path, phases=None, needed={}, serving={}, tick_duration_s=0.1, tick_ts=1.0,
@@ -162,8 +162,8 @@ def test_a_quiet_tick_still_declares_every_family_and_edge(tmp_path: Path) -> No
     for name, (kind, _) in METRICS.items():
         assert f"# TYPE {name} {kind}" in text
     assert "slurm_idle_nodes{" not in text
-    for f, t in TRANSITIONS:
-        assert f'slurm_idle_transitions_total{{from="{f.value}",to="{t.value}"}} 0' in text
+    for e in edges():
+        assert f'slurm_idle_transitions_total{{from="{e.from_phase.value}",to="{e.to_phase.value}"}} 0' in text
 
 
 def test_admin_transitions_bump_only_the_counter(tmp_path: Path) -> None:
