@@ -119,20 +119,25 @@ def observe(
             else:
                 infos[name] = derive_phase(node, tag)
         errors.extend(gres_mismatches(config, nodes))
-        serving = [(m, r) for m, r in replicas if takes_traffic(infos[r.node].phase)]
+        serving = serving_replicas(replicas, infos)
         foreign: dict[str, str] = {}  # replica name -> why
         if identify is not None and serving:
             foreign = check_identities(identify, serving, left())
             for name, why in sorted(foreign.items()):
                 errors.append(f"{name}: its endpoint is not the expected engine ({why}): not "
                               "counted as serving")
-        counted = {r.node for _, r in serving if r.name not in foreign}
+        # Per replica, never per node: two replicas on one node (or one spanning nodes) are
+        # counted, or not, each on its own; a foreign one never takes its neighbour with it.
+        counted = {r.name for _, r in serving if r.name not in foreign}
         loads_by_key: dict[str, ReplicaLoad] = {}  # replica url (node, from fakes) -> load
         model_loads: tuple[ModelLoad, ...]
         try:
             for load in metrics.replica_loads(replicas, budget_s=left(), serving=counted):
                 loads_by_key[load.url or load.node] = load
-                loads_by_key.setdefault(load.node, load)
+                if load.node not in headed or len(headed[load.node]) == 1:
+                    # By node only where the node heads one replica: with two, a load found by
+                    # node name could be the other's (counted twice, or a foreign one counted).
+                    loads_by_key.setdefault(load.node, load)
             model_loads = tuple(metrics.model_loads(config.models, now, budget_s=left(),
                                                     serving=counted))
         except MetricsUnavailable as exc:
@@ -149,7 +154,7 @@ def observe(
                 )
         counted_of: dict[str, list[ReplicaLoad | None]] = {}
         for model_name, replica in replicas:
-            if replica.node in counted and replica.name not in foreign:
+            if replica.name in counted:
                 counted_of.setdefault(model_name, []).append(
                     loads_by_key.get(replica.url) or loads_by_key.get(replica.node))
         weight = config.policy.prompt_token_weight
@@ -191,6 +196,15 @@ def observe(
     finally:
         if collecting:
             gc.enable()
+
+
+def serving_replicas(
+    replicas: Sequence[tuple[str, ReplicaConfig]], infos: dict[str, PhaseInfo]
+) -> list[tuple[str, ReplicaConfig]]:
+    """The replicas in a serving phase on every node they span: a replica with one node lent
+    (a half-converged group) is not whole, and that node's ports are a job's, never ours."""
+    return [(m, r) for m, r in replicas
+            if all(takes_traffic(infos[n].phase) for n in r.nodes)]
 
 
 def gres_mismatches(config: Config, nodes: dict[str, SlurmNode]) -> list[str]:

@@ -22,7 +22,8 @@ malformed, is skipped there, so every reader skips the same ones).
      "action": "signalled" | "requeued" | "cancelled" | "error", "detail": "..."}
   router (one call to a model's router, router/sync.py, RouterRecord):
     {"event": "router", "time": ..., "ts": ..., "node": "gpu1", "model": "m",
-     "router": "haproxy", "call": "remove" | "add", "reason": "...", "outcome": "ok" | "error",
+     "router": "haproxy", "call": "remove" | "add", "reason": "...",
+     "replica": "gpu5-1" (only for one of several replicas on the node), "outcome": "ok" | "error",
      "duration_s": 0.01 (ok), "error": "..." (error)}
   admin (an admin's pin or unpin, admin.py, AdminRecord):
     {"event": "admin", "time": ..., "ts": ..., "node": "gpu1", "command": "pin" | "unpin",
@@ -309,12 +310,16 @@ class RouterRecord:
     outcome: RouterOutcome | str
     duration_s: float | None = None  # ok calls
     error: str | None = None  # failed calls
+    replica: str | None = None  # one of several replicas on `node` (its name)
     time: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         rec = _head(self.EVENT, self.ts, self.time)
         rec.update({"node": self.node, "model": self.model, "router": self.router,
-                    "call": self.call, "reason": self.reason, "outcome": str(self.outcome)})
+                    "call": self.call, "reason": self.reason})
+        if self.replica is not None:
+            rec["replica"] = self.replica
+        rec["outcome"] = str(self.outcome)
         if self.error is not None:
             rec["error"] = self.error
         if self.duration_s is not None:
@@ -333,7 +338,8 @@ class RouterRecord:
                    reason=_str(rec.get("reason")),
                    outcome=_member(RouterOutcome, outcome),
                    duration_s=_num(duration) if duration is not None else None,
-                   error=_opt_str(rec.get("error")), time=_opt_str(rec.get("time")))
+                   error=_opt_str(rec.get("error")), replica=_opt_str(rec.get("replica")),
+                   time=_opt_str(rec.get("time")))
 
 
 @dataclass(frozen=True)

@@ -345,9 +345,10 @@ class NodeDriver:
         return out
 
     def _router_nodes(self, view: GroupView) -> list[str]:
-        """The nodes the router knows the group's replicas by (their heads; the router names a
-        replica by its node, so a second replica on a node is the router's to map)."""
-        return list(dict.fromkeys(r.node for r in view.group.replicas)) or [view.name]
+        """The group's replicas as the router knows them: by replica name, each its own
+        target (two replicas on a node are two servers; a whole-node replica's name is its
+        node's)."""
+        return list(dict.fromkeys(r.name or r.nodes[0] for r in view.group.replicas)) or [view.name]
 
     # -- the edges' effects (Edge.effect, `_effects`) and waits (Edge.ready, `_waiters`) ---------
 

@@ -99,20 +99,24 @@ def status(ctx: Context, as_json: bool) -> None:
 def _add_router_states(agent: Agent, nodes: list[dict[str, Any]]) -> str | None:
     """Each row's `router_state` (in, out, missing, unknown; `none` without a router) read
     from the router now; the loud line `status` prints when some model has no router."""
+    # The router knows each replica on its own; a node shows its head replicas' state (one
+    # word when they agree, else each's: `in,out`), a node a replica only spans (gpu7 of a
+    # replica on gpu[6-7]) its head's.
+    from slurm_idle.router import targets_headed
     from slurm_idle.router.none import WARNING
 
-    # The router knows a replica by its head node: a node a replica only spans (gpu7 of a
-    # replica on gpu[6-7]) shows its head's state.
     config = agent.config
     head = {row["name"]: row["name"] if config.replica(row["name"]) is not None
             else config.replicas_on(row["name"])[0][1].node for row in nodes}
-    heads = list(dict.fromkeys(head.values()))
-    states = agent.router.states(heads) if agent.router is not None else {}
+    names = {h: [t.name for t in targets_headed(config, h)] for h in dict.fromkeys(head.values())}
+    wanted = [n for ns in names.values() for n in ns]
+    states = agent.router.states(wanted) if agent.router is not None else {}
     kinds = {}
     for row in nodes:
         kind = config.router_for(row["model"]).kind
         kinds[row["model"]] = kind
-        row["router_state"] = "none" if kind == "none" else states.get(head[row["name"]], "unknown")
+        seen = list(dict.fromkeys(states.get(n, "unknown") for n in names[head[row["name"]]]))
+        row["router_state"] = "none" if kind == "none" else (",".join(seen) or "unknown")
     bare = sorted(m for m, k in kinds.items() if k == "none")
     return f"WARNING {WARNING} (models: {', '.join(bare)})" if bare else None
 

@@ -66,7 +66,7 @@ class SiteFacts:
     replicas: Mapping[str, ReplicaLoad] | None = None  # node -> load, from the metrics source
     engines: tuple[EngineFacts, ...] = ()
     paths: tuple[tuple[str, str, str | None], ...] = ()  # (config key, path, problem)
-    router_states: Mapping[str, str] | None = None  # node -> in/out/missing/unknown (routers)
+    router_states: Mapping[str, str] | None = None  # replica -> in/out/missing/unknown (routers)
     errors: Mapping[str, str] = field(default_factory=dict)  # part -> why it is missing
 
 
@@ -246,26 +246,30 @@ def check_accounting(facts: SiteFacts, config: Config) -> list[Check]:
 
 
 def check_nodes(facts: SiteFacts, config: Config) -> list[Check]:
-    """Every pool node is known to Slurm with the GPUs its model's replica needs."""
+    """Every pool node is known to Slurm with the GPUs its replicas need (all of them: two
+    4-GPU replicas on a node need 8; a whole-node replica over two nodes its share of each)."""
+    from slurm_idle.topology import config_node_gpus
+
     name = "slurm.nodes"
     if facts.nodes is None:
         return [_unread(name, facts, "nodes", "the nodes (sinfo/scontrol show node)")]
     known = {n.name: n for n in facts.nodes}
     fails, warns = [], []
-    for model in config.models:
-        want = model.gpus_per_replica
-        for replica in model.replicas:
-            node = known.get(replica.node)
-            if node is None:
-                fails.append(f"{replica.node} is not known to Slurm: fix the config or slurm.conf")
-            elif node.gpus_total < want:
-                fails.append(f"{replica.node} has {node.gpus_total} GPU(s) in Slurm, model {model.name} "
-                             f"needs {want}: fix its Gres= in slurm.conf/gres.conf or gpus_per_replica")
-            elif node.gpus_total > want:
-                warns.append(f"{replica.node} has {node.gpus_total} GPUs, model {model.name} uses {want}: "
-                             "the rest are lent only with the node")
-            elif node.down and not powersave.power_flags(node):
-                warns.append(f"{replica.node} is {node.state.upper()} in Slurm ({node.reason or 'no reason'})")
+    uses = config_node_gpus(config)
+    models = {n: m.name for m in reversed(config.models) for r in m.replicas for n in r.nodes}
+    for pool_node in config.pool_nodes:
+        want, model_name = uses[pool_node], models[pool_node]
+        node = known.get(pool_node)
+        if node is None:
+            fails.append(f"{pool_node} is not known to Slurm: fix the config or slurm.conf")
+        elif node.gpus_total < want:
+            fails.append(f"{pool_node} has {node.gpus_total} GPU(s) in Slurm, model {model_name} "
+                         f"needs {want}: fix its Gres= in slurm.conf/gres.conf or gpus_per_replica")
+        elif node.gpus_total > want:
+            warns.append(f"{pool_node} has {node.gpus_total} GPUs, model {model_name} uses {want}: "
+                         "the rest are lent only with the node")
+        elif node.down and not powersave.power_flags(node):
+            warns.append(f"{pool_node} is {node.state.upper()} in Slurm ({node.reason or 'no reason'})")
     if fails:
         return [Check(name, "fail", "; ".join(fails + warns))]
     if warns:
@@ -333,7 +337,7 @@ def check_router(facts: SiteFacts, config: Config) -> list[Check]:
         return checks
     if facts.router_states is None:
         return [*checks, _unread(name, facts, "router", "the request router's state")]
-    nodes = {r.node for m in config.models if m.name in routed for r in m.replicas}
+    nodes = {r.name for m in config.models if m.name in routed for r in m.replicas}  # replicas
     unknown = sorted(n for n in nodes if facts.router_states.get(n, "unknown") == "unknown")
     missing = sorted(n for n in nodes if facts.router_states.get(n) == "missing")
     if unknown:

@@ -144,7 +144,7 @@ def gather(
     router_states: Callable[[list[str]], dict[str, str]] | None = None,
 ) -> SiteFacts:
     """Read everything the checks need; parts that fail are recorded in `errors`.
-    `router_states` (node -> in/out/missing/unknown) reads the request routers, when any."""
+    `router_states` (replica name -> in/out/missing/unknown) reads the request routers, when any."""
     errors: dict[str, str] = {}
     timeout = config.slurm.command_timeout_s
 
@@ -174,7 +174,7 @@ def gather(
     )
     routed = None
     if router_states is not None:
-        pool = [r.node for _, r in replicas_list]
+        pool = [r.name for _, r in replicas_list]  # each replica its own router target
         routed = read("router", lambda: router_states(pool))
     return SiteFacts(slurm_config=slurm_config, partitions=partitions, nodes=nodes, submit=submit,
                      replicas=replicas, engines=engines, paths=paths, errors=errors,

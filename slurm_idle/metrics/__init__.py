@@ -30,8 +30,9 @@ class MetricsSource(Protocol):
         serving: Collection[str] | None = None,
     ) -> list[ReplicaLoad]:
         """One ReplicaLoad per (model name, replica), in the same order. `budget_s`: the whole
-        call ends within it (MetricsUnavailable otherwise); `serving`: the nodes whose replicas
-        are ours and serving (a source may read only those; the others may come back unknown)."""
+        call ends within it (MetricsUnavailable otherwise); `serving`: the names
+        (ReplicaConfig.name) of the replicas that are ours and serving, one by one, never by
+        node (a source may read only those; the others may come back unknown)."""
         ...
 
     def model_loads(

@@ -284,9 +284,17 @@ def target_keys(replica: ReplicaConfig) -> list[str]:
 
 def target_index(replicas: Sequence[tuple[str, ReplicaConfig]]) -> dict[str, str]:
     """label value -> replica url (a replica's key: unique, where a node may run several);
-    earlier (more exact) keys win over later ones."""
+    earlier (more exact) keys win over later ones. A node name heading several replicas is
+    no replica's key: a series labelled only with it could be either's (it matches none, so
+    both read unknown and nothing is lent on it, rather than one's load counted as the other's)."""
     index: dict[str, str] = {}
-    all_keys = [(target_keys(replica), replica.url) for _, replica in replicas]
+    heads: dict[str, int] = {}
+    for _, replica in replicas:
+        heads[replica.node.lower()] = heads.get(replica.node.lower(), 0) + 1
+    all_keys = [
+        ([k for k in target_keys(replica) if heads.get(k, 0) < 2], replica.url)
+        for _, replica in replicas
+    ]
     for rank in range(max((len(keys) for keys, _ in all_keys), default=0)):
         for keys, node in all_keys:
             if rank < len(keys):

@@ -250,16 +250,17 @@ class ScrapeSource:
         budget_s: float | None = None,
         serving: Collection[str] | None = None,
     ) -> list[ReplicaLoad]:
-        """`serving`: scrape only these nodes' replicas (the others read as unknown: a lent
-        node's port may be anyone's). `budget_s`: each scrape's deadline is cut to it, and
+        """`serving`: scrape only these replicas, by name (the others read as unknown: a lent
+        node's port may be anyone's, and a foreign endpoint beside a serving replica is not
+        ours). `budget_s`: each scrape's deadline is cut to it, and
         the second round of a double scrape is skipped when it would not fit."""
         self._deadline = None if budget_s is None else time.monotonic() + budget_s
         if serving is None:
             return self._replica_loads(replicas)
         wanted = set(serving)
-        scraped = iter(self._replica_loads([(m, r) for m, r in replicas if r.node in wanted]))
+        scraped = iter(self._replica_loads([(m, r) for m, r in replicas if r.name in wanted]))
         return [
-            next(scraped) if r.node in wanted
+            next(scraped) if r.name in wanted
             else ReplicaLoad(model=m, node=r.node, url=r.url, known=False)
             for m, r in replicas
         ]
@@ -348,7 +349,7 @@ class ScrapeSource:
         serving: Collection[str] | None = None,
     ) -> list[ModelLoad]:
         """Each model's figures, summed over its replicas that answered, or only over the
-        `serving` nodes' replicas when given (so is the kept history)."""
+        `serving` replicas (by name) when given (so is the kept history)."""
         wanted = [(m.name, r) for m in models for r in m.replicas]
         if any(r.url not in self._last for _, r in wanted):
             self.replica_loads(wanted, budget_s=budget_s, serving=serving)
@@ -361,7 +362,7 @@ class ScrapeSource:
         for m in models:
             servers = [
                 s for r in m.replicas
-                if (counted is None or r.node in counted)
+                if (counted is None or r.name in counted)
                 and (s := self._last.get(r.url, (m.name, None))[1]) is not None and s.complete
             ]
             if not servers:

@@ -23,14 +23,17 @@ IN, OUT, MISSING, UNKNOWN = "in", "out", "missing", "unknown"
 
 @dataclass(frozen=True)
 class RouterTarget:
-    """One replica as a router sees it. Maps onto the coming `Replica` (name, model, url,
-    nodes): today one replica per node, so `name` is the node's name."""
+    """One replica as a router sees it: `name` is the replica's (the node's for a whole-node
+    replica, `node:port` for one of several on a node), `node` its head, `index` its place
+    among the replicas headed there (`{index}`: `server: "{node}-{index}"` names both
+    replicas of an 8-GPU node apart)."""
 
     name: str
     model: str
     url: str
     node: str
     port: int
+    index: int = 0
 
     @property
     def host(self) -> str:
@@ -39,22 +42,33 @@ class RouterTarget:
     def fields(self) -> dict[str, str]:
         """The placeholders of every router template."""
         return {"name": self.name, "model": self.model, "url": self.url, "node": self.node,
-                "host": self.host, "port": str(self.port)}
+                "host": self.host, "port": str(self.port), "index": str(self.index)}
 
 
-def target_for(config: Config, node: str) -> RouterTarget:
-    """The router target of a pool node (one replica per node, from today's config)."""
-    model = config.model_of_node(node)
-    replica = config.replica(node)
-    if model is None or replica is None:
-        raise ConfigError(f"{node} is not a pool node in the config")
+def target_for(config: Config, key: str) -> RouterTarget:
+    """The router target of a replica, by its name, or of the first replica headed on a node
+    (by node name: a whole-node replica's name is its node's)."""
+    found = next(((m, r) for m in config.models for r in m.replicas if r.name == key), None)
+    if found is None:
+        model, replica = config.model_of_node(key), config.replica(key)
+        if model is None or replica is None:
+            raise ConfigError(f"{key} is not a pool node or replica in the config")
+        found = (model, replica)
+    model, replica = found
     parts = urlsplit(replica.url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return RouterTarget(name=node, model=model.name, url=replica.url, node=node, port=port)
+    return RouterTarget(name=replica.name or replica.node, model=model.name, url=replica.url,
+                        node=replica.node, port=port, index=replica.index)
+
+
+def targets_headed(config: Config, node: str) -> list[RouterTarget]:
+    """The router targets of every replica headed on `node` (none for a node a replica only
+    spans: it has no endpoint of its own)."""
+    return [target_for(config, r.name) for m in config.models for r in m.replicas if r.node == node]
 
 
 def all_targets(config: Config) -> list[RouterTarget]:
-    return [target_for(config, r.node) for m in config.models for r in m.replicas]
+    return [target_for(config, r.name) for m in config.models for r in m.replicas]
 
 
 class Router(Protocol):
@@ -99,4 +113,4 @@ def make_router(config: RouterConfig, all_of: Sequence[RouterTarget] = ()) -> Ro
 
 
 __all__ = ["IN", "MISSING", "OUT", "UNKNOWN", "Router", "RouterTarget", "all_targets", "fill",
-           "make_router", "target_for"]
+           "make_router", "target_for", "targets_headed"]

@@ -25,7 +25,16 @@ from slurm_idle.errors import RouterError, SlurmIdleError
 from slurm_idle.journal import RouterOutcome, RouterRecord
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Observation, Phase
-from slurm_idle.router import IN, OUT, UNKNOWN, Router, RouterTarget, make_router, target_for
+from slurm_idle.router import (
+    IN,
+    OUT,
+    UNKNOWN,
+    Router,
+    RouterTarget,
+    make_router,
+    target_for,
+    targets_headed,
+)
 
 log = get_logger(__name__)
 
@@ -99,44 +108,51 @@ class RouterSet:
             n, self.errors = self.errors, 0
         return n
 
-    def _call(self, op: str, node: str, reason: str) -> None:
-        target = target_for(self.config, node)
+    def _call(self, op: str, key: str, reason: str) -> None:
+        """`key`: a replica's name (a whole-node replica's is its node's), or a node's."""
+        target = target_for(self.config, key)
         router = self.router(target.model)
         if router.kind == "none":
             return
         started = self.clock()
+        node = target.node
         record = RouterRecord(ts=started, node=node, model=target.model, router=router.kind,
-                              call=op, reason=reason, outcome=RouterOutcome.OK)
+                              call=op, reason=reason, outcome=RouterOutcome.OK,
+                              # one of several replicas on the node
+                              replica=target.name if target.name != node else None)
         try:
             getattr(router, op)(target)
         except SlurmIdleError as exc:
             with self._lock:
                 self.errors += 1
             self.journal(replace(record, outcome=RouterOutcome.ERROR, error=str(exc)))
-            log.warning("%s: router %s failed: %s", node, op, exc)
+            log.warning("%s: router %s failed: %s", target.name, op, exc)
             raise RouterError(f"router {op} failed: {exc}") from None
         self.journal(replace(record, duration_s=self.clock() - started))
-        log.info("%s: router %s (%s)", node, op, reason)
+        log.info("%s: router %s (%s)", target.name, op, reason)
 
-    def remove(self, node: str, reason: str) -> None:
-        """Take the node's replica out of its router; RouterError when it could not."""
-        self._call("remove", node, reason)
+    def remove(self, replica: str, reason: str) -> None:
+        """Take the replica (by name; a node: its first replica) out of its router;
+        RouterError when it could not."""
+        self._call("remove", replica, reason)
 
-    def add(self, node: str, reason: str) -> None:
-        """Put the node's replica (back) into its router; RouterError when it could not."""
-        self._call("add", node, reason)
+    def add(self, replica: str, reason: str) -> None:
+        """Put the replica (by name; a node: its first replica) (back) into its router;
+        RouterError when it could not."""
+        self._call("add", replica, reason)
 
-    def warm_up(self, node: str) -> None:
-        target = target_for(self.config, node)
+    def warm_up(self, replica: str) -> None:
+        target = target_for(self.config, replica)
         cfg = self.config.router_for(target.model)
         if cfg.warmup_prompt:
             warm_up(target, cfg.warmup_prompt, cfg.warmup_timeout_s, self.post)
 
-    def states(self, nodes: Sequence[str]) -> dict[str, str]:
-        """What each node's router says now (`unknown` where it cannot be read)."""
+    def states(self, keys: Sequence[str]) -> dict[str, str]:
+        """What the router says now of each replica (by name; a node: its first replica),
+        keyed by replica name (`unknown` where it cannot be read)."""
         by_router: dict[int, tuple[Router, list[RouterTarget]]] = {}
-        for node in nodes:
-            target = target_for(self.config, node)
+        for key in keys:
+            target = target_for(self.config, key)
             router = self.router(target.model)
             by_router.setdefault(id(router), (router, []))[1].append(target)
         out: dict[str, str] = {}
@@ -154,20 +170,24 @@ class RouterSet:
         """Make the routers match the observed phases; returns what was changed (or failed)."""
         if not self.active:
             return []
-        # A node a replica only spans (not its head) has no router target of its own.
-        views = [v for v in obs.nodes
-                 if desired(v.phase) is not None and self.config.replica(v.name) is not None]
-        states = self.states([v.name for v in views])
+        # Per replica: every replica headed on a node is a target of its own (two on an
+        # 8-GPU node are two servers); a node a replica only spans has none.
+        pairs = [(v, t) for v in obs.nodes if desired(v.phase) is not None
+                 for t in targets_headed(self.config, v.name)]
+        states = self.states([t.name for _, t in pairs])
         done: list[dict[str, Any]] = []
-        for v in views:
-            want, have = desired(v.phase), states.get(v.name, UNKNOWN)
+        for v, t in pairs:
+            want, have = desired(v.phase), states.get(t.name, UNKNOWN)
             if have == UNKNOWN or have == want:
                 continue
             op = "add" if want == IN else "remove"
-            why = (f"reconcile: {v.name} is {v.phase.value} in Slurm but {have} in the router")
+            why = (f"reconcile: {t.name} is {v.phase.value} in Slurm but {have} in the router")
+            change: dict[str, Any] = {"node": v.name, "call": op}
+            if t.name != v.name:
+                change["replica"] = t.name
             try:
-                self._call(op, v.name, why)
-                done.append({"node": v.name, "call": op, "outcome": "ok"})
+                self._call(op, t.name, why)
+                done.append({**change, "outcome": "ok"})
             except RouterError as exc:
-                done.append({"node": v.name, "call": op, "outcome": "error", "error": str(exc)})
+                done.append({**change, "outcome": "error", "error": str(exc)})
         return done

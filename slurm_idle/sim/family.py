@@ -8,6 +8,12 @@ weekday holiday), a slow drift of the daily level (+-20% over a week), minute no
 10-minute steps (as some production exports are). Fleets are sized so that the weekday peak
 needs 55-90% of the replicas.
 
+The family is **wide** (`twists.py`, drawn from a second stream of the same seed, so the shapes
+above stay as they were): flash crowds (x2-x4 within minutes, decaying), weekday-by-weekday
+levels, a trend over the whole trace (-30%..+50%), permanent level shifts, heavy-tailed
+(Student-t) minute noise, users of one model in two time zones, a fourth model now and then,
+and cold starts from 30 s to 15 min with 30-300 s grace.
+
 The family is split by seed, fixed before any result is looked at: odd seeds are the
 **held-out** set (`HELD_OUT`), even seeds the **tuning** set. Knobs may be chosen by looking at
 the tuning set only; the held-out numbers are reported as they come.
@@ -17,10 +23,11 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from slurm_idle.sim.engine import FleetModel, SimParams
+from slurm_idle.sim.twists import Twists, apply_twists, draw_latencies, draw_twists, heavy_factor
 from slurm_idle.traces import Series, Trace
 
 TUNING = "tuning"
@@ -59,6 +66,7 @@ class Shape:
     bursts_per_week: float
     prompt_tokens: float
     output_tokens: float
+    twists: Twists = field(default_factory=Twists)
 
 
 @dataclass(frozen=True)
@@ -82,17 +90,22 @@ class Member:
     def max_noise(self) -> float:
         return max(s.noise for s in self.shapes)
 
+    @property
+    def latencies(self) -> str:
+        """Cold start / grace, e.g. `300/60`."""
+        return f"{self.params.engine_start_s:.0f}/{self.params.grace_s:.0f}"
+
     def describe(self) -> str:
         steps = ", 10-min steps" if self.steps_10min else ""
         models = "; ".join(
             f"{s.name} {f.replicas}x{f.gpus_per_replica} UTC{s.zone_h:+g} noise {s.noise:.0%}"
-            f" bursts/wk {s.bursts_per_week:.1f}"
+            f" bursts/wk {s.bursts_per_week:.1f}{s.twists.describe()}"
             for s, f in zip(self.shapes, self.fleet, strict=True)
         )
-        return f"{self.days} d{steps}: {models}"
+        return f"{self.days} d{steps}, start/grace {self.latencies} s: {models}"
 
 
-_NAMES = ("chat", "code", "embed")
+_NAMES = ("chat", "code", "embed", "rerank")
 
 
 def _shape(rng: random.Random, name: str) -> Shape:
@@ -131,7 +144,8 @@ def _diurnal(s: Shape, hour: float) -> float:
     return s.night + (1.0 - s.night) * up * down * lunch * evening
 
 
-def _series(rng: random.Random, s: Shape, start: float, minutes: int, steps: bool) -> Series:
+def _series(rng: random.Random, s: Shape, start: float, minutes: int, steps: bool,
+            tail: random.Random) -> Series:
     holiday = rng.randrange(minutes // 1440) if minutes >= 3 * 1440 and rng.random() < 0.3 else -1
     bursts: list[tuple[int, int, float]] = []
     expected = s.bursts_per_week * minutes / (7 * 1440)
@@ -147,20 +161,29 @@ def _series(rng: random.Random, s: Shape, start: float, minutes: int, steps: boo
         moment = datetime.fromtimestamp(local, UTC)
         hour = moment.hour + moment.minute / 60.0
         level = _diurnal(s, hour)
+        if s.twists.second_zone_h is not None:
+            other = datetime.fromtimestamp(local + (s.twists.second_zone_h - s.zone_h) * 3600.0, UTC)
+            w = s.twists.second_share
+            level = (1 - w) * level + w * _diurnal(s, other.hour + other.minute / 60.0)
         off = moment.weekday() >= 5 or (m // 1440 == holiday and moment.weekday() < 5)
         if off:
             level = s.night + (level - s.night) * s.weekend
+        elif s.twists.weekdays:
+            level *= s.twists.weekdays[moment.weekday()]
         week = (local - _EPOCH) / (7 * 86400.0)
         level *= 1.0 + s.drift * math.sin(2 * math.pi * week + s.drift_phase)
         persistent = 0.9 * persistent + rng.gauss(0.0, 0.5 * s.noise * math.sqrt(1 - 0.81))
-        noise = math.exp(persistent + rng.gauss(0.0, s.noise))
+        white = rng.gauss(0.0, s.noise)
+        if s.twists.heavy_tail:
+            white *= heavy_factor(tail)
+        noise = math.exp(persistent + white)
         if steps:
             # the rate is held for 10 minutes: one draw per step, taken at its first minute
             if m % 10 == 0:
-                held = level * noise
+                held = level * noise * apply_twists(s.twists, m, minutes)
             value = held
         else:
-            value = level * noise
+            value = level * noise * apply_twists(s.twists, m, minutes)
         for begin, end, factor in bursts:
             if begin <= m < end:
                 value *= factor
@@ -171,31 +194,37 @@ def _series(rng: random.Random, s: Shape, start: float, minutes: int, steps: boo
 def member(seed: int, params: SimParams | None = None) -> Member:
     """The family's member `seed` (its trace from `trace(member)`)."""
     rng = random.Random(10_007 * seed + 17)
+    # The wide family's twists come from a second stream: the base shapes stay as they were.
+    wide = random.Random(104_729 * seed + 29)
     days = rng.randint(1, 14)
     steps = rng.random() < 0.3
     count = rng.choice((1, 1, 2, 2, 3))
+    count += 1 if count == 3 and wide.random() < 0.5 else 0
     shapes, fleet = [], []
     for i in range(count):
-        shape = _shape(rng, _NAMES[i])
-        replicas = rng.randint(4, 24)
-        gpus = rng.choice((1, 2, 4, 8))
-        tokens_per_s = rng.choice((1500.0, 2500.0, 4000.0, 6000.0))
+        r = rng if i < 3 else wide
+        shape = _shape(r, _NAMES[i])
+        shape = Shape(**{**shape.__dict__, "twists": draw_twists(wide, days * 1440, _ZONES, shape.zone_h)})
+        replicas = r.randint(4, 24)
+        gpus = r.choice((1, 2, 4, 8))
+        tokens_per_s = r.choice((1500.0, 2500.0, 4000.0, 6000.0))
         per_request = shape.output_tokens + 0.1 * shape.prompt_tokens
         # the weekday plateau (before its evening peak and noise) needs this share of the fleet
-        share = rng.uniform(0.55, 0.9) / (1.0 + shape.evening_peak)
+        share = r.uniform(0.55, 0.9) / (1.0 + shape.evening_peak)
         peak = share * replicas * tokens_per_s * 0.8 / per_request
         shapes.append(Shape(**{**shape.__dict__, "peak_rps": peak}))
         fleet.append(FleetModel(shape.name, replicas, gpus, tokens_per_s))
     start = _EPOCH + 86400.0 * rng.randrange(7)
     return Member(seed, split_of(seed), days, steps, tuple(shapes), tuple(fleet),
-                  params or SimParams(), start)
+                  params or draw_latencies(wide), start)
 
 
 def trace(m: Member) -> Trace:
     """The member's per-minute trace (deterministic in its seed)."""
     rng = random.Random(7_919 * m.seed + 3)
+    tail = random.Random(7_927 * m.seed + 5)
     minutes = m.days * 1440
-    series = {s.name: _series(rng, s, m.start, minutes, m.steps_10min) for s in m.shapes}
+    series = {s.name: _series(rng, s, m.start, minutes, m.steps_10min, tail) for s in m.shapes}
     return Trace(start=m.start, minutes=minutes, series=series)
 
 

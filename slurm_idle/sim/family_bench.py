@@ -37,7 +37,7 @@ def run(count: int, policies: Sequence[str] = POLICIES, first_seed: int = 1) -> 
             result = simulate(load, m.fleet, m.params, policy)
             rows.append({
                 "trace": m.name, "seed": m.seed, "set": m.split, "days": m.days,
-                "models": len(m.fleet), "steps_10min": m.steps_10min,
+                "models": len(m.fleet), "steps_10min": m.steps_10min, "latencies": m.latencies,
                 "max_noise": round(m.max_noise, 4), "policy": policy,
                 **result.summary(), "cpu_s": round(time.process_time() - started, 2),
             })
@@ -100,16 +100,17 @@ def markdown(rows: Sequence[Row], described: Sequence[Member] = ()) -> str:
             f"| {s['set']} | {s['policy']} | {s['traces']} | {s['harvest_median']:.1%} "
             f"| {s['harvest_worst']:.1%} | {s['share_median']:.3%} | {s['share_worst']:.3%} |"
         )
-    lines += ["", ("| trace | set | days | 10-min steps | max noise | slurm-idle harvest "
+    lines += ["", ("| trace | set | days | start/grace s | 10-min steps | max noise | slurm-idle harvest "
               "| slurm-idle violations (share) | reactive violations |"),
-              "|---|---|---:|---|---:|---:|---:|---:|"]
+              "|---|---|---:|---:|---|---:|---:|---:|---:|"]
     by = {(r["trace"], r["policy"]): r for r in rows}
     for (name, policy), r in by.items():
         if policy != "slurm-idle":
             continue
         reactive = by.get((name, "reactive"))
         lines.append(
-            f"| {name} | {r['set']} | {r['days']} | {'yes' if r['steps_10min'] else 'no'} "
+            f"| {name} | {r['set']} | {r['days']} | {r.get('latencies', '300/60')} "
+            f"| {'yes' if r['steps_10min'] else 'no'} "
             f"| {r['max_noise']:.1%} | {float(r['harvest_ratio']):.1%} "
             f"| {r['slo_violation_minutes']} ({float(r['slo_violation_share']):.3%}) "
             f"| {reactive['slo_violation_minutes'] if reactive else '-'} |"

@@ -266,10 +266,12 @@ def reset_cluster(sb: Any, journal: str | None = None) -> None:
         if not out.stdout.strip():
             break
         time.sleep(0.5)
-    for node in sb.nodes:
+    for node in getattr(sb, "all_nodes", sb.nodes):  # the 8-GPU nodes too (issue 13)
         sb.run(["scontrol", "update", f"nodename={node}", "comment="], capture_output=True)
         sb.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], capture_output=True)
         sb.engine_start(node)
+    for model in dict.fromkeys(r.model for r in getattr(sb, "replicas", ())):
+        sb.load(0.0, model)
     sb.load(0.0)
     sb.traffic_stop()  # client traffic of an earlier run (issue 14)
     sb.router_ready_all()  # every replica back in HAProxy, as on a fresh sandbox

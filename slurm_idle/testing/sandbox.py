@@ -7,8 +7,12 @@ then sweeps processes carrying this sandbox's marker (slurmstepd, containerd) or
 cluster name (job processes), and unmounts dockerd's netns. Config texts live in
 sandboxconf.py, pid handling in procs.py, the emulator in emulator.py.
 
+Nodes: gpu1-gpu4 (4 GPUs, one replica each, the default config) and gpu5-gpu7 (8 GPUs: two
+replicas on gpu5, one over gpu[6-7]; their own config, `topology_config_path`; issue 13).
+
 CLI (sandbox_cli.py): python -m slurm_idle.testing.sandbox [--root DIR] [--base-port N]
-     up | down | status [--json] | env | load RPS | engine-start NODE | engine-stop NODE
+     up | down | status [--json] | env | load RPS [--model M] | engine-start NODE [--index N]
+     | engine-stop NODE [--index N]
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import slurm_idle
 from slurm_idle.testing import procs, sandboxconf
 from slurm_idle.testing.engine_model import Capacity
 from slurm_idle.testing.procs import PidFile
-from slurm_idle.testing.sandboxconf import NODES, Layout
+from slurm_idle.testing.sandboxconf import ALL_NODES, NODES, REPLICAS, Layout
 
 DEFAULT_ROOT = Path("/tmp/slurm-idle-sandbox")
 DEFAULT_BASE_PORT = 17100
@@ -94,7 +98,9 @@ class Sandbox:
                  python: str | None = None, job_submit_lua: Any = _AUTO,
                  engine_start_delay_s: float | None = None) -> None:
         self.root = Path(root).resolve()
-        self.nodes = list(NODES)
+        self.nodes = list(NODES)  # the default model's (the demo story's)
+        self.all_nodes = list(ALL_NODES)  # every Slurm node, the 8-GPU ones too (issue 13)
+        self.replicas = REPLICAS  # every emulated replica: two on gpu5, one over gpu[6-7]
         self._state_file = self.root / "sandbox.json"
         saved = self._read_state()
         if base_port is None:
@@ -115,13 +121,15 @@ class Sandbox:
         self.base_port = self.layout.base_port
         self.slurm_conf = self.layout.slurm_conf
         self.config_path = self.layout.config_path
+        self.topology_config_path = self.layout.topology_config_path  # gpu5, gpu[6-7] (issue 13)
         self.prometheus_url = self.layout.prometheus_url
         self.docker_host = f"unix://{self.layout.docker_socket}"
 
     # --- small public helpers -----------------------------------------------------------
 
-    def emulator_url(self, node: str) -> str:
-        return self.layout.emulator_url(node)
+    def emulator_url(self, replica: str) -> str:
+        """A replica's emulator URL, by replica name (a default-model node's name)."""
+        return self.layout.emulator_url(replica)
 
     @property
     def tokens_per_s_per_replica(self) -> float:
@@ -150,12 +158,13 @@ class Sandbox:
         check = kw.pop("check", False)
         return subprocess.run(argv, env=env, check=check, **kw)
 
-    def load(self, rps: float) -> None:
-        """Set the total simulated request rate, spread over the awake replicas."""
+    def load(self, rps: float, model: str = sandboxconf.MODEL_NAME) -> None:
+        """Set `model`'s total simulated request rate, spread over its awake replicas."""
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.layout.load_file.with_suffix(".tmp")
+        path = self.layout.model_load_file(model)
+        tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"rps": float(rps)}))
-        tmp.replace(self.layout.load_file)
+        tmp.replace(path)
 
     # --- client traffic through the router (issue 14) -------------------------------------
 
@@ -163,9 +172,11 @@ class Sandbox:
     def router_url(self) -> str:
         return self.layout.router_url
 
-    def traffic(self, rps: float, max_tokens: int | None = None) -> None:
-        """Real completions through HAProxy at `rps` (0 stops them), counted client-side from
-        now on: the previous generator is stopped and its results cleared."""
+    def traffic(self, rps: float, max_tokens: int | None = None,
+                model: str = sandboxconf.MODEL_NAME) -> None:
+        """Real completions for `model` through HAProxy at `rps` (0 stops them; the router
+        spreads them over the model's replicas), counted client-side from now on: the
+        previous generator is stopped and its results cleared."""
         self.traffic_stop()
         self.layout.traffic_file.unlink(missing_ok=True)
         self.layout.traffic_file.touch()
@@ -174,9 +185,9 @@ class Sandbox:
         from slurm_idle.testing import loadgen
 
         self._spawn("loadgen", [
-            self.python, "-m", "slurm_idle.testing.loadgen", "--url", self.router_url,
-            "--rps", str(rps), "--out", str(self.layout.traffic_file),
-            "--model", sandboxconf.MODEL_NAME,
+            self.python, "-m", "slurm_idle.testing.loadgen",
+            "--url", self.layout.model_router_url(model),
+            "--rps", str(rps), "--out", str(self.layout.traffic_file), "--model", model,
             "--max-tokens", str(max_tokens or loadgen.MAX_TOKENS)])
 
     def traffic_stop(self) -> None:
@@ -199,14 +210,15 @@ class Sandbox:
         from slurm_idle.router.haproxy import unix_send
 
         send = unix_send(str(self.layout.haproxy_socket), 2.0)
-        for node in NODES:
+        for r in REPLICAS:
             try:
-                send(f"set server {sandboxconf.HAPROXY_BACKEND}/{node} state ready")
+                send(f"set server {r.backend}/{r.name} state ready")
             except RouterError:
                 return  # HAProxy not running: nothing to reset
 
     def router_states(self) -> dict[str, str]:
-        """Each node's server status in HAProxy (UP, DOWN, DRAIN, MAINT), {} when unreachable."""
+        """Each replica's server status in HAProxy (UP, DOWN, DRAIN, MAINT) by replica name (a
+        default-model node's name), {} when unreachable."""
         try:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.settimeout(2)
@@ -219,9 +231,10 @@ class Sandbox:
         except OSError:
             return {}
         out = {}
+        servers = {(r.backend, r.name) for r in REPLICAS}
         for line in data.decode(errors="replace").splitlines():
             cols = line.split(",")
-            if len(cols) > 17 and cols[0] == sandboxconf.HAPROXY_BACKEND and cols[1] in NODES:
+            if len(cols) > 17 and (cols[0], cols[1]) in servers:
                 out[cols[1]] = cols[17]
         return out
 
@@ -277,12 +290,12 @@ class Sandbox:
                   self.root / "state" / "slurmctld", self.root / "munge", self.root / "prometheus",
                   self.root / "docker"):
             d.mkdir(parents=True, exist_ok=True)
-        for n in NODES:
+        for n in ALL_NODES:
             (self.root / "state" / f"slurmd-{n}").mkdir(parents=True, exist_ok=True)
         self._state_file.write_text(json.dumps({
             "base_port": lay.base_port, "python": self.python, "slurm_version": self.slurm_version,
             "engine_start_delay_s": self.engine_start_delay_s}))
-        for i in range(sandboxconf.GPUS_PER_NODE):
+        for i in range(max(sandboxconf.GPUS_PER_NODE, sandboxconf.TOPOLOGY_GPUS_PER_NODE)):
             dev = lay.dev / f"nvidia{i}"
             if not dev.exists():
                 os.mknod(dev, 0o666 | 0o020000, os.makedev(195, i))
@@ -306,8 +319,11 @@ class Sandbox:
         (self.root / "prometheus.yml").write_text(sandboxconf.prometheus_yml(lay))
         (self.root / "docker" / "daemon.json").write_text("{}\n")
         lay.config_path.write_text(sandboxconf.slurm_idle_config(lay, self.tokens_per_s_per_replica))
-        if not lay.load_file.exists():
-            self.load(0.0)
+        lay.topology_config_path.write_text(
+            sandboxconf.topology_config(lay, self.tokens_per_s_per_replica))
+        for model in dict.fromkeys(r.model for r in REPLICAS):
+            if not lay.model_load_file(model).exists():
+                self.load(0.0, model)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -352,7 +368,7 @@ class Sandbox:
             f"--data-root={root}/docker/data", f"--exec-root={root}/docker/exec",
             f"--pidfile={lay.run}/dockerd.pid", f"--host=unix://{lay.docker_socket}"])
         self._spawn("prometheus", self._prometheus_argv())
-        for node in NODES:
+        for node in ALL_NODES:
             self.engine_start(node, start_delay_s=0)
         # -db: foreground, so it is our child and stopped by pid like the rest.
         self._spawn("haproxy", ["haproxy", "-db", "-f", str(lay.haproxy_cfg)])
@@ -366,21 +382,23 @@ class Sandbox:
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(self.slurm_conf)])
         self._wait("slurmctld", lambda: self.run(["scontrol", "ping"], timeout=10).stdout.count("UP") > 0, timeout_s)
         timings["slurmctld"] = time.monotonic() - t0
-        for node in NODES:
+        for node in ALL_NODES:
             self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.slurm_conf)])
-        self._wait("slurmd-gpu4", lambda: self._nodes_ready(), timeout_s)
+        self._wait(f"slurmd-{ALL_NODES[-1]}", lambda: self._nodes_ready(), timeout_s)
         timings["slurmd"] = time.monotonic() - t0
         self._wait("slurmdbd", lambda: self.run(["sacct", "-n", "-X"], timeout=10).returncode == 0, timeout_s)
         timings["sacct"] = time.monotonic() - t0
         self._wait("prometheus", lambda: _http_get(f"{self.prometheus_url}/-/ready")[0] == 200, timeout_s)
         timings["prometheus"] = time.monotonic() - t0
-        for node in NODES:
-            self._wait(f"emulator-{node}",
-                       lambda n=node: _http_get(f"{self.emulator_url(n)}/health")[0] == 200, timeout_s)
+        for r in REPLICAS:
+            self._wait(f"emulator-{r.name}",
+                       lambda n=r.name: _http_get(f"{self.emulator_url(n)}/health")[0] == 200,
+                       timeout_s)
         timings["emulators"] = time.monotonic() - t0
-        self._wait("prometheus", lambda: self._targets()["up"] == len(NODES), timeout_s)
+        self._wait("prometheus", lambda: self._targets()["up"] == len(REPLICAS), timeout_s)
         timings["scraped"] = time.monotonic() - t0
-        self._wait("haproxy", lambda: self.router_states().get(NODES[-1]) == "UP", timeout_s)
+        self._wait("haproxy", lambda: all(self.router_states().get(r.name) == "UP"
+                                          for r in REPLICAS), timeout_s)
         timings["haproxy"] = time.monotonic() - t0
         self._wait("dockerd", lambda: _unix_http(lay.docker_socket, "/_ping")[0] == 200, timeout_s)
         timings["dockerd"] = time.monotonic() - t0
@@ -418,7 +436,7 @@ class Sandbox:
         self._pidfile("slurmctld").clear()
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.slurm_conf)])
         self._wait("slurmctld", lambda: self.run(["scontrol", "ping"], timeout=10).stdout.count("UP") > 0, timeout_s)
-        self._wait("slurmctld", lambda: len(self.slurm_nodes()) == len(NODES) and not any(
+        self._wait("slurmctld", lambda: len(self.slurm_nodes()) == len(ALL_NODES) and not any(
             "*" in n["state"] or n["state"].startswith(("down", "unk")) for n in self.slurm_nodes()),
             timeout_s)
         return round(time.monotonic() - t0, 2)
@@ -427,10 +445,11 @@ class Sandbox:
         lay = self.layout
         ports = {"slurmctld": [lay.ctld_port], "slurmdbd": [lay.dbd_port],
                  "mariadb": [lay.mysql_port], "prometheus": [lay.prometheus_port],
-                 "haproxy": [lay.haproxy_port]}
-        for n in NODES:
+                 "haproxy": [lay.haproxy_port, lay.base_port + sandboxconf.HAPROXY_TOPOLOGY]}
+        for n in ALL_NODES:
             ports[f"slurmd-{n}"] = [lay.slurmd_port(n)]
-            ports[f"emulator-{n}"] = [lay.emulator_port(n)]
+        for r in REPLICAS:
+            ports[f"emulator-{r.name}"] = [lay.emulator_port(r.name)]
         return ports
 
     def _check_ports(self) -> None:
@@ -477,7 +496,7 @@ class Sandbox:
 
     def _nodes_ready(self) -> bool:
         nodes = self.slurm_nodes()
-        return len(nodes) == len(NODES) and all(n["state"] == "idle" for n in nodes)
+        return len(nodes) == len(ALL_NODES) and all(n["state"] == "idle" for n in nodes)
 
     def slurm_nodes(self) -> list[dict[str, Any]]:
         """Each node once: name, base state (idle, mixed, drained...), GPUs configured."""
@@ -495,39 +514,45 @@ class Sandbox:
             seen[parts[0]] = {"name": parts[0], "state": parts[1], "gpus": gpus}
         return [seen[n] for n in sorted(seen)]
 
-    # --- engines (one emulator per node) -------------------------------------------------
+    # --- engines (an emulator per replica: one per node, two on gpu5) ----------------------
 
-    def engine_start(self, node: str, start_delay_s: float | None = None) -> bool:
-        """Launch the node's emulator (returns at once; it answers /health shortly after).
+    def engine_start(self, node: str, start_delay_s: float | None = None,
+                     index: int | None = None) -> bool:
+        """Launch the emulator of every replica headed on `node` (or of its `index`th only);
+        returns at once (it answers /health shortly after); True when one was started now.
 
         start_delay_s: simulated cold start (default: the sandbox's engine_start_delay_s).
         """
         delay = self.engine_start_delay_s if start_delay_s is None else start_delay_s
-        if node not in NODES:
-            raise ValueError(f"unknown sandbox node {node!r}; nodes are {', '.join(NODES)}")
         lay = self.layout
-        for d in (lay.run, lay.log, lay.emulator_state_dir):
-            d.mkdir(parents=True, exist_ok=True)
-        cap = self.capacity
-        return self._spawn(f"emulator-{node}", [
-            self.python, "-m", "slurm_idle.testing.emulator", "--port", str(lay.emulator_port(node)),
-            "--model", sandboxconf.MODEL_NAME, "--node", node,
-            "--state-dir", str(lay.emulator_state_dir), "--load-file", str(lay.load_file),
-            "--max-num-seqs", str(cap.max_num_seqs), "--tokens-per-s", str(cap.tokens_per_s),
-            "--seq-tokens-per-s", str(cap.seq_tokens_per_s),
-            "--start-delay-s", str(delay)])
+        started = False
+        for r in sandboxconf.replicas_headed(node, index):
+            state_dir = lay.model_state_dir(r.model)
+            for d in (lay.run, lay.log, state_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            cap = self.capacity
+            started |= self._spawn(f"emulator-{r.name}", [
+                self.python, "-m", "slurm_idle.testing.emulator",
+                "--port", str(lay.emulator_port(r.name)), "--model", r.model, "--node", r.name,
+                "--state-dir", str(state_dir), "--load-file", str(lay.model_load_file(r.model)),
+                "--max-num-seqs", str(cap.max_num_seqs), "--tokens-per-s", str(cap.tokens_per_s),
+                "--seq-tokens-per-s", str(cap.seq_tokens_per_s),
+                "--start-delay-s", str(delay)])
+        return started
 
-    def engine_stop(self, node: str, timeout_s: float = 10.0) -> bool:
-        """Stop the node's emulator by pid; True when one was running."""
-        if node not in NODES:
-            raise ValueError(f"unknown sandbox node {node!r}; nodes are {', '.join(NODES)}")
-        pf = self._pidfile(f"emulator-{node}")
-        pid = pf.read()
-        if pid is not None:
-            procs.terminate([pid], timeout_s)
-        pf.clear()
-        (self.layout.emulator_state_dir / f"{node}.json").unlink(missing_ok=True)
-        return pid is not None
+    def engine_stop(self, node: str, timeout_s: float = 10.0, index: int | None = None) -> bool:
+        """Stop the emulator of every replica headed on `node` (or its `index`th) by pid;
+        True when one was running."""
+        stopped = False
+        for r in sandboxconf.replicas_headed(node, index):
+            pf = self._pidfile(f"emulator-{r.name}")
+            pid = pf.read()
+            if pid is not None:
+                procs.terminate([pid], timeout_s)
+            pf.clear()
+            (self.layout.model_state_dir(r.model) / f"{r.name}.json").unlink(missing_ok=True)
+            stopped |= pid is not None
+        return stopped
 
     # --- teardown ------------------------------------------------------------------------
 
@@ -570,7 +595,7 @@ class Sandbox:
         for name in running:
             self._pidfile(name).clear()
         if self.layout.emulator_state_dir.is_dir():
-            for f in self.layout.emulator_state_dir.glob("*.json"):
+            for f in self.layout.emulator_state_dir.rglob("*.json"):
                 f.unlink(missing_ok=True)
         left = list(self._recorded().values()) + procs.pids_with_env(self._ours)
         return {"stopped": sorted(running), "killed": killed, "stray": stray,
@@ -613,7 +638,7 @@ class Sandbox:
         except (subprocess.TimeoutExpired, OSError):
             st["nodes"] = []
         emus = {}
-        for node in NODES:
+        for node in (r.name for r in REPLICAS):
             url = self.emulator_url(node)
             e: dict[str, Any] = {"url": url, "healthy": False, "sleeping": None}
             try:
@@ -637,11 +662,20 @@ class Sandbox:
             st["load_rps"] = json.loads(self.layout.load_file.read_text())["rps"]
         except (OSError, ValueError, KeyError):
             st["load_rps"] = None
+        st["load_rps_by_model"] = {}
+        for model in dict.fromkeys(r.model for r in REPLICAS):
+            try:
+                rps = json.loads(self.layout.model_load_file(model).read_text())["rps"]
+            except (OSError, ValueError, KeyError):
+                rps = None
+            st["load_rps_by_model"][model] = rps
         # ok: the infrastructure works. Node states and stopped emulators are the product's
         # business (a lent node is drained/allocated, its engine stopped), so they do not count.
-        engines = [n for n in NODES if running.get(f"emulator-{n}")]
-        st["ok"] = (len(st["nodes"]) == len(NODES)
-                    and all(n["gpus"] == sandboxconf.GPUS_PER_NODE
+        engines = [r.name for r in REPLICAS if running.get(f"emulator-{r.name}")]
+        gpus = {n: sandboxconf.GPUS_PER_NODE for n in NODES}
+        gpus.update(dict.fromkeys(sandboxconf.TOPOLOGY_NODES, sandboxconf.TOPOLOGY_GPUS_PER_NODE))
+        st["ok"] = (len(st["nodes"]) == len(ALL_NODES)
+                    and all(n["gpus"] == gpus.get(n["name"])
                             and not n["state"].startswith(("down", "unk", "inval", "fail"))
                             for n in st["nodes"])
                     and all(emus[n]["healthy"] for n in engines) and st["sacct"] and st["docker"]
@@ -662,8 +696,8 @@ class Sandbox:
         return targets
 
     def _component_names(self) -> list[str]:
-        return (["munged", "mariadb", "slurmdbd", "slurmctld"] + [f"slurmd-{n}" for n in NODES]
-                + ["dockerd", "prometheus", "haproxy"] + [f"emulator-{n}" for n in NODES])
+        return (["munged", "mariadb", "slurmdbd", "slurmctld"] + [f"slurmd-{n}" for n in ALL_NODES]
+                + ["dockerd", "prometheus", "haproxy"] + [f"emulator-{r.name}" for r in REPLICAS])
 
 
 if __name__ == "__main__":

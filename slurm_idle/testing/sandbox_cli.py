@@ -26,7 +26,7 @@ def _print_status(st: dict[str, Any]) -> None:
             print(f"node {n['name']}: {n['state']}, {n['gpus']} GPUs")
     else:
         print("nodes: slurmctld not answering")
-    for node, e in st["emulators"].items():
+    for node, e in st["emulators"].items():  # per replica: gpu5-0 and gpu5-1 share gpu5
         health = "healthy" if e["healthy"] else "NOT ANSWERING"
         sleep = "" if e["sleeping"] is None else (", asleep" if e["sleeping"] else ", awake")
         print(f"emulator {node} {e['url']}: {health}{sleep}")
@@ -34,7 +34,7 @@ def _print_status(st: dict[str, Any]) -> None:
     print(f"dockerd: {'answers' if st['docker'] else 'NOT ANSWERING'}")
     t = st["prometheus_targets"]
     print(f"prometheus: {t['up']}/{t['total']} emulator targets up")
-    print(f"load: {st['load_rps']} req/s")
+    print("load: " + ", ".join(f"{m} {rps} req/s" for m, rps in st["load_rps_by_model"].items()))
     if st.get("router"):
         print("haproxy: " + " ".join(f"{n}={s}" for n, s in sorted(st["router"].items())))
     print("OK" if st["ok"] else "NOT OK")
@@ -54,15 +54,23 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--json", action="store_true")
     sub.add_parser("env", help="print export lines for this sandbox")
     ld = sub.add_parser("load", help="send RPS completions/s through HAProxy, counted client-side "
-                        "(--simulated: the emulators' own background rate instead)")
+                        "(--simulated: the emulators' own background rate instead); spread "
+                        "over every replica of the model")
     ld.add_argument("rps", type=float)
+    ld.add_argument("--model", default=sandboxconf.MODEL_NAME,
+                    choices=sorted({r.model for r in sandboxconf.REPLICAS}),
+                    help=f"whose replicas take it (default {sandboxconf.MODEL_NAME}; "
+                    f"{sandboxconf.TOPOLOGY_MODEL}: gpu5's two replicas and the one over gpu[6-7])")
     ld.add_argument("--simulated", action="store_true",
                     help="set the emulators' background request rate (no client, no router)")
     ls = sub.add_parser("load-stats", help="client-side outcome since the last `load`")
     ls.add_argument("--json", action="store_true")
     for name in ("engine-start", "engine-stop"):
-        e = sub.add_parser(name, help=f"{name.split('-')[1]} one node's vLLM emulator")
+        e = sub.add_parser(name, help=f"{name.split('-')[1]} the vLLM emulators of the replicas "
+                           "headed on a node")
         e.add_argument("node")
+        e.add_argument("--index", type=int, default=None,
+                       help="only the replica with this index on the node (gpu5 has 0 and 1)")
     args = p.parse_args(argv)
     root = args.root or DEFAULT_ROOT
     base = args.base_port
@@ -100,11 +108,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "load":
             if args.simulated:
-                sb.load(args.rps)
-                print(f"simulated load set to {args.rps:g} req/s")
+                sb.load(args.rps, args.model)
+                print(f"simulated load of {args.model} set to {args.rps:g} req/s")
             else:
-                sb.traffic(args.rps)
-                print(f"sending {args.rps:g} req/s through {sb.router_url} (see `load-stats`)")
+                sb.traffic(args.rps, model=args.model)
+                print(f"sending {args.rps:g} req/s of {args.model} through "
+                      f"{sb.layout.model_router_url(args.model)} (see `load-stats`)")
             return 0
         if args.cmd == "load-stats":
             stats = sb.traffic_stats()
@@ -118,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
                       + (f" ({why})" if why else "") + f", p50 {p50}, p99 {p99}")
             return 0
         if args.cmd == "engine-start":
-            sb.engine_start(args.node)
+            sb.engine_start(args.node, index=args.index)
             return 0
         if args.cmd == "engine-stop":
-            sb.engine_stop(args.node)
+            sb.engine_stop(args.node, index=args.index)
             return 0
     except KeyboardInterrupt:
         print("sandbox: interrupted", file=sys.stderr)

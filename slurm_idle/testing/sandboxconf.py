@@ -3,6 +3,8 @@
 Pure functions of a `Layout` (root dir + base port + Slurm version), so the files are
 reviewable in tests without starting anything. Slurm version differences live here:
 24.11 needs `cgroup.conf` with `CgroupPlugin=disabled`; keys removed in 24.11 are not used.
+Longer than most modules (~480 lines) because every generated file reads the same node and
+replica table (NODES, TOPOLOGY_NODES, REPLICAS) and Layout: one place to change a port or a node.
 """
 
 from __future__ import annotations
@@ -14,17 +16,73 @@ from pathlib import Path
 
 import yaml
 
-NODES = ("gpu1", "gpu2", "gpu3", "gpu4")
+NODES = ("gpu1", "gpu2", "gpu3", "gpu4")  # the default model's: one 4-GPU replica each (the demo)
 GPUS_PER_NODE = 4
 MODEL_NAME = "sandbox-model"
 GRACE_TIME_S = 10
 
+# Fleets as they are (issue 13): 8-GPU nodes under a model of their own, in a config of their
+# own (`topology_config_path`), so the default config and every story on it are unchanged.
+# gpu5 runs two 4-GPU replicas on two ports; one replica spans gpu[6-7] (its head, the only
+# emulator, on gpu6). Slurm gives them a higher Weight: jobs of the default stories land on
+# gpu1-gpu4 while those fit, never on an 8-GPU node left idle by the default config.
+TOPOLOGY_NODES = ("gpu5", "gpu6", "gpu7")
+TOPOLOGY_GPUS_PER_NODE = 8
+TOPOLOGY_MODEL = "sandbox-large"
+TOPOLOGY_WEIGHT = 100
+ALL_NODES = NODES + TOPOLOGY_NODES
+
 # Port offsets from the base port.
 CTLD, DBD, MYSQL, PROMETHEUS = 0, 1, 2, 3
-SLURMD0, EMULATOR0 = 10, 20
+SLURMD0, EMULATOR0 = 10, 20  # + the node's place in ALL_NODES / the replica's in REPLICAS
 HAPROXY = 8  # the router in front of the emulators (issue 14)
+HAPROXY_TOPOLOGY = 9  # the topology model's own frontend (clients pick a model by its port)
 HAPROXY_BACKEND = "vllm"
-PORT_SPAN = 24
+HAPROXY_TOPOLOGY_BACKEND = "vllm-large"
+PORT_SPAN = 32
+
+
+@dataclass(frozen=True)
+class SandboxReplica:
+    """One emulated vLLM replica: `name` is its emulator's and HAProxy server's name (the node
+    for the default model's whole-node replicas, `{node}-{index}` for the topology model's)."""
+
+    name: str
+    model: str
+    nodes: tuple[str, ...]
+    index: int  # among the replicas headed on its node: `{index}` in engine commands
+    gpus: str | None = None  # its GPUs on each node ("0-3"); None: the whole node
+
+    @property
+    def node(self) -> str:
+        return self.nodes[0]
+
+    @property
+    def backend(self) -> str:
+        return HAPROXY_BACKEND if self.model == MODEL_NAME else HAPROXY_TOPOLOGY_BACKEND
+
+
+REPLICAS = (
+    *(SandboxReplica(n, MODEL_NAME, (n,), 0) for n in NODES),
+    SandboxReplica("gpu5-0", TOPOLOGY_MODEL, ("gpu5",), 0, "0-3"),
+    SandboxReplica("gpu5-1", TOPOLOGY_MODEL, ("gpu5",), 1, "4-7"),
+    SandboxReplica("gpu6-0", TOPOLOGY_MODEL, ("gpu6", "gpu7"), 0),
+)
+
+
+def replica_named(name: str) -> SandboxReplica:
+    for r in REPLICAS:
+        if r.name == name:
+            return r
+    raise ValueError(f"unknown sandbox replica {name!r}; replicas are "
+                     f"{', '.join(r.name for r in REPLICAS)}")
+
+
+def replicas_headed(node: str, index: int | None = None) -> list[SandboxReplica]:
+    """The replicas headed on `node` (one of them: `index`); ValueError for another node."""
+    if node not in ALL_NODES:
+        raise ValueError(f"unknown sandbox node {node!r}; nodes are {', '.join(ALL_NODES)}")
+    return [r for r in REPLICAS if r.node == node and (index is None or r.index == index)]
 
 
 def parse_slurm_version(text: str) -> str:
@@ -70,13 +128,14 @@ class Layout:
         return self.base_port + PROMETHEUS
 
     def slurmd_port(self, node: str) -> int:
-        return self.base_port + SLURMD0 + NODES.index(node)
+        return self.base_port + SLURMD0 + ALL_NODES.index(node)
 
-    def emulator_port(self, node: str) -> int:
-        return self.base_port + EMULATOR0 + NODES.index(node)
+    def emulator_port(self, replica: str) -> int:
+        """The port of a replica's emulator, by replica name (a default-model node's name)."""
+        return self.base_port + EMULATOR0 + REPLICAS.index(replica_named(replica))
 
-    def emulator_url(self, node: str) -> str:
-        return f"http://127.0.0.1:{self.emulator_port(node)}"
+    def emulator_url(self, replica: str) -> str:
+        return f"http://127.0.0.1:{self.emulator_port(replica)}"
 
     @property
     def haproxy_port(self) -> int:
@@ -86,6 +145,20 @@ class Layout:
     def router_url(self) -> str:
         """Where clients send requests: HAProxy in front of every emulator."""
         return f"http://127.0.0.1:{self.haproxy_port}"
+
+    def model_router_url(self, model: str) -> str:
+        """Where clients of `model` send requests (each model has its own frontend)."""
+        port = self.haproxy_port if model == MODEL_NAME else self.base_port + HAPROXY_TOPOLOGY
+        return f"http://127.0.0.1:{port}"
+
+    def model_load_file(self, model: str) -> Path:
+        """The simulated request rate of `model`'s emulators (`load_file` for the default)."""
+        return self.load_file if model == MODEL_NAME else self.root / f"load-{model}.json"
+
+    def model_state_dir(self, model: str) -> Path:
+        """Where `model`'s emulators announce themselves: the load is spread over these."""
+        d = self.emulator_state_dir
+        return d if model == MODEL_NAME else d / model
 
     @property
     def haproxy_socket(self) -> Path:
@@ -142,6 +215,11 @@ class Layout:
         return self.root / "slurm-idle.yaml"
 
     @property
+    def topology_config_path(self) -> Path:
+        """slurm-idle's config for the topology model alone (gpu5, gpu[6-7])."""
+        return self.root / "slurm-idle-topology.yaml"
+
+    @property
     def load_file(self) -> Path:
         return self.root / "load.json"
 
@@ -161,9 +239,17 @@ class Layout:
         return version_tuple(self.slurm_version) >= (23, 2)
 
 
+def _hostlist(nodes: tuple[str, ...]) -> str:
+    """gpu1..gpu4 -> gpu[1-4] (the sandbox's names: `gpu` + consecutive numbers)."""
+    first, last = nodes[0][3:], nodes[-1][3:]
+    return nodes[0] if first == last else f"gpu[{first}-{last}]"
+
+
 def slurm_conf(lay: Layout) -> str:
     first, last = lay.slurmd_port(NODES[0]), lay.slurmd_port(NODES[-1])
-    nodes = f"gpu[1-{len(NODES)}]"
+    nodes = _hostlist(NODES)
+    big = _hostlist(TOPOLOGY_NODES)
+    every = _hostlist(ALL_NODES)
     lines = [
         "# Generated by slurm_idle.testing.sandbox: a private test cluster on loopback.",
         f"ClusterName={lay.cluster_name}",
@@ -214,9 +300,13 @@ def slurm_conf(lay: Layout) -> str:
     lines += [
         (f"NodeName={nodes} NodeHostname={lay.hostname} NodeAddr=127.0.0.1 Port={first}-{last} "
          f"Gres=gpu:{GPUS_PER_NODE} CPUs=8 RealMemory=16000 State=UNKNOWN"),
-        (f"PartitionName=inference Nodes={nodes} PriorityTier=10 PreemptMode=OFF Default=NO "
+        (f"NodeName={big} NodeHostname={lay.hostname} NodeAddr=127.0.0.1 "
+         f"Port={lay.slurmd_port(TOPOLOGY_NODES[0])}-{lay.slurmd_port(TOPOLOGY_NODES[-1])} "
+         f"Gres=gpu:{TOPOLOGY_GPUS_PER_NODE} CPUs=8 RealMemory=16000 Weight={TOPOLOGY_WEIGHT} "
+         "State=UNKNOWN"),
+        (f"PartitionName=inference Nodes={every} PriorityTier=10 PreemptMode=OFF Default=NO "
          "MaxTime=INFINITE State=UP"),
-        (f"PartitionName=idle Nodes={nodes} PriorityTier=1 PreemptMode=REQUEUE "
+        (f"PartitionName=idle Nodes={every} PriorityTier=1 PreemptMode=REQUEUE "
          f"GraceTime={GRACE_TIME_S} Default=YES MaxTime=INFINITE State=UP"),
     ]
     return "\n".join(lines) + "\n"
@@ -228,7 +318,10 @@ def haproxy_cfg(lay: Layout) -> str:
     Health checks as a production setup has them (`/health`, 1 s): with `router: none` they
     are all that takes a stopped replica out, and a sleeping vLLM passes them.
     """
-    servers = [f"    server {n} 127.0.0.1:{lay.emulator_port(n)}" for n in NODES]
+    def servers(backend: str) -> list[str]:
+        return [f"    server {r.name} 127.0.0.1:{lay.emulator_port(r.name)}"
+                for r in REPLICAS if r.backend == backend]
+
     return "\n".join([
         "# Generated by slurm_idle.testing.sandbox: the request router of the sandbox.",
         "global",
@@ -247,13 +340,23 @@ def haproxy_cfg(lay: Layout) -> str:
         "    balance roundrobin",
         "    option httpchk GET /health",
         "    default-server check inter 1s fall 2 rise 2",
-        *servers,
+        *servers(HAPROXY_BACKEND),
+        # The topology model: a server per replica, two of them on gpu5 (issue 13).
+        "frontend clients-large",
+        f"    bind 127.0.0.1:{lay.base_port + HAPROXY_TOPOLOGY}",
+        f"    default_backend {HAPROXY_TOPOLOGY_BACKEND}",
+        f"backend {HAPROXY_TOPOLOGY_BACKEND}",
+        "    balance roundrobin",
+        "    option httpchk GET /health",
+        "    default-server check inter 1s fall 2 rise 2",
+        *servers(HAPROXY_TOPOLOGY_BACKEND),
     ]) + "\n"
 
 
 def gres_conf(lay: Layout) -> str:
-    return (f"NodeName=gpu[1-{len(NODES)}] Name=gpu "
-            f"File={lay.dev}/nvidia[0-{GPUS_PER_NODE - 1}]\n")
+    return (f"NodeName={_hostlist(NODES)} Name=gpu File={lay.dev}/nvidia[0-{GPUS_PER_NODE - 1}]\n"
+            f"NodeName={_hostlist(TOPOLOGY_NODES)} Name=gpu "
+            f"File={lay.dev}/nvidia[0-{TOPOLOGY_GPUS_PER_NODE - 1}]\n")
 
 
 def cgroup_conf(lay: Layout) -> str:
@@ -284,9 +387,12 @@ def prometheus_yml(lay: Layout) -> str:
     doc = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [
+            # Every replica, two on gpu5 among them; `node` is its head, `replica` its name.
             {"job_name": "vllm", "static_configs": [
-                {"targets": [f"127.0.0.1:{lay.emulator_port(n)}"], "labels": {"node": n}}
-                for n in NODES]},
+                {"targets": [f"127.0.0.1:{lay.emulator_port(r.name)}"],
+                 "labels": {"node": r.node} if r.model == MODEL_NAME
+                 else {"node": r.node, "replica": r.name}}
+                for r in REPLICAS]},
             {"job_name": "prometheus", "static_configs": [
                 {"targets": [f"127.0.0.1:{lay.prometheus_port}"]}]},
         ],
@@ -334,3 +440,41 @@ def slurm_idle_config(lay: Layout, tokens_per_s_per_replica: float) -> str:
     }
     return ("# Generated by slurm_idle.testing.sandbox for the sandbox at "
             f"{lay.root}\n" + str(yaml.safe_dump(doc, sort_keys=False)))
+
+
+def topology_config(lay: Layout, tokens_per_s_per_replica: float) -> str:
+    """The config of the topology model alone: the default one's settings, its own journal
+    and textfile (the same tick lock), its HAProxy backend with a server per replica."""
+    doc = yaml.safe_load(slurm_idle_config(lay, tokens_per_s_per_replica))
+    model = topology_model(lay, tokens_per_s_per_replica)
+    doc["router"] = model.pop("router")
+    doc["models"] = [model]
+    for key in ("start_command", "stop_command"):  # each of gpu5's replicas on its own
+        doc["engine"][key] += " --index {index}"
+    doc["paths"].update(journal=str(lay.root / "journal-topology.jsonl"),
+                        textfile=str(lay.root / "slurm_idle-topology.prom"))
+    return ("# Generated by slurm_idle.testing.sandbox: gpu5 (8 GPUs, two 4-GPU replicas) and "
+            f"one replica over gpu[6-7], sandbox at {lay.root}\n"
+            + str(yaml.safe_dump(doc, sort_keys=False)))
+
+
+def topology_model(lay: Layout, tokens_per_s_per_replica: float) -> dict[str, object]:
+    """The topology model's config: gpu5's two replicas (GPUs 0-3 and 4-7, a port each) and
+    the replica over gpu[6-7]; its own HAProxy backend, a server per replica."""
+    replicas: list[dict[str, object]] = []
+    for r in REPLICAS:
+        if r.model != TOPOLOGY_MODEL:
+            continue
+        entry: dict[str, object] = {"url": lay.emulator_url(r.name)}
+        if len(r.nodes) > 1:
+            entry["nodes"] = _hostlist(r.nodes)
+        else:
+            entry.update(node=r.node, gpus=r.gpus)
+        replicas.append(entry)
+    return {"name": TOPOLOGY_MODEL, "gpus_per_replica": TOPOLOGY_GPUS_PER_NODE // 2,
+            "gpus_per_node": TOPOLOGY_GPUS_PER_NODE,
+            "tokens_per_s_per_replica": tokens_per_s_per_replica,
+            "min_serving_replicas": 1, "replicas": replicas,
+            "router": {"kind": "haproxy", "admin_socket": str(lay.haproxy_socket),
+                       "backend": HAPROXY_TOPOLOGY_BACKEND, "server": "{node}-{index}",
+                       "timeout_s": 5}}

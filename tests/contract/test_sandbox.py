@@ -55,10 +55,12 @@ def post(url: str) -> int:
 
 
 def test_four_idle_nodes_with_four_gpus(sandbox: Sandbox) -> None:
-    """After `up` the cluster has gpu1..gpu4, each plain idle with 4 GPUs, and status is OK."""
+    """After `up` the cluster has gpu1..gpu4, each plain idle with 4 GPUs, and the 8-GPU
+    gpu5..gpu7 of the topology model (issue 13); status is OK."""
     st = sandbox.status()
     assert [(n["name"], n["state"], n["gpus"]) for n in st["nodes"]] == [
-        (n, "idle", 4) for n in sandbox.nodes]
+        (n, "idle", 4) for n in sandbox.nodes] + [(n, "idle", 8) for n in ("gpu5", "gpu6", "gpu7")]
+    assert sandbox.all_nodes == [n["name"] for n in st["nodes"]]
     assert st["ok"], st
 
 
@@ -190,7 +192,7 @@ def test_second_sandbox_runs_beside_and_down_leaves_nothing(sandbox: Sandbox, tm
     try:
         assert other.base_port != sandbox.base_port
         other.up()
-        assert other.run(["sinfo", "-h", "-o", "%P=%D"]).stdout.split() == ["inference=4", "idle*=4"]
+        assert other.run(["sinfo", "-h", "-o", "%P=%D"]).stdout.split() == ["inference=7", "idle*=7"]
         job = ok(other, ["sbatch", "--parsable", "-p", "idle", "-o", "/dev/null", "--wrap", "sleep 300"]).strip()
         poll(lambda: job_field(other, job, "JobState") == "RUNNING", 20, "job running in 2nd sandbox")
     finally:
@@ -200,3 +202,33 @@ def test_second_sandbox_runs_beside_and_down_leaves_nothing(sandbox: Sandbox, tm
     assert procs.pids_with_env(lambda e: e.get(procs.MARKER) == str(other.root)
                                or e.get("SLURM_CLUSTER_NAME") == other.layout.cluster_name) == []
     assert sandbox.status()["ok"], "the first sandbox must be untouched"
+
+
+def test_the_topology_model_load_reaches_each_of_its_replicas(sandbox: Sandbox) -> None:
+    """`load --model sandbox-large` is spread over gpu5's two emulators and gpu6's; Prometheus
+    has a series per replica (two on gpu5) and HAProxy a server per replica."""
+    from slurm_idle.testing.sandboxconf import TOPOLOGY_MODEL
+
+    names = ["gpu5-0", "gpu5-1", "gpu6-0"]
+
+    def prompt_tokens(name: str) -> float:
+        body = get(f"{sandbox.emulator_url(name)}/metrics")[1].decode()
+        return next((float(line.split()[-1]) for line in body.splitlines()
+                     if line.startswith("vllm:prompt_tokens_total")), 0.0)
+
+    assert all(sandbox.router_states().get(n) == "UP" for n in names)
+    before = {n: prompt_tokens(n) for n in [*names, "gpu1"]}
+    sandbox.load(8.0, TOPOLOGY_MODEL)
+    try:
+        poll(lambda: all(prompt_tokens(n) > before[n] for n in names), 10,
+             "prompt tokens on every replica of the topology model")
+        assert prompt_tokens("gpu1") == before["gpu1"]  # the default model's: not its load
+    finally:
+        sandbox.load(0.0, TOPOLOGY_MODEL)
+    from prometheus_api_client import PrometheusConnect
+
+    prom = PrometheusConnect(url=sandbox.prometheus_url, disable_ssl=True)
+    res = poll(lambda: (r := prom.custom_query(
+        f'vllm:num_requests_running{{model_name="{TOPOLOGY_MODEL}"}}')) and len(r) == 3 and r,
+        30, "3 topology series in Prometheus", interval_s=1)
+    assert sorted(r["metric"]["replica"] for r in res) == names

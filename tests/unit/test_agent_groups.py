@@ -230,3 +230,34 @@ def test_a_job_on_both_nodes_of_a_group_is_requeued_once(tmp_path: Path) -> None
     assert [ids for ids, _ in slurm.requeues] == [(9,)]
     assert steps[-1].to_phase is Phase.SERVING and steps[-1].outcome == "ok"
     assert engine.up["gpu6"]
+
+
+def test_the_router_is_told_of_each_replica_on_a_node(tmp_path: Path) -> None:
+    """Two replicas on gpu5 are two router targets: a lend takes both out before the drain,
+    a reclaim puts both back, and the reconcile reads and fixes each on its own."""
+    from slurm_idle.config import RouterConfig
+    from slurm_idle.router import IN, OUT, all_targets, fill
+    from slurm_idle.router.sync import RouterSet
+    from slurm_idle.testing.fake_router import FakeRouter
+
+    agent, slurm, _, clock = make_agent(tmp_path)
+    agent.config = agent.config.model_copy(
+        update={"router": RouterConfig(kind="haproxy", admin_socket="/nonexistent.sock")})
+    router = FakeRouter(log=slurm.log)
+    agent.router = RouterSet(agent.config, make=lambda c: router, clock=clock)
+    names = [t.name for t in all_targets(agent.config)]
+    assert names == REPLICAS
+    assert [fill("{node}-{index}", t) for t in all_targets(agent.config)] == [
+        "gpu5-0", "gpu5-1", "gpu6-0"]
+    router.members.update(dict.fromkeys(REPLICAS, IN))
+    for _ in range(3):
+        agent.tick()
+        clock.t += 60
+    assert router.members == dict.fromkeys(REPLICAS, OUT)
+    removed = [e[1] for e in slurm.log if e[0] == "router_remove"]
+    assert sorted(removed) == sorted(REPLICAS)
+    router.members["gpu5:8001"] = IN  # someone put it back: gpu5 is lent
+    result = agent.tick()
+    assert router.members["gpu5:8001"] == OUT
+    assert {(c["node"], c.get("replica"), c["call"]) for c in result.router_changes} == {
+        ("gpu5", "gpu5:8001", "remove")}

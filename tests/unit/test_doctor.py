@@ -166,6 +166,21 @@ def test_node_with_fewer_gpus_fails_naming_it() -> None:
     assert check.status == "fail" and "gpu5 is not known" in check.detail
 
 
+def test_an_8_gpu_node_with_two_4_gpu_replicas_is_used_whole() -> None:
+    """Two 4-GPU replicas on an 8-GPU node use all of it (no "rest lent only with the node"
+    warning); one 4-GPU replica there does leave 4 unused, and says so."""
+    nodes = tuple(replace(n, gpus_total=8) for n in facts_22().nodes or ())
+    two = parse_config("""
+engine: {kind: command, start_command: 'true', stop_command: 'true'}
+models:
+  - {name: m, gpus_per_replica: 4, nodes: 'gpu[1-4]', replicas_per_node: 2,
+     url: 'http://{node}:{port}', ports: [8000, 8001]}
+""")
+    assert check_nodes(facts_22(nodes=nodes), two)[0].status == "ok"
+    check = check_nodes(facts_22(nodes=nodes), config())[0]
+    assert check.status == "warn" and "uses 4" in check.detail
+
+
 def test_grace_time_against_budget() -> None:
     """requeue_grace_s at or above the tick budget fails; GraceTime above it warns."""
     assert check_grace_time(facts_22(), config(slurm="{requeue_grace_s: 60}"))[0].status == "fail"

@@ -45,8 +45,11 @@ def test_slurm_conf_has_preemption_accounting_and_no_removed_keys(version: str) 
     assert keys["PreemptType"] == "preempt/partition_prio" and keys["JobRequeue"] == "1"
     assert "cred_expire=10" in keys["AuthInfo"] and keys["AccountingStorageTRES"] == "gres/gpu"
     assert keys["SlurmctldPort"] == "30000" and "Port=30010-30013" in text
-    assert "PartitionName=inference Nodes=gpu[1-4] PriorityTier=10 PreemptMode=OFF" in text
-    assert "PartitionName=idle Nodes=gpu[1-4] PriorityTier=1 PreemptMode=REQUEUE GraceTime=10" in text
+    assert "PartitionName=inference Nodes=gpu[1-7] PriorityTier=10 PreemptMode=OFF" in text
+    assert "PartitionName=idle Nodes=gpu[1-7] PriorityTier=1 PreemptMode=REQUEUE GraceTime=10" in text
+    # the 8-GPU nodes of the topology model: slurmd ports after gpu4's, last in Slurm's choice
+    assert "NodeName=gpu[5-7] " in text and "Port=30014-30016 Gres=gpu:8 " in text
+    assert "Weight=100" in text
     assert not set(REMOVED_IN_24_11) & set(keys)
     assert "JobSubmitPlugins" not in keys
 
@@ -62,8 +65,11 @@ def test_job_submit_lua_enabled_when_present() -> None:
 
 
 def test_gres_conf_points_at_four_fake_devices() -> None:
-    """gres.conf lists the 4 character devices (a count-only gres.conf leaves nodes INVAL)."""
-    assert sandboxconf.gres_conf(layout()) == "NodeName=gpu[1-4] Name=gpu File=/tmp/sb/dev/nvidia[0-3]\n"
+    """gres.conf lists the 4 character devices (a count-only gres.conf leaves nodes INVAL); the
+    8-GPU nodes gpu[5-7] list 8."""
+    assert sandboxconf.gres_conf(layout()) == (
+        "NodeName=gpu[1-4] Name=gpu File=/tmp/sb/dev/nvidia[0-3]\n"
+        "NodeName=gpu[5-7] Name=gpu File=/tmp/sb/dev/nvidia[0-7]\n")
 
 
 def test_prometheus_scrapes_each_emulator_every_second() -> None:
@@ -72,7 +78,10 @@ def test_prometheus_scrapes_each_emulator_every_second() -> None:
     assert doc["global"]["scrape_interval"] == "1s"
     vllm = doc["scrape_configs"][0]
     assert [(sc["targets"], sc["labels"]["node"]) for sc in vllm["static_configs"]] == [
-        ([f"127.0.0.1:{30020 + i}"], f"gpu{i + 1}") for i in range(4)]
+        ([f"127.0.0.1:{30020 + i}"], f"gpu{i + 1}") for i in range(4)] + [
+        (["127.0.0.1:30024"], "gpu5"), (["127.0.0.1:30025"], "gpu5"), (["127.0.0.1:30026"], "gpu6")]
+    assert [sc["labels"].get("replica") for sc in vllm["static_configs"]][4:] == [
+        "gpu5-0", "gpu5-1", "gpu6-0"]
 
 
 def test_engine_commands_carry_the_package_path() -> None:
@@ -109,3 +118,25 @@ def test_capacity_figure_sizes_replicas_sensibly(rps: float, replicas: int) -> N
 def test_500_rps_overloads_all_four_replicas() -> None:
     """500 req/s is far beyond what 4 replicas complete per second."""
     assert 500 > 4 * Capacity().requests_per_s * 10
+
+
+def test_the_topology_config_has_two_replicas_on_gpu5_and_one_over_gpu6_7() -> None:
+    """slurm-idle-topology.yaml: gpu5's replicas on GPUs 0-3 and 4-7 (a port each), one replica
+    over gpu[6-7] headed on gpu6; engine commands per replica; a HAProxy server per replica."""
+    from slurm_idle.router import all_targets, fill
+    from slurm_idle.topology import lend_groups
+
+    cfg = parse_config(sandboxconf.topology_config(layout(), 600.0), source="sandbox")
+    [model] = cfg.models
+    assert [(r.nodes, r.gpus, r.url, r.index) for r in model.replicas] == [
+        (("gpu5",), (0, 1, 2, 3), "http://127.0.0.1:30024", 0),
+        (("gpu5",), (4, 5, 6, 7), "http://127.0.0.1:30025", 1),
+        (("gpu6", "gpu7"), None, "http://127.0.0.1:30026", 0)]
+    assert [g.nodes for g in lend_groups(cfg)] == [("gpu5",), ("gpu6", "gpu7")]
+    assert cfg.engine_for(model.name).start_command.endswith("engine-start {node} --index {index}")
+    assert [fill(cfg.router.server, t) for t in all_targets(cfg)] == ["gpu5-0", "gpu5-1", "gpu6-0"]
+    assert cfg.router.backend == sandboxconf.HAPROXY_TOPOLOGY_BACKEND
+    haproxy = sandboxconf.haproxy_cfg(layout())
+    for i, name in enumerate(["gpu5-0", "gpu5-1", "gpu6-0"]):
+        assert f"    server {name} 127.0.0.1:{30024 + i}\n" in haproxy
+    assert cfg.paths.journal == "/tmp/sb/journal-topology.jsonl"

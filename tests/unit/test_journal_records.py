@@ -46,6 +46,8 @@ RECORDS: list[JournalRecord] = [
                  outcome=RouterOutcome.OK, duration_s=0.01),
     RouterRecord(ts=T0, node="gpu1", model="m", router="haproxy", call="add", reason="back",
                  outcome=RouterOutcome.ERROR, error="socket gone"),
+    RouterRecord(ts=T0, node="gpu5", model="m", router="haproxy", call="remove", reason="idle",
+                 outcome=RouterOutcome.OK, duration_s=0.02, replica="gpu5:8001"),
     AdminRecord(ts=T0, node="gpu1", command="pin", phase="serving", outcome=StepOutcome.OK,
                 detail="pinned"),
 ]

@@ -17,6 +17,7 @@ from slurm_idle.policy import (
     plan,
     replicas_for,
 )
+from slurm_idle.policy.capacity import horizon_factor
 
 from .test_policy_helpers import NOW, config, load, node, observation
 
@@ -508,6 +509,18 @@ def test_headroom_follows_the_measured_noise() -> None:
     assert assess(obs(40.0), config(), NOW)[0].needed_replicas == 3  # 1500 + 120 > 1600
     assert assess(obs(400.0), config(), NOW)[0].needed_replicas == 4  # 1500 + 1200
     assert assess(obs(400.0), config(headroom_sigmas=0), NOW)[0].needed_replicas == 2
+
+
+def test_a_slower_reclaim_keeps_a_wider_noise_margin() -> None:
+    """The noise margin widens with the time a wrong lend takes to undo (capacity.horizon_factor):
+    3 sigma at the reference 300 s start + 60 s grace + a tick, wider for a 15-minute start,
+    and a fast wake keeps the whole 3 sigma (white minute noise does not shrink with it)."""
+    obs = lambda noise: observation(*four_serving(), loads=(_noisy(noise),))
+    need = lambda noise, lead: assess(obs(noise), config(forecast_lead_s=lead), NOW)[0].needed_replicas
+    assert horizon_factor(420.0) == 1.0
+    assert need(250.0, 420.0) == 3  # 1500 + 3 x 250 = 2250 <= 2400
+    assert need(250.0, 1200.0) == 4  # 1500 + 3 x 1.62 x 250 > 2400
+    assert need(40.0, 90.0) == 3  # 1500 + 3 x 40 > 1600 (x 0.56 would be 2)
 
 
 def test_a_rising_trend_is_met_a_reclaim_ahead() -> None:
