@@ -30,11 +30,12 @@ from typing import Any, Protocol, runtime_checkable
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_idle import httpdeadline
+from slurm_idle.commands import TIMEOUT_RC, CommandRunner, SubprocessRunner
 from slurm_idle.config import EngineConfig, ReplicaConfig
 from slurm_idle.engine_version import relied_on, supports, version_from_body
 from slurm_idle.errors import CommandError, EngineError
+from slurm_idle.httpdeadline import DeadlineClient, HttpClient, HttpResponse
 from slurm_idle.logs import get_logger
-from slurm_idle.slurm.runner import TIMEOUT_RC, CommandRunner, SubprocessRunner
 
 log = get_logger(__name__)
 
@@ -65,31 +66,21 @@ def _limit(own_s: float, given_s: float | None) -> tuple[float, bool]:
 # --- HTTP ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class HttpResponse:
-    status: int
-    body: bytes
-
-
-class HttpClient(Protocol):
-    """One HTTP request; raises EngineError when the server cannot be reached at all."""
-
-    def request(self, method: str, url: str, timeout: float) -> HttpResponse: ...
-
-
 class UrllibClient:
-    """The real HTTP client: any status is returned, no answer raises. `timeout` is the whole
-    request's deadline (connect, headers, body), not each read's: a replica trickling its
-    answer cannot hold a tick (httpdeadline)."""
+    """The engine's HTTP client: the one client (httpdeadline.DeadlineClient: a total deadline
+    for connect, headers and body, bodies cut at MAX_BODY_BYTES, no proxies), its failures as
+    EngineErrors: no answer in time is HttpTimeout, no answer at all EngineError."""
+
+    def __init__(self, client: HttpClient | None = None) -> None:
+        self.client = client or DeadlineClient(MAX_BODY_BYTES)
 
     def request(self, method: str, url: str, timeout: float) -> HttpResponse:
         try:
-            status, body = httpdeadline.request(method, url, timeout, MAX_BODY_BYTES)
+            return self.client.request(method, url, timeout)
         except httpdeadline.DeadlineExceeded:
             raise HttpTimeout(f"{method} {url}: no answer within {timeout:g} s") from None
         except OSError as exc:
             raise EngineError(str(exc)) from None
-        return HttpResponse(status, body)
 
 
 # --- health --------------------------------------------------------------------------------

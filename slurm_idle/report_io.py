@@ -1,15 +1,14 @@
 """The report's inputs and outputs: `sacct` and the journal in, CSV and PNG out.
 
-Kept apart from report.py so the aggregation stays pure. Accounting is read with one
-`sacct --json --duplicates --allocations` call: `--duplicates` makes every run of a requeued job
-a record of its own (22.05 does so even without it; later releases need it), which is how
-preemptions and lost work are seen at all. Parsing is the Slurm adapter's `parse_accounting`.
+Kept apart from report.py so the aggregation stays pure. Accounting is read through the Slurm
+adapter (`SlurmBackend.accounting`: one `sacct --json --duplicates --allocations` call;
+`--duplicates` makes every run of a requeued job a record of its own, which is how preemptions
+and lost work are seen at all).
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import os
 from collections.abc import Mapping, Sequence
 from datetime import date, datetime
@@ -19,12 +18,12 @@ from zoneinfo import ZoneInfo
 
 from slurm_idle import safefiles
 from slurm_idle.config import Config
-from slurm_idle.errors import CommandError, ConfigError, SlurmIdleError
+from slurm_idle.errors import ConfigError, SlurmIdleError
 from slurm_idle.journal import Journal
-from slurm_idle.report import CSV_COLUMNS, Report, build_report, csv_rows
-from slurm_idle.slurm.parse import SlurmJsonError, parse_accounting
-from slurm_idle.slurm.protocol import AcctJob
-from slurm_idle.slurm.runner import CommandRunner, SubprocessRunner
+from slurm_idle.report import build_report
+from slurm_idle.report_model import CSV_COLUMNS, Period, Report, ReportSettings, csv_rows
+from slurm_idle.slurm import make_backend
+from slurm_idle.slurm.protocol import AcctJob, SlurmBackend
 
 
 def parse_date(text: str, tz: str) -> float:
@@ -45,37 +44,14 @@ def parse_date(text: str, tz: str) -> float:
     return moment.timestamp()
 
 
-def sacct_argv(since: float, until: float, partition: str, bin_dir: str | None = None) -> list[str]:
-    """The one sacct call the report makes (times in the client's local time, as sacct wants)."""
-    sacct = os.path.join(bin_dir, "sacct") if bin_dir else "sacct"
-    fmt = "%Y-%m-%dT%H:%M:%S"
-    return [
-        sacct, "--json", "--duplicates", "--allocations", "--allusers",
-        "--starttime", datetime.fromtimestamp(since).strftime(fmt),
-        "--endtime", datetime.fromtimestamp(until).strftime(fmt),
-        "--partition", partition,
-    ]
-
-
 def fetch_runs(
-    config: Config, since: float, until: float, runner: CommandRunner | None = None
+    config: Config, since: float, until: float, slurm: SlurmBackend | None = None
 ) -> list[AcctJob]:
-    """Every run of a lend-partition job that may overlap [since, until), from accounting."""
-    runner = runner or SubprocessRunner(timeout=config.slurm.command_timeout_s)
-    argv = sacct_argv(since, until, config.slurm.lend_partition, config.slurm.bin_dir)
-    try:
-        result = runner.run(argv)
-    except CommandError as exc:
-        if "disabled" in exc.stderr.lower():
-            raise SlurmIdleError(
-                "Slurm accounting is disabled: the report needs slurmdbd "
-                "(AccountingStorageType=accounting_storage/slurmdbd, AccountingStorageTRES=gres/gpu)"
-            ) from None
-        raise
-    try:
-        return parse_accounting(json.loads(result.stdout))
-    except (json.JSONDecodeError, SlurmJsonError) as exc:
-        raise SlurmIdleError(f"cannot read `sacct --json` output: {exc}") from None
+    """Every run of a lend-partition job that may overlap [since, until), from accounting,
+    through the Slurm adapter (`accounting`: one sacct call; disabled accounting says what to
+    configure)."""
+    slurm = slurm or make_backend(config)
+    return slurm.accounting(since, until, config.slurm.lend_partition)
 
 
 def make_report(
@@ -104,20 +80,16 @@ def make_report(
     per_node.update({n: g for n, g in (slurm_gpus or {}).items() if g > 0 and n in per_node})
     # The journal names a lend group by its key node: its GPUs are those of all its nodes.
     node_gpus = {g.name: sum(per_node[n] for n in g.nodes) for g in lend_groups(config)}
-    return build_report(
-        runs,
-        journal.records(),
-        since=since,
-        until=until,
-        now=now,
+    settings = ReportSettings(
         partition=config.slurm.lend_partition,
         price_per_gpu_hour=config.report.price_per_gpu_hour,
         currency=config.report.currency,
-        timezone=config.policy.timezone,
         node_gpus=node_gpus,
         checkpoint_interval_s=config.report.checkpoint_interval_s,
-        journal_path=str(path) if path.exists() else None,
     )
+    period = Period(since, until, now, config.policy.timezone)
+    return build_report(runs, journal.records(), period, settings,
+                        journal_path=str(path) if path.exists() else None)
 
 
 #: Formats `--plot` writes (matplotlib's Agg backend), chosen by the file name.

@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_idle.config import Config, RouterConfig
 from slurm_idle.errors import RouterError, SlurmIdleError
+from slurm_idle.httpdeadline import DeadlineClient
 from slurm_idle.journal import RouterOutcome, RouterRecord
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Observation, Phase
@@ -51,19 +50,19 @@ def desired(phase: Phase) -> str | None:
 
 
 Post = Callable[[str, bytes, float], int]
+#: A warm-up answer is one token: a bigger body is cut here.
+_WARM_UP_CLIENT = DeadlineClient(max_bytes=1024 * 1024)
 
 
 def urllib_post(url: str, body: bytes, timeout_s: float) -> int:
-    req = urllib.request.Request(url, data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    """POST a JSON body with the one HTTP client (httpdeadline: total deadline, bounded answer,
+    no proxies: the replica is on the cluster network); the status, any status."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            resp.read()
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, OSError) as exc:
-        raise RouterError(f"warm-up request to {url}: {getattr(exc, 'reason', exc)}") from None
+        resp = _WARM_UP_CLIENT.request("POST", url, timeout_s, body=body,
+                                       headers={"Content-Type": "application/json"})
+    except OSError as exc:
+        raise RouterError(f"warm-up request to {url}: {exc}") from None
+    return resp.status
 
 
 def warm_up(target: RouterTarget, prompt: str, timeout_s: float, post: Post = urllib_post) -> None:

@@ -6,6 +6,7 @@ only when it imports and was built for the cluster's major.minor release, else t
 
 from __future__ import annotations
 
+from slurm_idle.commands import CommandRunner, CompletedResult, SubprocessRunner
 from slurm_idle.config import Config
 from slurm_idle.errors import ConfigError
 from slurm_idle.slurm.cli_backend import CliBackend
@@ -18,7 +19,6 @@ from slurm_idle.slurm.protocol import (
     PoolSlurm,
     SlurmBackend,
 )
-from slurm_idle.slurm.runner import CommandRunner, CompletedResult, SubprocessRunner
 
 __all__ = [
     "AcctJob",

@@ -26,6 +26,18 @@ class NotRequeueable(CommandError):
     """Slurm refuses to requeue the job: it is not a batch job (srun/salloc)."""
 
 
+class AccountingDisabled(CommandError):
+    """sacct says accounting is disabled (accounting_storage/none): the message says what to
+    configure. A CommandError still, so callers that tolerate a failing sacct keep doing so."""
+
+    HINT = ("Slurm accounting is disabled: the report needs slurmdbd "
+            "(AccountingStorageType=accounting_storage/slurmdbd, AccountingStorageTRES=gres/gpu)")
+
+    def __init__(self, argv: Sequence[str], rc: int, stderr: str) -> None:
+        super().__init__(argv, rc, stderr)
+        self.args = (self.HINT,)
+
+
 @dataclass(frozen=True)
 class AcctJob:
     """One job from accounting (`sacct`), for reports: what ran where, how long, on how many GPUs.

@@ -40,12 +40,22 @@ def _print_status(st: dict[str, Any]) -> None:
     print("OK" if st["ok"] else "NOT OK")
 
 
+class _Command(argparse.ArgumentParser):
+    """A subcommand that takes --root and --base-port after its name too (`sandbox up --root
+    DIR`); SUPPRESS keeps it from overwriting a value given before the command."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--root", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        self.add_argument("--base-port", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sandbox", description="A local Slurm + Prometheus + vLLM-emulator sandbox.")
     p.add_argument("--root", type=Path, default=None, help=f"sandbox dir (default {DEFAULT_ROOT})")
     p.add_argument("--base-port", type=int, default=None,
                    help=f"first of {sandboxconf.PORT_SPAN} ports (default {DEFAULT_BASE_PORT} for the default root)")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Command)
     u = sub.add_parser("up", help="start everything (idempotent)")
     u.add_argument("--engine-start-delay-s", type=float, default=None,
                    help="simulated cold start of engine-start (kept for later engine-start calls)")

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from slurm_idle.commands import TIMEOUT_RC, SubprocessRunner
 from slurm_idle.config import load_config
 from slurm_idle.errors import CommandError
 from slurm_idle.model import SlurmJob
 from slurm_idle.slurm import CliBackend, make_backend
-from slurm_idle.slurm.runner import TIMEOUT_RC, SubprocessRunner
 from slurm_idle.testing.waiting import poll
 
 pytestmark = pytest.mark.sandbox
