@@ -36,7 +36,7 @@ Conventions (documented in `--help` and the README):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -249,6 +249,19 @@ def build_report(
         lent_gpus_per_hour=tuple(h.lent_gpu_s / HOUR for h in tally.hours),
         ticks=facts.ticks, tick_errors=facts.tick_errors, journal=journal_path,
     )
+
+
+def inference_gpu_hours(runs: Iterable[AcctJob], names: Collection[str], since: float,
+                        horizon: float) -> float:
+    """GPU-hours in [since, horizon) of the runs named as our replica jobs (`names`:
+    replicajobs.job_name of every replica; sacct keeps a job's name, its Comment only with
+    AccountingStoreFlags=job_comment)."""
+    total = 0.0
+    for run in runs:
+        if run.name in names and run.start is not None:
+            end = run.end if run.end is not None else horizon
+            total += max(0.0, min(end, horizon) - max(run.start, since)) * run.gpus
+    return total / HOUR
 
 
 def is_preemption(

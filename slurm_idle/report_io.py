@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from slurm_idle import safefiles
 from slurm_idle.config import Config
 from slurm_idle.errors import ConfigError, SlurmIdleError
 from slurm_idle.journal import Journal
-from slurm_idle.report import build_report
+from slurm_idle.replicajobs import job_name
+from slurm_idle.report import build_report, inference_gpu_hours
 from slurm_idle.report_model import CSV_COLUMNS, Period, Report, ReportSettings, csv_rows
 from slurm_idle.slurm import make_backend
 from slurm_idle.slurm.protocol import AcctJob, SlurmBackend
@@ -45,13 +47,30 @@ def parse_date(text: str, tz: str) -> float:
 
 
 def fetch_runs(
+    config: Config, since: float, until: float, slurm: SlurmBackend | None = None,
+    partition: str | None = None,
+) -> list[AcctJob]:
+    """Every run of a lend-partition (or `partition`) job that may overlap [since, until),
+    from accounting, through the Slurm adapter (`accounting`: one sacct call; disabled
+    accounting says what to configure)."""
+    slurm = slurm or make_backend(config)
+    return slurm.accounting(since, until, partition or config.slurm.lend_partition)
+
+
+def fetch_inference_runs(
     config: Config, since: float, until: float, slurm: SlurmBackend | None = None
 ) -> list[AcctJob]:
-    """Every run of a lend-partition job that may overlap [since, until), from accounting,
-    through the Slurm adapter (`accounting`: one sacct call; disabled accounting says what to
-    configure)."""
+    """Runs in the serve partitions of `placement: jobs` models (none without such a model)."""
+    from slurm_idle.replicajobs import partition_of
+
+    parts = sorted({partition_of(config, m) for m in config.models if m.job is not None})
+    if not parts:
+        return []
     slurm = slurm or make_backend(config)
-    return slurm.accounting(since, until, config.slurm.lend_partition)
+    runs: list[AcctJob] = []
+    for part in parts:
+        runs += fetch_runs(config, since, until, slurm, partition=part)
+    return runs
 
 
 def make_report(
@@ -62,6 +81,7 @@ def make_report(
     runs: Sequence[AcctJob],
     journal_path: str | None = None,
     slurm_gpus: Mapping[str, int] | None = None,
+    inference_runs: Sequence[AcctJob] | None = None,
 ) -> Report:
     """The report of [since, until) from accounting runs and the configured journal.
 
@@ -80,6 +100,10 @@ def make_report(
     per_node.update({n: g for n, g in (slurm_gpus or {}).items() if g > 0 and n in per_node})
     # The journal names a lend group by its key node: its GPUs are those of all its nodes.
     node_gpus = {g.name: sum(per_node[n] for n in g.nodes) for g in lend_groups(config)}
+    # `placement: jobs`: the journal names a replica job `model#index`, lent with its GPUs.
+    jobs_models = [m for m in config.models if m.job is not None]
+    node_gpus.update({f"{m.name}#{i}": m.job_gpus_per_replica
+                      for m in jobs_models if m.job is not None for i in range(m.job.replicas)})
     settings = ReportSettings(
         partition=config.slurm.lend_partition,
         price_per_gpu_hour=config.report.price_per_gpu_hour,
@@ -88,8 +112,14 @@ def make_report(
         checkpoint_interval_s=config.report.checkpoint_interval_s,
     )
     period = Period(since, until, now, config.policy.timezone)
-    return build_report(runs, journal.records(), period, settings,
-                        journal_path=str(path) if path.exists() else None)
+    report = build_report(runs, journal.records(), period, settings,
+                          journal_path=str(path) if path.exists() else None)
+    if not jobs_models:
+        return report
+    names = {job_name(config.slurm.tag, m.name, i)
+             for m in jobs_models if m.job is not None for i in range(m.job.replicas)}
+    return replace(report, inference_gpu_hours=inference_gpu_hours(
+        inference_runs or (), names, since, min(until, now)))
 
 
 #: Formats `--plot` writes (matplotlib's Agg backend), chosen by the file name.

@@ -133,6 +133,9 @@ class Report:
     ticks: int = 0
     tick_errors: int = 0
     journal: str | None = None  # the journal read; None when there was none (no lends known)
+    # GPU-hours of the replica jobs of `placement: jobs` models (sacct, serve partition);
+    # None without such a model.
+    inference_gpu_hours: float | None = None
 
     @property
     def savings(self) -> float:
@@ -163,6 +166,7 @@ class Report:
             "ticks": self.ticks,
             "tick_errors": self.tick_errors,
             "journal": self.journal,
+            "inference_gpu_hours": _r(self.inference_gpu_hours),
             "price_per_gpu_hour": self.price_per_gpu_hour,
             "savings": round(self.savings, 2),
             "currency": self.currency,
@@ -217,6 +221,8 @@ def render_text(report: Report) -> str:
         (f"  reclaim latency p50 / p95    {latency}"
          f"   ({report.reclaim_latencies} reclaims completed)"),
         f"  node-hours per phase         {phases}",
+        *([(f"  GPU-hours of replica jobs    {report.inference_gpu_hours:12.2f}   (inference, "
+            "placement: jobs)")] if report.inference_gpu_hours is not None else []),
         f"  journal                      {report.journal or 'none: lends, reclaims, lent GPU-h unknown'}",
         "",
         (f"  {'date':<12}{'GPU-h':>10}{'lent GPU-h':>12}{'jobs':>6}{'preempt':>9}"

@@ -121,6 +121,10 @@ def group_counts(result: TickResult, config: Config) -> dict[str, Any]:
         groups[phase.value] += 1
         for r in g.group.replicas:
             replicas[(r.model, phase.value)] = replicas.get((r.model, phase.value), 0) + 1
+    final = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}
+    for j in result.observation.replica_jobs:  # `placement: jobs`: no lend group
+        key = (j.model, final.get(j.name, j.phase).value)
+        replicas[key] = replicas.get(key, 0) + 1
     return {"replicas": replicas, "groups": groups}
 
 
@@ -142,6 +146,10 @@ def serving_after(result: TickResult, config: Config | None = None) -> dict[str,
                 asleep = not moved and load is not None and load.sleeping
                 if takes_traffic(phase) and not asleep:
                     counts[r.model] = counts.get(r.model, 0) + 1
+        final_jobs = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}
+        for j in result.observation.replica_jobs:  # `placement: jobs`
+            if takes_traffic(final_jobs.get(j.name, j.phase)):
+                counts[j.model] = counts.get(j.model, 0) + 1
         return counts
     final = {s.node: s.to_phase for s in result.steps if s.outcome is StepOutcome.OK}
     counts = {p.model: 0 for p in result.plans}

@@ -47,6 +47,7 @@ def report(
     from slurm_idle.report_io import (
         check_output_path,
         check_plot_ready,
+        fetch_inference_runs,
         fetch_runs,
         make_report,
         parse_date,
@@ -70,7 +71,8 @@ def report(
 
     slurm = make_backend(config)
     runs = fetch_runs(config, start, end, slurm)
-    result = make_report(config, start, end, now, runs, slurm_gpus=_node_gres(slurm))
+    result = make_report(config, start, end, now, runs, slurm_gpus=_node_gres(slurm),
+                         inference_runs=fetch_inference_runs(config, start, end, slurm))
     if result.journal is None:
         click.echo(f"slurm-idle: warning: no journal at {config.paths.journal} (paths.journal): "
                    "lends, reclaims, reclaim latency and lent GPU-hours are not counted; run "

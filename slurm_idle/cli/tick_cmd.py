@@ -149,8 +149,11 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
                    and (node is None or r.node == node
                         or (isinstance(r, TransitionRecord) and node in r.nodes))]
     ticks = [r for r in records if isinstance(r, TickRecord)]
-    if node is not None and node not in config.pool_nodes:
-        raise SlurmIdleError(f"{node} is not a pool node in {ctx.resolved_config_path}")
+    replica_jobs = {f"{m.name}#{i}" for m in config.models if m.job is not None
+                    for i in range(m.job.replicas)}  # `placement: jobs`: NODE may be model#index
+    if node is not None and node not in config.pool_nodes and node not in replica_jobs:
+        raise SlurmIdleError(f"{node} is not a pool node (nor a replica job, MODEL#INDEX) in "
+                             f"{ctx.resolved_config_path}")
     shown = transitions[-last:]
     if as_json:
         echo_json({"transitions": [r.to_json() for r in shown if isinstance(r, TransitionRecord)],

@@ -23,9 +23,10 @@ from slurm_idle.errors import RouterError, SlurmIdleError
 from slurm_idle.httpdeadline import DeadlineClient
 from slurm_idle.journal import RouterOutcome, RouterRecord
 from slurm_idle.logs import get_logger
-from slurm_idle.model import Observation, Phase
+from slurm_idle.model import JobReplica, Observation, Phase
 from slurm_idle.router import (
     IN,
+    MISSING,
     OUT,
     UNKNOWN,
     Router,
@@ -47,6 +48,13 @@ def desired(phase: Phase) -> str | None:
     if phase is Phase.SERVING:
         return IN
     return OUT if phase in OUT_PHASES else None
+
+
+def job_target(r: JobReplica) -> RouterTarget:
+    """A replica job as a router target: named `model#index`, on its head node (url and node
+    empty while it runs nowhere: routers know targets by name)."""
+    return RouterTarget(name=r.name, model=r.model, url=r.url, node=r.nodes[0] if r.nodes else "",
+                        port=r.port)
 
 
 Post = Callable[[str, bytes, float], int]
@@ -109,7 +117,11 @@ class RouterSet:
 
     def _call(self, op: str, key: str, reason: str) -> None:
         """`key`: a replica's name (a whole-node replica's is its node's), or a node's."""
-        target = target_for(self.config, key)
+        self.call_target(op, target_for(self.config, key), reason)
+
+    def call_target(self, op: str, target: RouterTarget, reason: str) -> None:
+        """`remove` or `add` one target (a replica job's, `placement: jobs`, is in no
+        `replicas:` of the config); journaled; RouterError when the router could not be told."""
         router = self.router(target.model)
         if router.kind == "none":
             return
@@ -141,17 +153,18 @@ class RouterSet:
         self._call("add", replica, reason)
 
     def warm_up(self, replica: str) -> None:
-        target = target_for(self.config, replica)
+        self.warm_up_target(target_for(self.config, replica))
+
+    def warm_up_target(self, target: RouterTarget) -> None:
         cfg = self.config.router_for(target.model)
         if cfg.warmup_prompt:
             warm_up(target, cfg.warmup_prompt, cfg.warmup_timeout_s, self.post)
 
-    def states(self, keys: Sequence[str]) -> dict[str, str]:
-        """What the router says now of each replica (by name; a node: its first replica),
-        keyed by replica name (`unknown` where it cannot be read)."""
+    def states(self, keys: Sequence[str], extra: Sequence[RouterTarget] = ()) -> dict[str, str]:
+        """What the router says now of each replica (by name; a node: its first replica) and
+        of each `extra` target, keyed by replica name (`unknown` where it cannot be read)."""
         by_router: dict[int, tuple[Router, list[RouterTarget]]] = {}
-        for key in keys:
-            target = target_for(self.config, key)
+        for target in [*(target_for(self.config, key) for key in keys), *extra]:
             router = self.router(target.model)
             by_router.setdefault(id(router), (router, []))[1].append(target)
         out: dict[str, str] = {}
@@ -173,8 +186,22 @@ class RouterSet:
         # 8-GPU node are two servers); a node a replica only spans has none.
         pairs = [(v, t) for v in obs.nodes if desired(v.phase) is not None
                  for t in targets_headed(self.config, v.name)]
-        states = self.states([t.name for _, t in pairs])
+        # `placement: jobs` replicas, unplaced ones too: a replica job that died while serving
+        # is LENT now, and must leave.
+        jobs = {r.name: (r, job_target(r)) for r in obs.replica_jobs if desired(r.phase) is not None}
+        states = self.states([t.name for _, t in pairs], [t for _, t in jobs.values()])
         done: list[dict[str, Any]] = []
+        for name, (r, target) in jobs.items():
+            want, have = desired(r.phase), states.get(name, UNKNOWN)
+            if have in (UNKNOWN, want) or (want == OUT and have == MISSING):
+                continue
+            op = "add" if want == IN else "remove"
+            try:
+                self.call_target(op, target, f"reconcile: {name} is {r.phase.value} in Slurm "
+                                             f"but {have} in the router")
+                done.append({"node": name, "call": op, "outcome": "ok"})
+            except RouterError as exc:
+                done.append({"node": name, "call": op, "outcome": "error", "error": str(exc)})
         for v, t in pairs:
             want, have = desired(v.phase), states.get(t.name, UNKNOWN)
             if have == UNKNOWN or have == want:

@@ -170,6 +170,10 @@ class CliBackend:
         except ValueError:
             raise CommandError(result.argv, result.rc, f"no job id in sbatch output {first!r}") from None
 
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        """Rewrite a job's Comment (a replica job's phase, `placement: jobs`); also while it runs."""
+        self._run("scontrol", "update", f"jobid={job_id}", f"comment={comment}")
+
     def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None:
         if not job_ids:
             return

@@ -138,6 +138,10 @@ class SlurmBackend(PoolSlurm, Protocol):
         """Submit a batch script (given as text) and return the job id."""
         ...
 
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        """Set a job's Comment (where a replica job of `placement: jobs` keeps its phase)."""
+        ...
+
     def accounting(
         self,
         since: float | None,

@@ -57,6 +57,7 @@ class FakeSlurm:
     next_job_id: int = 1
     slurm_version: str = "22.05.8"
     _powering: dict[str, int] = field(default_factory=dict)
+    scripts: dict[int, str] = field(default_factory=dict)  # job id -> batch script (submit)
 
     @classmethod
     def with_nodes(cls, names: Sequence[str], gpus: int = 4) -> FakeSlurm:
@@ -141,6 +142,22 @@ class FakeSlurm:
         self._call("signal", signal, "batch" if batch_shell else "steps", *map(str, job_ids))
         self.signals.append((tuple(job_ids), signal, batch_shell))
 
+    def submit(self, script: str, extra_args: Sequence[str] = ()) -> int:
+        """A PENDING job with the partition, name and comment of `extra_args` (`--key=value`)."""
+        self._call("submit", *extra_args)
+        opts = dict(a[2:].split("=", 1) for a in extra_args if a.startswith("--") and "=" in a)
+        job_id = max((j.job_id for j in self.job_list), default=0) + 1
+        self.job_list.append(SlurmJob(job_id, opts.get("job-name", "sbatch"),
+                                      opts.get("partition", "idle"), "PENDING",
+                                      comment=opts.get("comment", "")))
+        self.scripts[job_id] = script
+        return job_id
+
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        self._call("set_job_comment", str(job_id), comment)
+        self.job_list = [replace(j, comment=comment) if j.job_id == job_id else j
+                         for j in self.job_list]
+
     def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None:
         """Cancels the jobs; with `signal`, only signals them (as `scancel --signal`)."""
         self._call("cancel", *map(str, job_ids))
@@ -148,19 +165,6 @@ class FakeSlurm:
             self.signals.append((tuple(job_ids), signal, False))
             return
         self.job_list = [j for j in self.job_list if j.job_id not in job_ids]
-
-    def submit(self, script: str, extra_args: Sequence[str] = ()) -> int:
-        """Queues a PENDING job (named by `--job-name`/`-J`, partition by `--partition`/`-p`,
-        from `extra_args` or the script's #SBATCH lines) and returns its id."""
-        self._call("submit")
-        opts = _sbatch_options([*_sbatch_lines(script), *extra_args])
-        self.next_job_id = max([self.next_job_id, *(j.job_id + 1 for j in self.job_list)])
-        job = SlurmJob(job_id=self.next_job_id, name=opts.get("job-name", "sbatch"),
-                       partition=opts.get("partition", ""), state="PENDING", nodes=())
-        self.next_job_id += 1
-        self.job_list.append(job)
-        self.submitted.append((job.job_id, script, tuple(extra_args)))
-        return job.job_id
 
     def accounting(
         self,
