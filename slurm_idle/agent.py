@@ -17,13 +17,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_idle import filesd
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
 from slurm_idle.jobdriver import JobDriver, probe_config
-from slurm_idle.journal import Journal
+from slurm_idle.journal import JobRecord, Journal, StepOutcome, TickRecord
 from slurm_idle.lifecycle import PhaseInfo, derive_phase, takes_traffic
 from slurm_idle.lock import Holder, inspect, try_lock
 from slurm_idle.logs import get_logger
@@ -40,8 +40,14 @@ from slurm_idle.model import (
     SlurmNode,
 )
 from slurm_idle.replicajobs import partition_of, replica_views
+from slurm_idle.slurm.protocol import ClusterReader, PoolSlurm
 from slurm_idle.topology import group_views
 from slurm_idle.transitions import ACTIVE_JOB_STATES, NodeDriver, StepResult
+
+if TYPE_CHECKING:  # imported where used: a tick that needs no engine loads none
+    from slurm_idle.engine import Engine, Identity
+    from slurm_idle.metrics import MetricsSource
+    from slurm_idle.router.sync import RouterSet
 
 log = get_logger(__name__)
 
@@ -51,18 +57,21 @@ log = get_logger(__name__)
 MAX_ACTION_WORKERS = 32
 
 
+#: Step outcomes that count as a tick's errors (the textfile's tick_error, `explain`).
+FAILED_OUTCOMES = frozenset({StepOutcome.ERROR, StepOutcome.STUCK})
+
 #: Share of the tick budget observe may spend on metrics and identity checks (Slurm reads have
 #: their own command timeout): the rest is for acting, which a surge needs most.
 OBSERVE_SHARE = 0.5
 
 #: model name, replica -> whether its endpoint is the expected engine (engine.Identity).
-Identify = Callable[[str, ReplicaConfig], Any]
+Identify = Callable[[str, ReplicaConfig], "Identity"]
 
 
 def observe(
     config: Config,
-    slurm: Any,
-    metrics: Any,
+    slurm: ClusterReader,
+    metrics: MetricsSource,
     now: float,
     *,
     identify: Identify | None = None,
@@ -324,7 +333,7 @@ class TickResult:
 
     @property
     def errors(self) -> int:
-        return (sum(1 for s in self.steps if s.outcome in {"error", "stuck"}) + bool(self.error)
+        return (sum(1 for s in self.steps if s.outcome in FAILED_OUTCOMES) + bool(self.error)
                 + bool(self.lock_problem))
 
     def as_json(self) -> dict[str, Any]:
@@ -365,9 +374,9 @@ class Agent:
     """Everything a tick needs, injected: adapters, planner, clock."""
 
     config: Config
-    slurm: Any
-    metrics: Any
-    engine_for: Callable[[str], Any]
+    slurm: PoolSlurm
+    metrics: MetricsSource
+    engine_for: Callable[[str], Engine]
     planner: Planner
     assessor: Assessor
     clock: Callable[[], float] = time.time
@@ -376,7 +385,7 @@ class Agent:
     on_tick: Callable[[TickResult], None] | None = None  # e.g. the textfile writer
     max_workers: int = MAX_ACTION_WORKERS  # nodes acted on at once
     journal_empty: bool = True  # journal passes without action or error (the fast check: no)
-    router: Any = None  # slurm_idle.router.sync.RouterSet; None: no router is told
+    router: RouterSet | None = None  # None: no router is told
 
     def __post_init__(self) -> None:
         if self.journal is None:
@@ -386,7 +395,7 @@ class Agent:
         return observe(self.config, self.slurm, self.metrics, self.clock(),
                        identify=self._identify, budget_s=budget_s)
 
-    def _identify(self, model: str, replica: ReplicaConfig) -> Any:
+    def _identify(self, model: str, replica: ReplicaConfig) -> Identity:
         """The model's engine's identity check of one replica (engines without one: ours)."""
         from slurm_idle.engine import Identity
 
@@ -506,29 +515,25 @@ class Agent:
 
     def _journal_step(self, step: StepResult) -> None:
         assert self.journal is not None
-        self.journal.append(step.record())
+        self.journal.append(step.to_record())
 
-    def _journal_event(self, record: dict[str, Any]) -> None:
+    def _journal_event(self, record: JobRecord | dict[str, Any]) -> None:
         """What a reclaim did to one job (eviction.py: signalled, requeued, cancelled, error)."""
         assert self.journal is not None
         self.journal.append(record)
 
     def _journal_tick(self, result: TickResult, started: float) -> None:
         assert self.journal is not None
-        record: dict[str, Any] = {
-            "event": "tick",
-            "ts": round(started, 3),
-            "duration_s": round(result.duration_s, 3),
-            "actions": len(result.actions),
-            "errors": result.errors,
-            "dry_run": False,
-            "phases": phase_counts(result),
-            "needed": {p.model: p.needed_replicas for p in result.plans},
-            "serving": {p.model: p.serving_replicas for p in result.plans},
-        }
-        if result.error:
-            record["error"] = result.error
-        self.journal.append(record)
+        self.journal.append(TickRecord(
+            ts=started,
+            duration_s=result.duration_s,
+            actions=len(result.actions),
+            errors=result.errors,
+            phases=phase_counts(result),
+            needed={p.model: p.needed_replicas for p in result.plans},
+            serving={p.model: p.serving_replicas for p in result.plans},
+            error=result.error,
+        ))
 
 
 def phase_counts(result: TickResult) -> dict[str, int]:
@@ -540,7 +545,7 @@ def phase_counts(result: TickResult) -> dict[str, int]:
     final: dict[str, Phase] = {v.name: v.phase for v in result.observation.nodes}
     final.update((r.name, r.phase) for r in result.observation.replica_jobs)  # placement: jobs
     for step in result.steps:
-        if step.outcome == "ok":
+        if step.outcome is StepOutcome.OK:
             for node in step.nodes or (step.node,):
                 final[node] = step.to_phase
     counts.update(p.value for p in final.values())

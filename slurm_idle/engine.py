@@ -25,7 +25,7 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -251,10 +251,13 @@ class HttpProbe:
 # --- the protocol --------------------------------------------------------------------------
 
 
-class EngineControl(Protocol):
+@runtime_checkable
+class Engine(Protocol):
     """Start/stop one replica and read its health; start and stop are idempotent.
 
-    `timeout_s` bounds the call's waits (see the module docstring).
+    `timeout_s` bounds the call's waits (see the module docstring). `in_flight` counts the
+    requests running *and* waiting (stopping would drop either); None when the replica is down
+    or its metrics unreadable. The fake in `slurm_idle.testing.fakes` implements it too.
     """
 
     def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
@@ -266,6 +269,10 @@ class EngineControl(Protocol):
     def in_flight(self, replica: ReplicaConfig) -> float | None: ...
 
     def identify(self, replica: ReplicaConfig) -> Identity: ...
+
+
+#: The protocol's earlier name, kept for callers outside the package.
+EngineControl = Engine
 
 
 class _HttpHealth:
@@ -595,7 +602,7 @@ def make_engine(
     runner: CommandRunner | None = None,
     http: HttpClient | None = None,
     docker_client: Any = None,
-) -> EngineControl:
+) -> Engine:
     """The engine control `config.kind` names, for the replicas of `model`."""
     if config.kind == "command":
         return CommandEngine(config, model, runner=runner, http=http)
@@ -641,7 +648,7 @@ def wait_until_idle(
 
 
 def wait_until_serving(
-    engine: EngineControl,
+    engine: Drainable,
     replica: ReplicaConfig,
     timeout_s: float,
     clock: Clock = time.monotonic,

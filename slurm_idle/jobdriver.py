@@ -25,6 +25,7 @@ from typing import Any
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
+from slurm_idle.journal import StepOutcome
 from slurm_idle.lifecycle import (
     JOB_LIFECYCLE,
     Edge,
@@ -105,16 +106,16 @@ class JobDriver:
                 if not self._waiters()[edge.ready](r, deadline):
                     raise CarryOver(f"not ready: {edge.ready.value}")
                 r = self._effects()[edge.effect](r, edge, deadline, nodelist)
-                outcome, error, detail = "ok", None, None
+                outcome, error, detail = StepOutcome.OK, None, None
             except CarryOver as exc:
-                outcome, error, detail = "waiting", None, str(exc)
+                outcome, error, detail = StepOutcome.WAITING, None, str(exc)
                 if overdue_job(r, self.config, started):
                     # e.g. a replica job PENDING past timeouts.reclaim_s (a reservation, an admin
                     # drain, no preemptible GPU): an error of the tick (exit 1, the textfile's
                     # tick errors, SlurmIdleTickErrors) with Slurm's reason; retried next tick.
-                    outcome, error = "stuck", f"{r.phase.value} for longer than its timeout; {detail}"
+                    outcome, error = StepOutcome.STUCK, f"{r.phase.value} for longer than its timeout; {detail}"
             except SlurmIdleError as exc:
-                outcome, error, detail = "error", str(exc), None
+                outcome, error, detail = StepOutcome.ERROR, str(exc), None
             step = StepResult(r.name, r.model, action.kind.value, before, to, why, outcome,
                               started, self.clock() - started, error, detail)
             steps.append(step)

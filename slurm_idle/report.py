@@ -42,6 +42,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from slurm_idle.journal import StepOutcome, TickRecord, TransitionRecord, typed_records
 from slurm_idle.model import Phase
 from slurm_idle.report_model import DayRow, JobRow, Period, Report, ReportSettings
 from slurm_idle.slurm.protocol import AcctJob
@@ -65,8 +66,9 @@ RECLAIM_STEPS = frozenset({
     (Phase.RECLAIMING.value, Phase.STARTING.value),
 })
 #: Journal outcomes of steps that did nothing (a reclaim step with any other outcome may have
-#: requeued jobs before it failed or timed out).
-NO_EFFECT_OUTCOMES = frozenset({"dry-run", "skipped"})
+#: requeued jobs before it failed or waited). "dry-run" is no StepOutcome (a dry run journals
+#: nothing) but was documented as one: a journal written by hand or by another tool may hold it.
+NO_EFFECT_OUTCOMES: frozenset[str] = frozenset({StepOutcome.SKIPPED, "dry-run"})
 #: The phase whose GPUs count as lent (schedulable in the idle partition).
 LENT_PHASES = frozenset({Phase.LENT.value})
 
@@ -311,25 +313,19 @@ def journal_facts(
     steps: list[tuple[float, float, str, str, str]] = []  # (started, ended, node, from, to)
     spans: dict[str, list[tuple[float, float]]] = {}
     ticks = tick_errors = 0
-    for rec in records:
-        ts = _float(rec.get("ts"))
-        if ts is None:
-            continue
+    for rec in typed_records(records):
+        ts = rec.ts
         first_ts = ts if first_ts is None else min(first_ts, ts)
-        event = rec.get("event")
-        if event == "tick" and since <= ts < until:
+        if isinstance(rec, TickRecord) and since <= ts < until:
             ticks += 1
-            tick_errors += 1 if (rec.get("errors") or rec.get("error")) else 0
-        if event != "transition":
+            tick_errors += 1 if rec.failed else 0
+        if not isinstance(rec, TransitionRecord):
             continue
-        node, src, dst = rec.get("node"), rec.get("from"), rec.get("to")
-        if not (isinstance(node, str) and isinstance(src, str) and isinstance(dst, str)):
-            continue
-        ended = ts + max(0.0, _float(rec.get("duration_s")) or 0.0)
-        outcome = rec.get("outcome")
-        if (src, dst) in RECLAIM_STEPS and outcome not in NO_EFFECT_OUTCOMES:
+        node, src, dst = rec.node, rec.from_phase, rec.to_phase
+        ended = ts + rec.duration_s
+        if (src, dst) in RECLAIM_STEPS and rec.outcome not in NO_EFFECT_OUTCOMES:
             spans.setdefault(node, []).append((ts, ended))
-        if outcome == "ok":
+        if rec.outcome == StepOutcome.OK:
             steps.append((ts, ended, node, src, dst))
     steps.sort(key=lambda s: s[1])
 
@@ -394,9 +390,3 @@ def percentile(values: Sequence[float], p: float) -> float | None:
 
 def _in_partition(run: AcctJob, partition: str) -> bool:
     return partition in run.partition.split(",")
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)

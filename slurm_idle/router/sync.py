@@ -15,12 +15,13 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_idle.config import Config, RouterConfig
 from slurm_idle.errors import RouterError, SlurmIdleError
 from slurm_idle.httpdeadline import DeadlineClient
+from slurm_idle.journal import RouterOutcome, RouterRecord
 from slurm_idle.logs import get_logger
 from slurm_idle.model import JobReplica, Observation, Phase
 from slurm_idle.router import (
@@ -86,7 +87,7 @@ class RouterSet:
     """The routers of a pool (one per distinct router config), and the journal of calls."""
 
     config: Config
-    journal: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
+    journal: Callable[[RouterRecord], None] = field(default=lambda record: None)
     make: Callable[[RouterConfig], Router] = make_router
     clock: Callable[[], float] = time.time
     post: Post = urllib_post
@@ -126,22 +127,19 @@ class RouterSet:
             return
         started = self.clock()
         node = target.node
-        record: dict[str, Any] = {"event": "router", "ts": round(started, 3), "node": node,
-                                  "model": target.model, "router": router.kind, "call": op,
-                                  "reason": reason}
-        if target.name != node:  # one of several replicas on the node
-            record["replica"] = target.name
+        record = RouterRecord(ts=started, node=node, model=target.model, router=router.kind,
+                              call=op, reason=reason, outcome=RouterOutcome.OK,
+                              # one of several replicas on the node
+                              replica=target.name if target.name != node else None)
         try:
             getattr(router, op)(target)
         except SlurmIdleError as exc:
             with self._lock:
                 self.errors += 1
-            record.update(outcome="error", error=str(exc))
-            self.journal(record)
+            self.journal(replace(record, outcome=RouterOutcome.ERROR, error=str(exc)))
             log.warning("%s: router %s failed: %s", target.name, op, exc)
             raise RouterError(f"router {op} failed: {exc}") from None
-        record.update(outcome="ok", duration_s=round(self.clock() - started, 3))
-        self.journal(record)
+        self.journal(replace(record, duration_s=self.clock() - started))
         log.info("%s: router %s (%s)", target.name, op, reason)
 
     def remove(self, replica: str, reason: str) -> None:

@@ -11,13 +11,24 @@ from slurm_idle.config import Config
 from slurm_idle.errors import ConfigError
 from slurm_idle.slurm.cli_backend import CliBackend
 from slurm_idle.slurm.parse import SlurmJsonError, major_minor
-from slurm_idle.slurm.protocol import AcctJob, SlurmBackend
+from slurm_idle.slurm.protocol import (
+    AcctJob,
+    ClusterReader,
+    JobControl,
+    NodeWriter,
+    PoolSlurm,
+    SlurmBackend,
+)
 
 __all__ = [
     "AcctJob",
     "CliBackend",
+    "ClusterReader",
     "CommandRunner",
     "CompletedResult",
+    "JobControl",
+    "NodeWriter",
+    "PoolSlurm",
     "SlurmBackend",
     "SlurmJsonError",
     "SubprocessRunner",
