@@ -355,8 +355,13 @@ class Sandbox:
 
     # --- lifecycle -----------------------------------------------------------------------
 
-    def up(self, timeout_s: float = 90.0) -> dict[str, float]:
+    def up(self, timeout_s: float = 240.0) -> dict[str, float]:
         """Start whatever is not running and wait until all is ready.
+
+        Each part gets up to `timeout_s` (an upper bound: it returns as soon as all is ready,
+        ~10-15 s on an idle machine). 240 s, not 90: CI runs two lanes side by side on 2 cores,
+        each starting nine slurmd at once, and a 90 s wait for every node to register ran out
+        there once (24.11 lane, all its sandbox tests in error).
 
         Returns when each part was ready, in seconds since up() began (cumulative), and total.
         A start that fails stops what this call started (everything, when nothing ran
