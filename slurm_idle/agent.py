@@ -17,11 +17,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from slurm_idle import filesd
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
-from slurm_idle.journal import Journal
+from slurm_idle.jobdriver import JobDriver, probe_config
+from slurm_idle.journal import JobRecord, Journal, StepOutcome, TickRecord
 from slurm_idle.lifecycle import PhaseInfo, derive_phase, takes_traffic
 from slurm_idle.lock import Holder, inspect, try_lock
 from slurm_idle.logs import get_logger
@@ -37,8 +39,15 @@ from slurm_idle.model import (
     SlurmJob,
     SlurmNode,
 )
+from slurm_idle.replicajobs import partition_of, replica_views
+from slurm_idle.slurm.protocol import ClusterReader, PoolSlurm
 from slurm_idle.topology import group_views
 from slurm_idle.transitions import ACTIVE_JOB_STATES, NodeDriver, StepResult
+
+if TYPE_CHECKING:  # imported where used: a tick that needs no engine loads none
+    from slurm_idle.engine import Engine, Identity
+    from slurm_idle.metrics import MetricsSource
+    from slurm_idle.router.sync import RouterSet
 
 log = get_logger(__name__)
 
@@ -48,18 +57,21 @@ log = get_logger(__name__)
 MAX_ACTION_WORKERS = 32
 
 
+#: Step outcomes that count as a tick's errors (the textfile's tick_error, `explain`).
+FAILED_OUTCOMES = frozenset({StepOutcome.ERROR, StepOutcome.STUCK})
+
 #: Share of the tick budget observe may spend on metrics and identity checks (Slurm reads have
 #: their own command timeout): the rest is for acting, which a surge needs most.
 OBSERVE_SHARE = 0.5
 
 #: model name, replica -> whether its endpoint is the expected engine (engine.Identity).
-Identify = Callable[[str, ReplicaConfig], Any]
+Identify = Callable[[str, ReplicaConfig], "Identity"]
 
 
 def observe(
     config: Config,
-    slurm: Any,
-    metrics: Any,
+    slurm: ClusterReader,
+    metrics: MetricsSource,
     now: float,
     *,
     identify: Identify | None = None,
@@ -90,6 +102,10 @@ def observe(
         jobs: list[SlurmJob] = list(slurm.jobs())
         nodes = {node.name: node for node in slurm.nodes()}
         errors: list[str] = []
+        # `placement: jobs` replicas: rebuilt from the same squeue answer (replicajobs.py).
+        replica_jobs = replica_views(config, jobs)
+        placed = [r for r in replica_jobs if r.nodes and r.url]
+        job_serving = [r for r in placed if takes_traffic(r.phase)]
         replicas = [(m.name, r) for m in config.models for r in m.replicas]
         tag = config.slurm.tag
         infos: dict[str, PhaseInfo] = {}
@@ -123,7 +139,9 @@ def observe(
         loads_by_key: dict[str, ReplicaLoad] = {}  # replica url (node, from fakes) -> load
         model_loads: tuple[ModelLoad, ...]
         try:
-            for load in metrics.replica_loads(replicas, budget_s=left(), serving=counted):
+            probes = [(r.model, probe_config(r)) for r in placed]
+            for load in metrics.replica_loads([*replicas, *probes], budget_s=left(),
+                                              serving=counted | {r.name for r in job_serving}):
                 loads_by_key[load.url or load.node] = load
                 if load.node not in headed or len(headed[load.node]) == 1:
                     # By node only where the node heads one replica: with two, a load found by
@@ -148,6 +166,10 @@ def observe(
             if replica.name in counted:
                 counted_of.setdefault(model_name, []).append(
                     loads_by_key.get(replica.url) or loads_by_key.get(replica.node))
+        for r in job_serving:
+            counted_of.setdefault(r.model, []).append(loads_by_key.get(r.url))
+        replica_jobs = tuple(replace(r, load=loads_by_key.get(r.url)) if r.url else r
+                             for r in replica_jobs)
         weight = config.policy.prompt_token_weight
         model_loads = tuple(
             serving_model_load(load, counted_of.get(load.model, ()), weight) for load in model_loads
@@ -182,11 +204,32 @@ def observe(
             errors.append(
                 f"{len(missing)} pool node(s) not known to Slurm, left out: {shown} (check the config)"
             )
+        placement_nodes = _placement_nodes(config, nodes, jobs) if replica_jobs else ()
+        for r in replica_jobs:
+            if r.duplicates:
+                errors.append(f"{r.name}: duplicate replica job(s) {', '.join(map(str, r.duplicates))} "
+                              f"beside job {r.job_id}: the extra ones are cancelled")
         return Observation(now=now, nodes=tuple(views), models=model_loads, errors=tuple(errors),
-                           metrics_source=str(getattr(metrics, "source", "")))
+                           metrics_source=str(getattr(metrics, "source", "")),
+                           replica_jobs=replica_jobs, placement_nodes=placement_nodes)
     finally:
         if collecting:
             gc.enable()
+
+
+def _placement_nodes(config: Config, nodes: dict[str, SlurmNode],
+                     jobs: Sequence[SlurmJob]) -> tuple[NodeView, ...]:
+    """The nodes replica jobs may run on (their partitions), each with its active jobs of the
+    lend partition: what a replica job would preempt there."""
+    parts = {partition_of(config, m) for m in config.models if m.job is not None}
+    lend = config.slurm.lend_partition
+    on: dict[str, list[SlurmJob]] = {}
+    for job in jobs:
+        if job.state in ACTIVE_JOB_STATES and lend in job.partition.split(","):
+            for name in job.nodes:
+                on.setdefault(name, []).append(job)
+    return tuple(NodeView(node=n, model="", phase=Phase.UNKNOWN, jobs=tuple(on.get(n.name, ())))
+                 for n in nodes.values() if parts & set(n.partitions))
 
 
 def serving_replicas(
@@ -290,7 +333,7 @@ class TickResult:
 
     @property
     def errors(self) -> int:
-        return (sum(1 for s in self.steps if s.outcome in {"error", "stuck"}) + bool(self.error)
+        return (sum(1 for s in self.steps if s.outcome in FAILED_OUTCOMES) + bool(self.error)
                 + bool(self.lock_problem))
 
     def as_json(self) -> dict[str, Any]:
@@ -331,9 +374,9 @@ class Agent:
     """Everything a tick needs, injected: adapters, planner, clock."""
 
     config: Config
-    slurm: Any
-    metrics: Any
-    engine_for: Callable[[str], Any]
+    slurm: PoolSlurm
+    metrics: MetricsSource
+    engine_for: Callable[[str], Engine]
     planner: Planner
     assessor: Assessor
     clock: Callable[[], float] = time.time
@@ -342,7 +385,7 @@ class Agent:
     on_tick: Callable[[TickResult], None] | None = None  # e.g. the textfile writer
     max_workers: int = MAX_ACTION_WORKERS  # nodes acted on at once
     journal_empty: bool = True  # journal passes without action or error (the fast check: no)
-    router: Any = None  # slurm_idle.router.sync.RouterSet; None: no router is told
+    router: RouterSet | None = None  # None: no router is told
 
     def __post_init__(self) -> None:
         if self.journal is None:
@@ -352,7 +395,7 @@ class Agent:
         return observe(self.config, self.slurm, self.metrics, self.clock(),
                        identify=self._identify, budget_s=budget_s)
 
-    def _identify(self, model: str, replica: ReplicaConfig) -> Any:
+    def _identify(self, model: str, replica: ReplicaConfig) -> Identity:
         """The model's engine's identity check of one replica (engines without one: ours)."""
         from slurm_idle.engine import Identity
 
@@ -402,13 +445,22 @@ class Agent:
             on_step=self._journal_step, on_event=self._journal_event, router=self.router,
         )
         groups = {g.name: g for g in group_views(observation, self.config)}
-        todo = [(groups[a.node], a) for a in actions if a.node in groups]
+        todo: list[tuple[Callable[..., list[StepResult]], Any, Action]] = [
+            (driver.drive, groups[a.node], a) for a in actions if a.node in groups]
+        replica_jobs = {r.name: r for r in observation.replica_jobs}
+        if any(r.duplicates for r in observation.replica_jobs) or any(
+                a.node in replica_jobs for a in actions):
+            jobs = JobDriver(self.config, self.slurm, self.engine_for, self.clock, self.sleep,
+                             on_step=self._journal_step, router=self.router)
+            for record in jobs.cancel_duplicates(observation.replica_jobs):
+                self._journal_event(record)
+            todo += [(jobs.drive, replica_jobs[a.node], a) for a in actions if a.node in replica_jobs]
         if not todo:
             return []
         # A thread per node up to the cap: a surge must start reclaims now, not after the waits
         # of the first few (threads mostly sleep in polls; the shared polls keep Slurm calls few).
         with ThreadPoolExecutor(max_workers=max(1, min(len(todo), self.max_workers))) as pool:
-            futures = [pool.submit(driver.drive, view, action, deadline) for view, action in todo]
+            futures = [pool.submit(drive, view, action, deadline) for drive, view, action in todo]
             return [step for future in futures for step in future.result()]
 
     def _tick_locked(self, dry_run: bool) -> TickResult:
@@ -433,6 +485,7 @@ class Agent:
                          action.from_phase.value, action.to_phase.value, action.reason)
             if not dry_run:
                 result.steps = self.run_actions(result.actions, obs, deadline=started + budget_s)
+                self._write_file_sd(obs, result.actions)
         except SlurmIdleError as exc:
             result.error = str(exc)
             log.error("tick failed: %s", exc)
@@ -449,41 +502,50 @@ class Agent:
                 self.on_tick(result)
         return result
 
+    def _write_file_sd(self, obs: Observation, actions: Sequence[Action]) -> None:
+        """Prometheus' targets of the replica jobs as they are after this tick's steps (one more
+        `squeue` when a step moved a replica job, none otherwise)."""
+        path = self.config.paths.file_sd
+        if path is None or not obs.replica_jobs:
+            return
+        replicas = obs.replica_jobs
+        if any(a.node in {r.name for r in replicas} for a in actions):
+            replicas = replica_views(self.config, self.slurm.jobs())
+        filesd.write(path, replicas)
+
     def _journal_step(self, step: StepResult) -> None:
         assert self.journal is not None
-        self.journal.append(step.record())
+        self.journal.append(step.to_record())
 
-    def _journal_event(self, record: dict[str, Any]) -> None:
+    def _journal_event(self, record: JobRecord | dict[str, Any]) -> None:
         """What a reclaim did to one job (eviction.py: signalled, requeued, cancelled, error)."""
         assert self.journal is not None
         self.journal.append(record)
 
     def _journal_tick(self, result: TickResult, started: float) -> None:
         assert self.journal is not None
-        record: dict[str, Any] = {
-            "event": "tick",
-            "ts": round(started, 3),
-            "duration_s": round(result.duration_s, 3),
-            "actions": len(result.actions),
-            "errors": result.errors,
-            "dry_run": False,
-            "phases": phase_counts(result),
-            "needed": {p.model: p.needed_replicas for p in result.plans},
-            "serving": {p.model: p.serving_replicas for p in result.plans},
-        }
-        if result.error:
-            record["error"] = result.error
-        self.journal.append(record)
+        self.journal.append(TickRecord(
+            ts=started,
+            duration_s=result.duration_s,
+            actions=len(result.actions),
+            errors=result.errors,
+            phases=phase_counts(result),
+            needed={p.model: p.needed_replicas for p in result.plans},
+            serving={p.model: p.serving_replicas for p in result.plans},
+            error=result.error,
+        ))
 
 
 def phase_counts(result: TickResult) -> dict[str, int]:
-    """Nodes per phase after the tick's steps (every phase present, 0 when none)."""
+    """Nodes (and replica jobs) per phase after the tick's steps (every phase present, 0 when
+    none)."""
     counts: Counter[str] = Counter({p.value: 0 for p in Phase})
     if result.observation is None:
         return dict(counts)
     final: dict[str, Phase] = {v.name: v.phase for v in result.observation.nodes}
+    final.update((r.name, r.phase) for r in result.observation.replica_jobs)  # placement: jobs
     for step in result.steps:
-        if step.outcome == "ok":
+        if step.outcome is StepOutcome.OK:
             for node in step.nodes or (step.node,):
                 final[node] = step.to_phase
     counts.update(p.value for p in final.values())

@@ -287,6 +287,79 @@ class ReplicaConfig(_Strict):
         return _http_url(value, "url")
 
 
+class ReplicaJobConfig(_Strict):
+    """`placement: jobs`: each replica of the model is one Slurm batch job (see replicajobs.py).
+
+    Replica `index` (0..replicas-1) listens on `port_base + index`; `command` runs under srun in
+    the job with `{port}`, `{model}` and `{index}` filled in (or a site's own `script`, which
+    gets them as SLURM_IDLE_PORT/MODEL/INDEX). `url` says where the replica answers once Slurm
+    has placed it (`{node}`: its head node, `{port}`).
+    """
+
+    replicas: int = Field(ge=1, le=10_000)
+    gpus_per_replica: int | None = Field(None, ge=1, le=1024)  # default: the model's
+    nodes_per_replica: int = Field(1, ge=1, le=1024)
+    cpus: int | None = Field(None, ge=1, le=100_000)  # --cpus-per-task
+    mem: str | None = None  # --mem, e.g. 64G
+    time: str | None = None  # --time, e.g. 7-00:00:00
+    partition: str | None = None  # default: slurm.serve_partition
+    sbatch_args: tuple[str, ...] = ()
+    command: str | None = None
+    script: str | None = None
+    port_base: int = Field(8000, gt=0, lt=65536)
+    url: str = "http://{node}:{port}"
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9]+[KMGT]?", value):
+            raise ValueError(f"mem {value!r} must be sbatch's --mem form, e.g. 64G or 16000")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9]+(-[0-9]+)?(:[0-9]+){0,2}|UNLIMITED|INFINITE",
+                                                  value):
+            raise ValueError(f"time {value!r} must be sbatch's --time form, e.g. 7-00:00:00")
+        return value
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, value: str | None) -> str | None:
+        if value is not None and not SLURM_NAME_RE.match(value):
+            raise ValueError(f"partition {value!r} must be 1-63 letters, digits, '.', '_' or '-'")
+        return value
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _args(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from slurm_idle.replicajobs import check_sbatch_args
+
+        check_sbatch_args(value)
+        return value
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"script {value!r} must be an absolute path")
+        return value
+
+    @model_validator(mode="after")
+    def _one_command(self) -> ReplicaJobConfig:
+        from slurm_idle.replicajobs import check_templates
+
+        if (self.command is None) == (self.script is None):
+            raise ValueError("job: give exactly one of `command` (run by srun) or `script` (a "
+                             "batch script file of your own)")
+        if self.port_base + self.replicas - 1 > 65535:
+            raise ValueError(f"job.port_base {self.port_base} + replicas {self.replicas} runs past "
+                             "port 65535")
+        check_templates(self.command, self.url)
+        return self
+
+
 class ModelConfig(_Strict):
     """One served model and its replicas (see fleetspec.py for the forms a config may use)."""
 
@@ -300,6 +373,10 @@ class ModelConfig(_Strict):
     replicas: tuple[ReplicaConfig, ...] = ()
     engine: EngineConfig | None = None  # overrides the top-level engine for this model
     router: RouterConfig | None = None  # overrides the top-level router for this model
+    # nodes: vLLM outside Slurm on drained nodes (`replicas:`); jobs: each replica a Slurm job
+    # in the serve partition (`job:`), lent GPU by GPU (replicajobs.py).
+    placement: Literal["nodes", "jobs"] = "nodes"
+    job: ReplicaJobConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -331,6 +408,25 @@ class ModelConfig(_Strict):
                     f"than its {self.gpus_per_node} (gpus_per_replica x replicas_per_node)"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _placement_fits(self) -> ModelConfig:
+        if self.placement == "jobs":
+            if self.job is None:
+                raise ValueError("job: placement jobs needs a `job:` block (replicas, command or "
+                                 "script, ...)")
+            if self.replicas:
+                raise ValueError("replicas: placement jobs takes no `nodes:`/`replicas:` (Slurm "
+                                 "places the replica jobs); give `job.replicas: N`")
+        elif self.job is not None:
+            raise ValueError("job: a `job:` block needs `placement: jobs`")
+        return self
+
+    @property
+    def job_gpus_per_replica(self) -> int:
+        """GPUs of one replica job (jobs placement): job.gpus_per_replica, else the model's."""
+        return (self.job.gpus_per_replica if self.job and self.job.gpus_per_replica
+                else self.gpus_per_replica)
 
     @field_validator("min_serving_replicas")
     @classmethod
@@ -429,6 +525,9 @@ class PathsConfig(_Strict):
     # In a 0700 directory of its own (created by the agent), never the world-writable /run/lock.
     lock: str = "/run/slurm-idle/tick.lock"
     textfile: str | None = None  # node_exporter textfile collector .prom file
+    # Prometheus file_sd_configs targets of the replica jobs (`placement: jobs`), rewritten
+    # each tick (filesd.py); None: not written.
+    file_sd: str | None = None
 
 
 class ReportConfig(_Strict):
@@ -498,6 +597,14 @@ class Config(_Strict):
     @model_validator(mode="after")
     def _replicas_fit_and_engines_known(self) -> Config:
         fleetspec.check_topology(self.models, self.engine)
+        ports: dict[int, str] = {}
+        for i, model in enumerate(self.models):
+            if model.job is not None:
+                for port in range(model.job.port_base, model.job.port_base + model.job.replicas):
+                    if port in ports:
+                        raise ValueError(f"models.{i}.job.port_base: port {port} is also one of "
+                                         f"{ports[port]!r}'s replica jobs: give each model its range")
+                    ports[port] = model.name
         for model in self.models:
             if model.engine is None and self.engine is None:
                 raise ValueError(f"model {model.name!r} has no engine and there is no top-level engine")

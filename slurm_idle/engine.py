@@ -25,16 +25,17 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_idle import httpdeadline
+from slurm_idle.commands import TIMEOUT_RC, CommandRunner, SubprocessRunner
 from slurm_idle.config import EngineConfig, ReplicaConfig
 from slurm_idle.engine_version import relied_on, supports, version_from_body
 from slurm_idle.errors import CommandError, EngineError
+from slurm_idle.httpdeadline import DeadlineClient, HttpClient, HttpResponse
 from slurm_idle.logs import get_logger
-from slurm_idle.slurm.runner import TIMEOUT_RC, CommandRunner, SubprocessRunner
 
 log = get_logger(__name__)
 
@@ -65,31 +66,21 @@ def _limit(own_s: float, given_s: float | None) -> tuple[float, bool]:
 # --- HTTP ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class HttpResponse:
-    status: int
-    body: bytes
-
-
-class HttpClient(Protocol):
-    """One HTTP request; raises EngineError when the server cannot be reached at all."""
-
-    def request(self, method: str, url: str, timeout: float) -> HttpResponse: ...
-
-
 class UrllibClient:
-    """The real HTTP client: any status is returned, no answer raises. `timeout` is the whole
-    request's deadline (connect, headers, body), not each read's: a replica trickling its
-    answer cannot hold a tick (httpdeadline)."""
+    """The engine's HTTP client: the one client (httpdeadline.DeadlineClient: a total deadline
+    for connect, headers and body, bodies cut at MAX_BODY_BYTES, no proxies), its failures as
+    EngineErrors: no answer in time is HttpTimeout, no answer at all EngineError."""
+
+    def __init__(self, client: HttpClient | None = None) -> None:
+        self.client = client or DeadlineClient(MAX_BODY_BYTES)
 
     def request(self, method: str, url: str, timeout: float) -> HttpResponse:
         try:
-            status, body = httpdeadline.request(method, url, timeout, MAX_BODY_BYTES)
+            return self.client.request(method, url, timeout)
         except httpdeadline.DeadlineExceeded:
             raise HttpTimeout(f"{method} {url}: no answer within {timeout:g} s") from None
         except OSError as exc:
             raise EngineError(str(exc)) from None
-        return HttpResponse(status, body)
 
 
 # --- health --------------------------------------------------------------------------------
@@ -260,10 +251,13 @@ class HttpProbe:
 # --- the protocol --------------------------------------------------------------------------
 
 
-class EngineControl(Protocol):
+@runtime_checkable
+class Engine(Protocol):
     """Start/stop one replica and read its health; start and stop are idempotent.
 
-    `timeout_s` bounds the call's waits (see the module docstring).
+    `timeout_s` bounds the call's waits (see the module docstring). `in_flight` counts the
+    requests running *and* waiting (stopping would drop either); None when the replica is down
+    or its metrics unreadable. The fake in `slurm_idle.testing.fakes` implements it too.
     """
 
     def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
@@ -275,6 +269,10 @@ class EngineControl(Protocol):
     def in_flight(self, replica: ReplicaConfig) -> float | None: ...
 
     def identify(self, replica: ReplicaConfig) -> Identity: ...
+
+
+#: The protocol's earlier name, kept for callers outside the package.
+EngineControl = Engine
 
 
 class _HttpHealth:
@@ -604,7 +602,7 @@ def make_engine(
     runner: CommandRunner | None = None,
     http: HttpClient | None = None,
     docker_client: Any = None,
-) -> EngineControl:
+) -> Engine:
     """The engine control `config.kind` names, for the replicas of `model`."""
     if config.kind == "command":
         return CommandEngine(config, model, runner=runner, http=http)
@@ -650,7 +648,7 @@ def wait_until_idle(
 
 
 def wait_until_serving(
-    engine: EngineControl,
+    engine: Drainable,
     replica: ReplicaConfig,
     timeout_s: float,
     clock: Clock = time.monotonic,

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from slurm_idle.config import Config
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.jobs import parse_job_comment
+from slurm_idle.journal import JobAction, JobRecord
 from slurm_idle.logs import get_logger
 from slurm_idle.model import SlurmJob
 from slurm_idle.slurm.parse import JobSignal, parse_signal_option
-from slurm_idle.slurm.protocol import NotRequeueable
+from slurm_idle.slurm.protocol import JobControl, NotRequeueable
 
 log = get_logger(__name__)
 
@@ -65,10 +65,10 @@ class Evictor:
     def __init__(
         self,
         config: Config,
-        slurm: Any,
+        slurm: JobControl,
         clock: Callable[[], float],
         steps: Callable[[], Mapping[int, int]],
-        on_event: Callable[[dict[str, Any]], None],
+        on_event: Callable[[JobRecord], None],
     ) -> None:
         self.config = config
         self.slurm = slurm
@@ -177,7 +177,5 @@ class Evictor:
     def _event(self, node: str, plan: JobPlan, action: str, why: str) -> None:
         level = log.warning if action in {"error", "cancelled"} else log.info
         level("%s: job %s (%s): %s: %s", node, plan.job_id, plan.kind, action, why)
-        self.on_event({
-            "event": "job", "ts": round(self.clock(), 3), "node": node, "job_id": plan.job_id,
-            "kind": plan.kind, "action": action, "detail": why,
-        })
+        self.on_event(JobRecord(ts=self.clock(), node=node, job_id=plan.job_id, kind=plan.kind,
+                                action=JobAction(action), detail=why))

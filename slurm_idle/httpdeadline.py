@@ -1,12 +1,16 @@
-"""HTTP with a total deadline: connect, headers and body together, not per read.
+"""The one HTTP client of engine, scrape and warm-up calls: a total deadline, bounded bodies,
+no proxies.
 
 urllib's `timeout` bounds each socket operation, so a page trickled one byte every 2 s never
 times out (measured: 81 s for a `--timeout 5` scrape). Here the whole exchange runs in a worker
 thread and the caller waits at most `timeout_s`; at the deadline the socket is shut down, which
 ends the worker's blocked read at once, and `DeadlineExceeded` (a TimeoutError, so an OSError as
-urllib's own errors are) is raised. No proxies: replicas and Prometheus are on the cluster
-network. Used by the scrape source and the engine probes; `call_within` bounds any other
-blocking call (the Prometheus client) the same way, abandoning it at the deadline.
+urllib's own errors are) is raised. Bodies are read up to a ceiling (`max_bytes`). No proxies,
+whatever `http_proxy`/`HTTPS_PROXY` say: replicas are on the cluster network, and a site proxy
+would see (and could hold) every probe. `DeadlineClient` is that client behind the small
+`HttpClient` protocol the engine probes, the scrape source, the doctor and the router's
+warm-up take (tests inject fakes); `call_within` bounds any other blocking call (the
+Prometheus client, which has its own HTTP stack) the same way, abandoning it at the deadline.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
 T = TypeVar("T")
@@ -38,8 +43,41 @@ def _open(url: str, timeout_s: float) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(host, parts.port or 80, timeout=timeout_s)
 
 
+@dataclass(frozen=True)
+class HttpResponse:
+    """An answer: any status, the body as read (cut at the client's ceiling)."""
+
+    status: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+
+class HttpClient(Protocol):
+    """One request within `timeout` seconds in all. DeadlineClient raises OSError when no
+    answer came (DeadlineExceeded at the deadline); the engine's wrapper (engine.UrllibClient)
+    raises EngineError instead, which is what the engine adapters expect of the client given."""
+
+    def request(self, method: str, url: str, timeout: float) -> HttpResponse: ...
+
+
+@dataclass(frozen=True)
+class DeadlineClient:
+    """The real HttpClient: `request` below, bodies cut at `max_bytes`."""
+
+    max_bytes: int = MAX_BODY_BYTES
+
+    def request(self, method: str, url: str, timeout: float, body: bytes | None = None,
+                headers: Mapping[str, str] | None = None) -> HttpResponse:
+        status, data = request(method, url, timeout, self.max_bytes, body=body, headers=headers)
+        return HttpResponse(status, data)
+
+
 def request(
-    method: str, url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES
+    method: str, url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES,
+    body: bytes | None = None, headers: Mapping[str, str] | None = None,
 ) -> tuple[int, bytes]:
     """(status, body) of one request, the whole of it within `timeout_s` seconds.
 
@@ -54,8 +92,8 @@ def request(
 
     def work() -> None:
         try:
-            conn.request(method, path, body=b"" if method == "POST" else None,
-                         headers={"Connection": "close"})
+            payload = body if body is not None else (b"" if method == "POST" else None)
+            conn.request(method, path, body=payload, headers={**(headers or {}), "Connection": "close"})
             resp = conn.getresponse()
             results.append((resp.status, resp.read(max_bytes)))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread

@@ -47,7 +47,7 @@ DEFAULT_PARTITION = "idle"
 DEFAULT_TAG = "slurm-idle"
 DEFAULT_LOG = "slurm-idle-%x-%j.out"
 JOB_KIND = "job"  # the comment reads "<tag>:job ..." for every job we submit
-# Runner exit codes the batch script acts on (runner.py documents all of them).
+# Runner exit codes the batch script acts on (slurm_idle/runner documents all of them).
 EXIT_PREEMPTED = 143  # SIGTERM: preempted or requeued; Slurm finishes the requeue
 EXIT_REQUEUE_ME = 75  # SIGUSR1: time limit near, checkpointed; the script requeues the job
 REQUEUE_WAIT_S = 300  # how long the batch shell waits for Slurm to requeue a preempted job

@@ -1,30 +1,44 @@
 """The agent's journal: one JSON object per line, appended, never rewritten.
 
-`explain` and `report` read it back, so its shape is a stable interface:
+`explain` and `report` read it back, so its shape is a stable interface, written down once
+here as the record dataclasses below: the writers (transitions.StepResult, agent ticks,
+eviction, router/sync.py, admin.py) build them, `Journal.append` writes their `to_json()`, and
+readers get them back from `parse_record` / `Journal.typed()` (a record that is not ours, or
+malformed, is skipped there, so every reader skips the same ones).
 
-  transition record (one per phase change the agent attempted):
+  transition (one per phase change the agent attempted, TransitionRecord):
     {"event": "transition", "time": "2026-12-02T10:00:00Z", "ts": 1796205600.0,
      "node": "gpu1", "model": "m", "action": "reclaim", "from": "lent", "to": "reclaiming",
-     "reason": "...", "outcome": "ok" | "error" | "timeout" | "dry-run" | "skipped",
-     "error": "..." (only when outcome is error/timeout), "duration_s": 0.12}
-  tick record (one per tick that got the lock):
+     "reason": "...", "outcome": "ok" | "waiting" | "error" | "stuck" | "skipped",
+     "duration_s": 0.12, "error": "..." (error/stuck/skipped), "detail": "..." (why waiting),
+     "nodes": ["gpu6", "gpu7"] (a multi-node lend group, keyed by `node`)}
+  tick (one per tick that got the lock and acted, failed, or journals empty passes, TickRecord):
     {"event": "tick", "time": ..., "ts": ..., "duration_s": 1.3, "actions": 2, "errors": 0,
      "dry_run": false, "phases": {"serving": 2, "lent": 2}, "needed": {"m": 2},
      "serving": {"m": 2}, "error": "..." (only if the tick itself failed)}
-  job record (what a reclaim did to one job on the node, eviction.py):
+  job (what a reclaim did to one job on the node, eviction.py, JobRecord):
     {"event": "job", "time": ..., "ts": ..., "node": "gpu1", "job_id": 42,
      "kind": "container" | "plain" | "interactive",
      "action": "signalled" | "requeued" | "cancelled" | "error", "detail": "..."}
+  router (one call to a model's router, router/sync.py, RouterRecord):
+    {"event": "router", "time": ..., "ts": ..., "node": "gpu1", "model": "m",
+     "router": "haproxy", "call": "remove" | "add", "reason": "...",
+     "replica": "gpu5-1" (only for one of several replicas on the node), "outcome": "ok" | "error",
+     "duration_s": 0.01 (ok), "error": "..." (error)}
+  admin (an admin's pin or unpin, admin.py, AdminRecord):
+    {"event": "admin", "time": ..., "ts": ..., "node": "gpu1", "command": "pin" | "unpin",
+     "phase": "serving", "outcome": "ok" | "error", "detail": "..."}
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from slurm_idle import safefiles
 from slurm_idle.errors import SlurmIdleError
@@ -41,8 +55,10 @@ class Journal:
 
     path: Path
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: JournalRecord | dict[str, Any]) -> None:
         """Append one record; `time` is derived from `ts` if missing."""
+        if not isinstance(record, dict):
+            record = record.to_json()
         if "ts" in record and "time" not in record:
             record = {"time": iso(float(record["ts"])), **record}
         line = json.dumps(record, sort_keys=False, default=str) + "\n"
@@ -78,3 +94,306 @@ class Journal:
             return
         except OSError as exc:
             raise self._error("read", exc) from None
+
+    def typed(self) -> Iterator[JournalRecord]:
+        """Every record of a known kind, oldest first, as its dataclass (see parse_record)."""
+        return typed_records(self.records())
+
+
+# --- the records -----------------------------------------------------------------------------
+
+
+class StepOutcome(StrEnum):
+    """How one attempted phase change ended (a str: compares and serialises as its value)."""
+
+    OK = "ok"  # the edge was taken; the new phase is written in Slurm
+    WAITING = "waiting"  # blocked on a condition at the tick's deadline: the next tick carries on
+    ERROR = "error"  # an effector failed; the phase stays, the next tick retries
+    STUCK = "stuck"  # still waiting past the phase's timeout (reported, retried)
+    SKIPPED = "skipped"  # an admin took the node meanwhile: left alone, nothing done
+
+
+class RouterOutcome(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def _member(kind: type[E], value: str) -> E | str:
+    """The enum member of `value`, or the string itself when this release does not know it."""
+    try:
+        return kind(value)
+    except ValueError:
+        return value
+
+
+def _str(value: Any, default: str = "") -> str:
+    return value if isinstance(value, str) else default
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _num(value: Any, default: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return float(value)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _counts(value: Any) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _head(event: str, ts: float, time: str | None) -> dict[str, Any]:
+    """The keys every record starts with, in the journal's order (`time` first when known)."""
+    out: dict[str, Any] = {"time": time} if time is not None else {}
+    out.update(event=event, ts=round(ts, 3))
+    return out
+
+
+@dataclass(frozen=True)
+class TransitionRecord:
+    """One attempted phase change (transitions.StepResult, journaled)."""
+
+    EVENT: ClassVar[str] = "transition"
+
+    ts: float
+    node: str
+    model: str
+    action: str  # the ActionKind's value: lend, reclaim, adopt, ...
+    from_phase: str
+    to_phase: str
+    reason: str
+    outcome: StepOutcome | str  # a str only for an outcome this release does not know
+    duration_s: float
+    error: str | None = None
+    detail: str | None = None  # why a step is still waiting (carried over to the next tick)
+    nodes: tuple[str, ...] = ()  # every node of a multi-node lend group (`node` is its key)
+    time: str | None = None  # ISO-8601, as read back (Journal.append derives it from ts)
+
+    def to_json(self) -> dict[str, Any]:
+        rec = _head(self.EVENT, self.ts, self.time)
+        rec.update({"node": self.node, "model": self.model, "action": self.action,
+                    "from": self.from_phase, "to": self.to_phase, "reason": self.reason,
+                    "outcome": str(self.outcome), "duration_s": round(self.duration_s, 3)})
+        if self.error:
+            rec["error"] = self.error
+        if self.detail:
+            rec["detail"] = self.detail
+        if self.nodes:
+            rec["nodes"] = list(self.nodes)
+        return rec
+
+    @classmethod
+    def from_json(cls, rec: Mapping[str, Any]) -> TransitionRecord | None:
+        node, src, dst = rec.get("node"), rec.get("from"), rec.get("to")
+        if not (isinstance(node, str) and isinstance(src, str) and isinstance(dst, str)):
+            return None
+        outcome = _str(rec.get("outcome"))
+        nodes = rec.get("nodes")
+        return cls(
+            ts=_num(rec.get("ts")), node=node, model=_str(rec.get("model")),
+            action=_str(rec.get("action")), from_phase=src, to_phase=dst,
+            reason=_str(rec.get("reason")),
+            outcome=_member(StepOutcome, outcome),
+            duration_s=max(0.0, _num(rec.get("duration_s"))), error=_opt_str(rec.get("error")),
+            detail=_opt_str(rec.get("detail")),
+            nodes=tuple(n for n in nodes if isinstance(n, str)) if isinstance(nodes, list) else (),
+            time=_opt_str(rec.get("time")),
+        )
+
+    @property
+    def all_nodes(self) -> tuple[str, ...]:
+        return self.nodes or (self.node,)
+
+
+@dataclass(frozen=True)
+class TickRecord:
+    """One tick that got the lock (agent.Agent._journal_tick)."""
+
+    EVENT: ClassVar[str] = "tick"
+
+    ts: float
+    duration_s: float
+    actions: int
+    errors: int
+    phases: dict[str, int] = field(default_factory=dict)  # nodes per phase after the steps
+    needed: dict[str, int] = field(default_factory=dict)  # model -> replicas needed
+    serving: dict[str, int] = field(default_factory=dict)  # model -> replicas serving
+    error: str | None = None  # the tick itself failed
+    dry_run: bool = False
+    time: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        rec = _head(self.EVENT, self.ts, self.time)
+        rec.update({"duration_s": round(self.duration_s, 3), "actions": self.actions,
+                    "errors": self.errors, "dry_run": self.dry_run, "phases": dict(self.phases),
+                    "needed": dict(self.needed), "serving": dict(self.serving)})
+        if self.error:
+            rec["error"] = self.error
+        return rec
+
+    @classmethod
+    def from_json(cls, rec: Mapping[str, Any]) -> TickRecord:
+        return cls(ts=_num(rec.get("ts")), duration_s=_num(rec.get("duration_s")),
+                   actions=_int(rec.get("actions")), errors=_int(rec.get("errors")),
+                   phases=_counts(rec.get("phases")), needed=_counts(rec.get("needed")),
+                   serving=_counts(rec.get("serving")), error=_opt_str(rec.get("error")),
+                   dry_run=rec.get("dry_run") is True, time=_opt_str(rec.get("time")))
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.errors or self.error)
+
+
+class JobAction(StrEnum):
+    """What a reclaim did to one job (eviction.py)."""
+
+    SIGNALLED = "signalled"
+    REQUEUED = "requeued"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What a reclaim did to one job on the node (eviction.py)."""
+
+    EVENT: ClassVar[str] = "job"
+
+    ts: float
+    node: str
+    job_id: int
+    kind: str  # container | plain | interactive
+    action: JobAction | str
+    detail: str
+    time: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        rec = _head(self.EVENT, self.ts, self.time)
+        rec.update({"node": self.node, "job_id": self.job_id, "kind": self.kind,
+                    "action": str(self.action), "detail": self.detail})
+        return rec
+
+    @classmethod
+    def from_json(cls, rec: Mapping[str, Any]) -> JobRecord | None:
+        node, job_id = rec.get("node"), rec.get("job_id")
+        if not isinstance(node, str) or not isinstance(job_id, int):
+            return None
+        action = _str(rec.get("action"))
+        return cls(ts=_num(rec.get("ts")), node=node, job_id=job_id, kind=_str(rec.get("kind")),
+                   action=_member(JobAction, action),
+                   detail=_str(rec.get("detail")), time=_opt_str(rec.get("time")))
+
+
+@dataclass(frozen=True)
+class RouterRecord:
+    """One call to a model's router (router/sync.py)."""
+
+    EVENT: ClassVar[str] = "router"
+
+    ts: float
+    node: str
+    model: str
+    router: str  # the router's kind
+    call: str  # remove | add
+    reason: str
+    outcome: RouterOutcome | str
+    duration_s: float | None = None  # ok calls
+    error: str | None = None  # failed calls
+    replica: str | None = None  # one of several replicas on `node` (its name)
+    time: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        rec = _head(self.EVENT, self.ts, self.time)
+        rec.update({"node": self.node, "model": self.model, "router": self.router,
+                    "call": self.call, "reason": self.reason})
+        if self.replica is not None:
+            rec["replica"] = self.replica
+        rec["outcome"] = str(self.outcome)
+        if self.error is not None:
+            rec["error"] = self.error
+        if self.duration_s is not None:
+            rec["duration_s"] = round(self.duration_s, 3)
+        return rec
+
+    @classmethod
+    def from_json(cls, rec: Mapping[str, Any]) -> RouterRecord | None:
+        node = rec.get("node")
+        if not isinstance(node, str):
+            return None
+        outcome = _str(rec.get("outcome"))
+        duration = rec.get("duration_s")
+        return cls(ts=_num(rec.get("ts")), node=node, model=_str(rec.get("model")),
+                   router=_str(rec.get("router")), call=_str(rec.get("call")),
+                   reason=_str(rec.get("reason")),
+                   outcome=_member(RouterOutcome, outcome),
+                   duration_s=_num(duration) if duration is not None else None,
+                   error=_opt_str(rec.get("error")), replica=_opt_str(rec.get("replica")),
+                   time=_opt_str(rec.get("time")))
+
+
+@dataclass(frozen=True)
+class AdminRecord:
+    """An admin's pin or unpin of a node (admin.py); lend and reclaim journal transitions."""
+
+    EVENT: ClassVar[str] = "admin"
+
+    ts: float
+    node: str
+    command: str  # pin | unpin
+    phase: str  # the node's phase at the time
+    outcome: StepOutcome | str
+    detail: str = ""
+    time: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        rec = _head(self.EVENT, self.ts, self.time)
+        rec.update({"node": self.node, "command": self.command, "phase": self.phase,
+                    "outcome": str(self.outcome), "detail": self.detail})
+        return rec
+
+    @classmethod
+    def from_json(cls, rec: Mapping[str, Any]) -> AdminRecord | None:
+        node = rec.get("node")
+        if not isinstance(node, str):
+            return None
+        outcome = _str(rec.get("outcome"))
+        return cls(ts=_num(rec.get("ts")), node=node, command=_str(rec.get("command")),
+                   phase=_str(rec.get("phase")),
+                   outcome=_member(StepOutcome, outcome),
+                   detail=_str(rec.get("detail")), time=_opt_str(rec.get("time")))
+
+
+JournalRecord = TransitionRecord | TickRecord | JobRecord | RouterRecord | AdminRecord
+
+_KINDS: dict[str, Any] = {k.EVENT: k for k in
+                          (TransitionRecord, TickRecord, JobRecord, RouterRecord, AdminRecord)}
+
+
+def parse_record(rec: Mapping[str, Any]) -> JournalRecord | None:
+    """The record's dataclass; None for another event, or one without a numeric `ts` or the
+    keys that say what it is about (a hand-edited or foreign line)."""
+    kind = _KINDS.get(rec.get("event"))  # type: ignore[arg-type]
+    ts = rec.get("ts")
+    if kind is None or isinstance(ts, bool) or not isinstance(ts, int | float):
+        return None
+    parsed: JournalRecord | None = kind.from_json(rec)
+    return parsed
+
+
+def typed_records(records: Iterable[Mapping[str, Any]]) -> Iterator[JournalRecord]:
+    """The records of a known kind among `records`, as dataclasses, in order."""
+    for rec in records:
+        parsed = parse_record(rec)
+        if parsed is not None:
+            yield parsed

@@ -48,6 +48,8 @@ class Ready(StrEnum):
     ENGINES_IDLE = "engines_idle"  # no request in flight on any replica, or the drain window over
     NODES_EMPTY = "nodes_empty"  # no job left on the group's nodes, every node powered up
     ENGINES_SERVING = "engines_serving"  # every replica healthy and awake
+    JOB_GONE = "job_gone"  # placement jobs: the replica job left the queue
+    JOB_RUNNING = "job_running"  # placement jobs: the replica job runs (Slurm placed it)
 
 
 class Effect(StrEnum):
@@ -62,6 +64,9 @@ class Effect(StrEnum):
     RESTORE_COMMENT_AND_START = "restore_comment_and_start"  # as START_ENGINES, lent Comment off
     DRAIN_AND_REQUEUE = "drain_and_requeue"  # write RECLAIMING (DRAIN); warn/requeue; POWER_UP
     WARM_UP_AND_ROUTER_ADD = "warm_up_and_router_add"  # one completion, router add; write SERVING
+    CANCEL_JOB = "cancel_job"  # placement jobs: write LENDING into the job's Comment; scancel
+    SUBMIT_JOB = "submit_job"  # placement jobs: sbatch the replica job (Comment: RECLAIMING)
+    NOTHING = "nothing"  # placement jobs: the new phase is the job's own state, nothing to write
 
 
 #: How long the from-phase may last: a key of `config.timeouts` or a function of the config.
@@ -120,6 +125,35 @@ EDGES: tuple[Edge, ...] = (
 )
 
 
+#: `placement: jobs` (replicajobs.py, jobdriver.py): the same phases and edges, each replica a
+#: Slurm job whose Comment (or state) holds the phase. Lending cancels the job; reclaiming
+#: submits it and Slurm preempts idle jobs itself, so there is no DRAIN, no engine command and
+#: no LENDING -> STARTING shortcut (a cancelled job cannot come back).
+JOB_EDGES: tuple[Edge, ...] = (
+    Edge(Phase.SERVING, Phase.RETIRING,
+         "load stayed low: out of the router, let in-flight requests finish",
+         None, Ready.NOW, Effect.ROUTER_REMOVE),
+    Edge(Phase.RETIRING, Phase.LENDING,
+         "no request in flight (or drain timeout): scancel the replica job",
+         "retire_s", Ready.ENGINES_IDLE, Effect.CANCEL_JOB),
+    Edge(Phase.RETIRING, Phase.SERVING,
+         "load rose again before the job was cancelled: keep serving",
+         None, Ready.NOW, Effect.ROUTER_ADD),
+    Edge(Phase.LENDING, Phase.LENT,
+         "the replica job left the queue: its GPUs are the idle partition's",
+         "lend_s", Ready.JOB_GONE, Effect.NOTHING),
+    Edge(Phase.LENT, Phase.RECLAIMING,
+         "load rises or forecast ramp: submit the replica job (Slurm preempts idle jobs)",
+         None, Ready.NOW, Effect.SUBMIT_JOB),
+    Edge(Phase.RECLAIMING, Phase.STARTING,
+         "the replica job runs: its engine starts",
+         "reclaim_s", Ready.JOB_RUNNING, Effect.NOTHING),
+    Edge(Phase.STARTING, Phase.SERVING,
+         "engine healthy and awake: serving again",
+         "start_s", Ready.ENGINES_SERVING, Effect.WARM_UP_AND_ROUTER_ADD),
+)
+
+
 class IllegalTransition(SlurmIdleError):
     """A phase change that is not in the edge table."""
 
@@ -152,6 +186,24 @@ class Lifecycle:
 #: The lifecycle of the running process. Read through the functions below (never copied at
 #: import), so a test may swap it for a reduced table.
 LIFECYCLE = Lifecycle(EDGES)
+#: The lifecycle of `placement: jobs` replicas (JOB_EDGES), read by jobdriver and policy/jobs.
+JOB_LIFECYCLE = Lifecycle(JOB_EDGES)
+
+
+def job_edge_for(from_phase: Phase, to_phase: Phase) -> Edge:
+    """The `placement: jobs` edge from -> to, or raise IllegalTransition."""
+    try:
+        return JOB_LIFECYCLE.by_key[(from_phase, to_phase)]
+    except KeyError:
+        raise IllegalTransition(
+            f"replica job transition {from_phase.value} -> {to_phase.value} is not allowed"
+        ) from None
+
+
+def job_next_phase(phase: Phase) -> Phase | None:
+    """The forward step of a replica job's transitional phase, None for a settled one."""
+    edge = JOB_LIFECYCLE.forward.get(phase)
+    return edge.to_phase if edge is not None else None
 
 
 def edges() -> tuple[Edge, ...]:

@@ -248,6 +248,37 @@ class GroupView:
 
 
 @dataclass(frozen=True)
+class JobReplica:
+    """One replica of a `placement: jobs` model as Slurm shows it: its batch job (if any) and
+    the phase that job's state and our Comment on it say (replicajobs.derive_job_phase).
+
+    No job is LENT (its GPUs are Slurm's to give to the idle partition); a PENDING job is
+    RECLAIMING; a running one is STARTING until our Comment says SERVING (or RETIRING);
+    a COMPLETING one (cancelled by us) is LENDING. `duplicates` are further jobs of ours for
+    the same replica (a lost race): the driver cancels them.
+    """
+
+    model: str
+    index: int
+    port: int
+    phase: Phase
+    phase_since: float | None = None
+    job_id: int | None = None
+    job_state: str = ""  # Slurm's state of the job, "" without one
+    nodes: tuple[str, ...] = ()
+    url: str = ""  # where the replica answers once placed ("" before)
+    state_reason: str = ""  # Slurm's reason a job is PENDING (Resources, Priority, ...)
+    duplicates: tuple[int, ...] = ()
+    gpus: int = 0
+    load: ReplicaLoad | None = None
+
+    @property
+    def name(self) -> str:
+        """`model#index`: the replica's name in actions, journal lines and status."""
+        return f"{self.model}#{self.index}"
+
+
+@dataclass(frozen=True)
 class Observation:
     """One consistent snapshot of the pool, built once per tick."""
 
@@ -258,6 +289,11 @@ class Observation:
     # Which metrics source answered: prometheus | scrape (the fallback) | none; "" when the
     # source does not say (a single configured source)
     metrics_source: str = ""
+    # The replicas of `placement: jobs` models, every configured index (LENT when no job).
+    replica_jobs: tuple[JobReplica, ...] = ()
+    # The nodes of the partitions replica jobs run in, each with its lend-partition jobs (what a
+    # replica job would preempt there): where the planner steers a reclaim (policy/jobs.py).
+    placement_nodes: tuple[NodeView, ...] = ()
 
     def model_load(self, model: str) -> ModelLoad | None:
         for load in self.models:

@@ -36,16 +36,17 @@ Conventions (documented in `--help` and the README):
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from slurm_idle.journal import iso
+from slurm_idle.journal import StepOutcome, TickRecord, TransitionRecord, typed_records
 from slurm_idle.model import Phase
+from slurm_idle.report_model import DayRow, JobRow, Period, Report, ReportSettings
 from slurm_idle.slurm.protocol import AcctJob
+from slurm_idle.timebuckets import HOUR, bucket_of, day_bounds, hour_bounds, overlaps
 
 #: Run end states that mean "interrupted and requeued": a preemption for this report.
 INTERRUPTED_STATES = frozenset({"PREEMPTED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
@@ -65,12 +66,12 @@ RECLAIM_STEPS = frozenset({
     (Phase.RECLAIMING.value, Phase.STARTING.value),
 })
 #: Journal outcomes of steps that did nothing (a reclaim step with any other outcome may have
-#: requeued jobs before it failed or timed out).
-NO_EFFECT_OUTCOMES = frozenset({"dry-run", "skipped"})
+#: requeued jobs before it failed or waited). "dry-run" is no StepOutcome (a dry run journals
+#: nothing) but was documented as one: a journal written by hand or by another tool may hold it.
+NO_EFFECT_OUTCOMES: frozenset[str] = frozenset({StepOutcome.SKIPPED, "dry-run"})
 #: The phase whose GPUs count as lent (schedulable in the idle partition).
 LENT_PHASES = frozenset({Phase.LENT.value})
 
-HOUR = 3600.0
 
 
 @dataclass(frozen=True)
@@ -97,284 +98,170 @@ class JournalFacts:
     reclaim_spans: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class DayRow:
-    """One local day of the period."""
-
-    day: date
-    gpu_hours: float
-    lent_gpu_hours: float
-    jobs: int
-    preemptions: int
-    lost_gpu_hours: float
-    savings: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "date": self.day.isoformat(),
-            "gpu_hours": _r(self.gpu_hours),
-            "lent_gpu_hours": _r(self.lent_gpu_hours),
-            "jobs": self.jobs,
-            "preemptions": self.preemptions,
-            "lost_gpu_hours": _r(self.lost_gpu_hours),
-            "savings": round(self.savings, 2),
-        }
-
-
-@dataclass(frozen=True)
-class JobRow:
-    """One job's share of the period."""
-
-    job_id: int
-    name: str
-    state: str  # state of its latest run
-    runs: int
-    preemptions: int
-    gpus: int
-    gpu_hours: float
-    lost_gpu_hours: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "name": self.name,
-            "state": self.state,
-            "runs": self.runs,
-            "preemptions": self.preemptions,
-            "gpus": self.gpus,
-            "gpu_hours": _r(self.gpu_hours),
-            "lost_gpu_hours": _r(self.lost_gpu_hours),
-        }
-
-
-@dataclass(frozen=True)
-class Report:
-    """The whole report; `to_json()` is the stable `report --json` shape."""
-
-    since: float
-    until: float
-    partition: str
-    timezone: str
-    price_per_gpu_hour: float
-    currency: str
-    gpu_hours: float
-    lent_gpu_hours: float
-    jobs: int
-    jobs_completed: int
-    jobs_requeued: int
-    job_runs: int
-    preemptions: int
-    lost_gpu_hours: float
-    lost_work_method: str
-    lends: int
-    reclaims: int
-    reclaim_latency_s_p50: float | None
-    reclaim_latency_s_p95: float | None
-    reclaim_latencies: int
-    phase_hours: Mapping[str, float]
-    days: tuple[DayRow, ...]
-    per_job: tuple[JobRow, ...]
-    hours: tuple[float, ...] = ()  # start of each hour bucket (for the plot)
-    used_gpus_per_hour: tuple[float, ...] = ()  # mean GPUs in use by idle jobs in the hour
-    lent_gpus_per_hour: tuple[float, ...] = ()  # mean GPUs lent in the hour
-    ticks: int = 0
-    tick_errors: int = 0
-    journal: str | None = None  # the journal read; None when there was none (no lends known)
-
-    @property
-    def savings(self) -> float:
-        return self.gpu_hours * self.price_per_gpu_hour
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "since": iso(self.since),
-            "until": iso(self.until),
-            "partition": self.partition,
-            "timezone": self.timezone,
-            "gpu_hours": _r(self.gpu_hours),
-            "lent_gpu_hours": _r(self.lent_gpu_hours),
-            "utilisation": _r(self.gpu_hours / self.lent_gpu_hours) if self.lent_gpu_hours else None,
-            "jobs": self.jobs,
-            "jobs_completed": self.jobs_completed,
-            "jobs_requeued": self.jobs_requeued,
-            "job_runs": self.job_runs,
-            "preemptions": self.preemptions,
-            "lost_gpu_hours": _r(self.lost_gpu_hours),
-            "lost_work_method": self.lost_work_method,
-            "lends": self.lends,
-            "reclaims": self.reclaims,
-            "reclaim_latency_s_p50": _r(self.reclaim_latency_s_p50),
-            "reclaim_latency_s_p95": _r(self.reclaim_latency_s_p95),
-            "reclaim_latencies": self.reclaim_latencies,
-            "phase_hours": {k: _r(v) for k, v in self.phase_hours.items()},
-            "ticks": self.ticks,
-            "tick_errors": self.tick_errors,
-            "journal": self.journal,
-            "price_per_gpu_hour": self.price_per_gpu_hour,
-            "savings": round(self.savings, 2),
-            "currency": self.currency,
-            "days": [d.to_json() for d in self.days],
-            "per_job": [j.to_json() for j in self.per_job],
-        }
-
-
 # --- the aggregation --------------------------------------------------------------------------
+
+
+@dataclass
+class _Day:
+    """One local day's sums, in GPU-seconds."""
+
+    start: float
+    gpu_s: float = 0.0
+    lent_gpu_s: float = 0.0
+    jobs: set[int] = field(default_factory=set)
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0
+
+
+@dataclass
+class _Hour:
+    """One hour's sums, in GPU-seconds (for the plot)."""
+
+    start: float
+    used_gpu_s: float = 0.0
+    lent_gpu_s: float = 0.0
+
+
+@dataclass
+class _Job:
+    """One job's sums over its runs in the period."""
+
+    name: str
+    state: str
+    runs: int = 0
+    preemptions: int = 0
+    gpus: int = 0
+    gpu_s: float = 0.0
+    lost_gpu_s: float = 0.0
+
+    def row(self, job_id: int) -> JobRow:
+        return JobRow(job_id=job_id, name=self.name, state=self.state, runs=self.runs,
+                      preemptions=self.preemptions, gpus=self.gpus, gpu_hours=self.gpu_s / HOUR,
+                      lost_gpu_hours=self.lost_gpu_s / HOUR)
+
+
+class _Tally:
+    """The sums build_report fills: per day, per hour, per job, and what only counts once."""
+
+    def __init__(self, period: Period, settings: ReportSettings, facts: JournalFacts) -> None:
+        self.period, self.settings, self.facts = period, settings, facts
+        self.tz = ZoneInfo(period.timezone)
+        self.day_bounds = day_bounds(period.since, period.until, self.tz)
+        self.hour_bounds = hour_bounds(period.since, period.until)
+        self.days = [_Day(lo) for lo, _ in self.day_bounds]
+        self.hours = [_Hour(lo) for lo, _ in self.hour_bounds]
+        self.jobs: dict[int, _Job] = {}
+        self.completed: set[int] = set()
+        self.requeued: set[int] = set()
+        self.runs = self.preemptions = 0
+
+    def add_run(self, run: AcctJob) -> None:
+        """A run's GPU time where it falls; if it ended in the period, how it ended."""
+        start = float(run.start or 0.0)
+        end = float(run.end) if run.end is not None else self.period.horizon
+        lo, hi = max(start, self.period.since), min(end, self.period.horizon)
+        ended_here = run.end is not None and self.period.since <= run.end < self.period.until
+        if hi <= lo and not ended_here:
+            return
+        self.runs += 1
+        job = self.jobs.setdefault(run.job_id, _Job(run.name, run.state))
+        job.runs += 1
+        job.state = run.state
+        job.gpus = max(job.gpus, run.gpus)
+        for i, seconds in overlaps(lo, hi, self.day_bounds):
+            self.days[i].gpu_s += seconds * run.gpus
+            self.days[i].jobs.add(run.job_id)
+        for i, seconds in overlaps(lo, hi, self.hour_bounds):
+            self.hours[i].used_gpu_s += seconds * run.gpus
+        job.gpu_s += max(0.0, hi - lo) * run.gpus
+        if run.end is None or not ended_here:
+            return
+        if run.state == "COMPLETED":
+            self.completed.add(run.job_id)
+        if is_preemption(run, self.facts.reclaim_spans):
+            lost = lost_seconds(run.end - start, self.settings.checkpoint_interval_s) * run.gpus
+            self.preemptions += 1
+            self.requeued.add(run.job_id)
+            job.preemptions += 1
+            job.lost_gpu_s += lost
+            day = bucket_of(run.end, self.day_bounds)
+            if day is not None:
+                self.days[day].preemptions += 1
+                self.days[day].lost_gpu_s += lost
+
+    def add_lent(self, iv: PhaseInterval) -> None:
+        """A lent interval's GPUs (the node's, or its lend group's) where it falls."""
+        gpus = self.settings.node_gpus.get(iv.node, 0)
+        for i, seconds in overlaps(iv.start, iv.end, self.day_bounds):
+            self.days[i].lent_gpu_s += seconds * gpus
+        for i, seconds in overlaps(iv.start, iv.end, self.hour_bounds):
+            self.hours[i].lent_gpu_s += seconds * gpus
+
+    def day_rows(self) -> tuple[DayRow, ...]:
+        price = self.settings.price_per_gpu_hour
+        return tuple(
+            DayRow(day=datetime.fromtimestamp(d.start, self.tz).date(), gpu_hours=d.gpu_s / HOUR,
+                   lent_gpu_hours=d.lent_gpu_s / HOUR, jobs=len(d.jobs), preemptions=d.preemptions,
+                   lost_gpu_hours=d.lost_gpu_s / HOUR, savings=d.gpu_s / HOUR * price)
+            for d in self.days
+        )
 
 
 def build_report(
     runs: Iterable[AcctJob],
     journal: Iterable[Mapping[str, Any]],
-    *,
-    since: float,
-    until: float,
-    now: float,
-    partition: str,
-    price_per_gpu_hour: float,
-    currency: str,
-    timezone: str = "UTC",
-    node_gpus: Mapping[str, int] | None = None,
-    checkpoint_interval_s: float | None = None,
+    period: Period,
+    settings: ReportSettings,
     journal_path: str | None = None,
 ) -> Report:
-    """Aggregate accounting runs and journal records over [since, until) (pure).
-
-    `now` caps runs and phases still open (a report never counts the future); `node_gpus` gives
-    each pool node's GPU count, for the lent GPU-hours; `journal_path` is only reported.
-    """
-    if until <= since:
-        raise ValueError("the report period is empty: --until must be after --since")
-    tz = ZoneInfo(timezone)
-    horizon = min(until, now)
-    mine = [r for r in runs if _in_partition(r, partition) and r.start is not None]
-    facts = journal_facts(journal, since=since, until=until, now=now)
-    gpus_of = dict(node_gpus or {})
-
-    days = _day_bounds(since, until, tz)
-    hours = _hour_bounds(since, until)
-    day_gpu_s = [0.0] * len(days)
-    day_lent_s = [0.0] * len(days)
-    day_jobs: list[set[int]] = [set() for _ in days]
-    day_preempt = [0] * len(days)
-    day_lost_s = [0.0] * len(days)
-    hour_used_s = [0.0] * len(hours)
-    hour_lent_s = [0.0] * len(hours)
-
-    jobs_seen: set[int] = set()
-    completed: set[int] = set()
-    requeued: set[int] = set()
-    job_runs = 0
-    preemptions = 0
-    lost_gpu_s = 0.0
-    per_job: dict[int, dict[str, Any]] = {}
-
+    """Aggregate accounting runs and journal records over the period (pure); `journal_path`
+    is only reported."""
+    facts = journal_facts(journal, since=period.since, until=period.until, now=period.now)
+    tally = _Tally(period, settings, facts)
+    mine = [r for r in runs if _in_partition(r, settings.partition) and r.start is not None]
     for run in sorted(mine, key=lambda r: (r.job_id, r.start or 0.0)):
-        start = float(run.start or 0.0)
-        end = float(run.end) if run.end is not None else horizon
-        lo, hi = max(start, since), min(end, horizon)
-        ended_here = run.end is not None and since <= run.end < until
-        if hi <= lo and not ended_here:
-            continue
-        job_runs += 1
-        jobs_seen.add(run.job_id)
-        row = per_job.setdefault(
-            run.job_id,
-            {"name": run.name, "state": run.state, "runs": 0, "preemptions": 0, "gpus": 0,
-             "gpu_s": 0.0, "lost_s": 0.0},
-        )
-        row["runs"] += 1
-        row["state"] = run.state
-        row["gpus"] = max(row["gpus"], run.gpus)
-        for i in _spread(lo, hi, run.gpus, days, day_gpu_s):
-            day_jobs[i].add(run.job_id)
-        _spread(lo, hi, run.gpus, hours, hour_used_s)
-        row["gpu_s"] += max(0.0, hi - lo) * run.gpus
-        if not ended_here:
-            continue
-        assert run.end is not None
-        day_index = _bucket(run.end, days)
-        if run.state == "COMPLETED":
-            completed.add(run.job_id)
-        if is_preemption(run, facts.reclaim_spans):
-            preemptions += 1
-            requeued.add(run.job_id)
-            row["preemptions"] += 1
-            lost = lost_seconds(run.end - start, checkpoint_interval_s) * run.gpus
-            lost_gpu_s += lost
-            row["lost_s"] += lost
-            if day_index is not None:
-                day_preempt[day_index] += 1
-                day_lost_s[day_index] += lost
-
+        tally.add_run(run)
     phase_s: dict[str, float] = {p.value: 0.0 for p in Phase}
     for iv in facts.intervals:
         phase_s[iv.phase] = phase_s.get(iv.phase, 0.0) + (iv.end - iv.start)
         if iv.phase in LENT_PHASES:
-            gpus = gpus_of.get(iv.node, 0)
-            _spread(iv.start, iv.end, gpus, days, day_lent_s)
-            _spread(iv.start, iv.end, gpus, hours, hour_lent_s)
-
-    gpu_hours = sum(day_gpu_s) / HOUR
-    day_rows = tuple(
-        DayRow(
-            day=datetime.fromtimestamp(d0, tz).date(),
-            gpu_hours=day_gpu_s[i] / HOUR,
-            lent_gpu_hours=day_lent_s[i] / HOUR,
-            jobs=len(day_jobs[i]),
-            preemptions=day_preempt[i],
-            lost_gpu_hours=day_lost_s[i] / HOUR,
-            savings=day_gpu_s[i] / HOUR * price_per_gpu_hour,
-        )
-        for i, (d0, _d1) in enumerate(days)
-    )
-    job_rows = tuple(
-        JobRow(
-            job_id=job_id,
-            name=row["name"],
-            state=row["state"],
-            runs=row["runs"],
-            preemptions=row["preemptions"],
-            gpus=row["gpus"],
-            gpu_hours=row["gpu_s"] / HOUR,
-            lost_gpu_hours=row["lost_s"] / HOUR,
-        )
-        for job_id, row in sorted(per_job.items())
-    )
+            tally.add_lent(iv)
     latencies = facts.reclaim_latencies_s
     return Report(
-        since=since,
-        until=until,
-        partition=partition,
-        timezone=timezone,
-        price_per_gpu_hour=price_per_gpu_hour,
-        currency=currency,
-        gpu_hours=gpu_hours,
-        lent_gpu_hours=sum(day_lent_s) / HOUR,
-        jobs=len(jobs_seen),
-        jobs_completed=len(completed),
-        jobs_requeued=len(requeued),
-        job_runs=job_runs,
-        preemptions=preemptions,
-        lost_gpu_hours=lost_gpu_s / HOUR,
-        lost_work_method=(
-            f"tail of at most {checkpoint_interval_s:g} s per preempted run"
-            if checkpoint_interval_s
-            else "whole preempted run (no checkpoint interval configured: upper bound)"
-        ),
-        lends=facts.lends,
-        reclaims=facts.reclaims,
+        since=period.since, until=period.until, partition=settings.partition,
+        timezone=period.timezone, price_per_gpu_hour=settings.price_per_gpu_hour,
+        currency=settings.currency,
+        gpu_hours=sum(d.gpu_s for d in tally.days) / HOUR,
+        lent_gpu_hours=sum(d.lent_gpu_s for d in tally.days) / HOUR,
+        jobs=len(tally.jobs), jobs_completed=len(tally.completed),
+        jobs_requeued=len(tally.requeued), job_runs=tally.runs, preemptions=tally.preemptions,
+        lost_gpu_hours=sum(j.lost_gpu_s for j in tally.jobs.values()) / HOUR,
+        lost_work_method=settings.lost_work_method,
+        lends=facts.lends, reclaims=facts.reclaims,
         reclaim_latency_s_p50=percentile(latencies, 50),
         reclaim_latency_s_p95=percentile(latencies, 95),
         reclaim_latencies=len(latencies),
         phase_hours={k: v / HOUR for k, v in phase_s.items()},
-        days=day_rows,
-        per_job=job_rows,
-        hours=tuple(h0 for h0, _ in hours),
-        used_gpus_per_hour=tuple(s / HOUR for s in hour_used_s),
-        lent_gpus_per_hour=tuple(s / HOUR for s in hour_lent_s),
-        ticks=facts.ticks,
-        tick_errors=facts.tick_errors,
-        journal=journal_path,
+        days=tally.day_rows(),
+        per_job=tuple(job.row(job_id) for job_id, job in sorted(tally.jobs.items())),
+        hours=tuple(h.start for h in tally.hours),
+        used_gpus_per_hour=tuple(h.used_gpu_s / HOUR for h in tally.hours),
+        lent_gpus_per_hour=tuple(h.lent_gpu_s / HOUR for h in tally.hours),
+        ticks=facts.ticks, tick_errors=facts.tick_errors, journal=journal_path,
     )
+
+
+def inference_gpu_hours(runs: Iterable[AcctJob], names: Collection[str], since: float,
+                        horizon: float) -> float:
+    """GPU-hours in [since, horizon) of the runs named as our replica jobs (`names`:
+    replicajobs.job_name of every replica; sacct keeps a job's name, its Comment only with
+    AccountingStoreFlags=job_comment)."""
+    total = 0.0
+    for run in runs:
+        if run.name in names and run.start is not None:
+            end = run.end if run.end is not None else horizon
+            total += max(0.0, min(end, horizon) - max(run.start, since)) * run.gpus
+    return total / HOUR
 
 
 def is_preemption(
@@ -426,25 +313,19 @@ def journal_facts(
     steps: list[tuple[float, float, str, str, str]] = []  # (started, ended, node, from, to)
     spans: dict[str, list[tuple[float, float]]] = {}
     ticks = tick_errors = 0
-    for rec in records:
-        ts = _float(rec.get("ts"))
-        if ts is None:
-            continue
+    for rec in typed_records(records):
+        ts = rec.ts
         first_ts = ts if first_ts is None else min(first_ts, ts)
-        event = rec.get("event")
-        if event == "tick" and since <= ts < until:
+        if isinstance(rec, TickRecord) and since <= ts < until:
             ticks += 1
-            tick_errors += 1 if (rec.get("errors") or rec.get("error")) else 0
-        if event != "transition":
+            tick_errors += 1 if rec.failed else 0
+        if not isinstance(rec, TransitionRecord):
             continue
-        node, src, dst = rec.get("node"), rec.get("from"), rec.get("to")
-        if not (isinstance(node, str) and isinstance(src, str) and isinstance(dst, str)):
-            continue
-        ended = ts + max(0.0, _float(rec.get("duration_s")) or 0.0)
-        outcome = rec.get("outcome")
-        if (src, dst) in RECLAIM_STEPS and outcome not in NO_EFFECT_OUTCOMES:
+        node, src, dst = rec.node, rec.from_phase, rec.to_phase
+        ended = ts + rec.duration_s
+        if (src, dst) in RECLAIM_STEPS and rec.outcome not in NO_EFFECT_OUTCOMES:
             spans.setdefault(node, []).append((ts, ended))
-        if outcome == "ok":
+        if rec.outcome == StepOutcome.OK:
             steps.append((ts, ended, node, src, dst))
     steps.sort(key=lambda s: s[1])
 
@@ -504,131 +385,8 @@ def percentile(values: Sequence[float], p: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-# --- presentation helpers (pure) --------------------------------------------------------------
-
-
-CSV_COLUMNS = ("date", "gpu_hours", "lent_gpu_hours", "jobs", "preemptions", "lost_gpu_hours",
-               "savings")
-
-
-def csv_rows(report: Report) -> list[dict[str, Any]]:
-    """The per-day table as CSV rows (plus a `total` row)."""
-    rows = [d.to_json() for d in report.days]
-    rows.append(
-        {
-            "date": "total",
-            "gpu_hours": _r(report.gpu_hours),
-            "lent_gpu_hours": _r(report.lent_gpu_hours),
-            "jobs": report.jobs,
-            "preemptions": report.preemptions,
-            "lost_gpu_hours": _r(report.lost_gpu_hours),
-            "savings": round(report.savings, 2),
-        }
-    )
-    return rows
-
-
-def render_text(report: Report) -> str:
-    """The human-readable report."""
-    p50, p95 = report.reclaim_latency_s_p50, report.reclaim_latency_s_p95
-    latency = f"{p50:.1f} s / {p95:.1f} s" if p50 is not None and p95 is not None else "n/a"
-    phases = ", ".join(f"{k} {v:.1f}" for k, v in report.phase_hours.items() if v) or "n/a"
-    cur = report.currency
-    lines = [
-        (f"slurm-idle report {iso(report.since)} .. {iso(report.until)} "
-         f"(partition {report.partition}, days in {report.timezone})"),
-        "",
-        (f"  GPU-hours used by idle jobs  {report.gpu_hours:12.2f}"
-         f"   (lent: {report.lent_gpu_hours:.2f} GPU-h)"),
-        (f"  saved                        {report.savings:12.2f} {cur}"
-         f"   (at {report.price_per_gpu_hour:g} {cur}/GPU-h)"),
-        (f"  jobs                         {report.jobs:12d}   completed {report.jobs_completed},"
-         f" requeued {report.jobs_requeued}, runs {report.job_runs}"),
-        (f"  preemptions                  {report.preemptions:12d}"
-         f"   work lost {report.lost_gpu_hours:.2f} GPU-h ({report.lost_work_method})"),
-        f"  lends / reclaims             {report.lends:5d} / {report.reclaims:<5d}",
-        (f"  reclaim latency p50 / p95    {latency}"
-         f"   ({report.reclaim_latencies} reclaims completed)"),
-        f"  node-hours per phase         {phases}",
-        f"  journal                      {report.journal or 'none: lends, reclaims, lent GPU-h unknown'}",
-        "",
-        (f"  {'date':<12}{'GPU-h':>10}{'lent GPU-h':>12}{'jobs':>6}{'preempt':>9}"
-         f"{'lost GPU-h':>12}{'saved':>12}"),
-    ]
-    for d in report.days:
-        lines.append(
-            f"  {d.day.isoformat():<12}{d.gpu_hours:>10.2f}{d.lent_gpu_hours:>12.2f}{d.jobs:>6d}"
-            f"{d.preemptions:>9d}{d.lost_gpu_hours:>12.2f}{d.savings:>12.2f}"
-        )
-    return "\n".join(lines)
-
-
 # --- small helpers ------------------------------------------------------------------------------
 
 
 def _in_partition(run: AcctJob, partition: str) -> bool:
     return partition in run.partition.split(",")
-
-
-def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
-    return max(0.0, min(a1, b1) - max(a0, b0))
-
-
-def _bucket(ts: float, bounds: Sequence[tuple[float, float]]) -> int | None:
-    """Index of the [start, end) bucket holding ts (buckets sorted, contiguous)."""
-    i = bisect_right(bounds, (ts, math.inf)) - 1
-    return i if 0 <= i < len(bounds) and bounds[i][0] <= ts < bounds[i][1] else None
-
-
-def _spread(
-    lo: float, hi: float, weight: float, bounds: Sequence[tuple[float, float]], acc: list[float]
-) -> list[int]:
-    """Add weight x overlap of [lo, hi) to each bucket it touches; return their indices."""
-    touched: list[int] = []
-    if hi <= lo:
-        return touched
-    i = max(0, bisect_right(bounds, (lo, math.inf)) - 1)
-    while i < len(bounds) and bounds[i][0] < hi:
-        overlap = _overlap(lo, hi, *bounds[i])
-        if overlap > 0:
-            acc[i] += overlap * weight
-            touched.append(i)
-        i += 1
-    return touched
-
-
-def _day_bounds(since: float, until: float, tz: ZoneInfo) -> list[tuple[float, float]]:
-    """[start, end) of every local day touching the period, clipped to it (DST-safe)."""
-    bounds: list[tuple[float, float]] = []
-    day = datetime.fromtimestamp(since, tz).date()
-    while True:
-        d0 = datetime.combine(day, datetime.min.time(), tz).timestamp()
-        d1 = datetime.combine(day + timedelta(days=1), datetime.min.time(), tz).timestamp()
-        lo, hi = max(d0, since), min(d1, until)
-        if lo >= until:
-            break
-        if hi > lo:
-            bounds.append((lo, hi))
-        day += timedelta(days=1)
-    return bounds
-
-
-def _hour_bounds(since: float, until: float) -> list[tuple[float, float]]:
-    start = math.floor(since / HOUR) * HOUR
-    bounds = []
-    h = start
-    while h < until:
-        bounds.append((h, h + HOUR))
-        h += HOUR
-    return bounds
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 6)
-

@@ -1,17 +1,17 @@
 """The report's inputs and outputs: `sacct` and the journal in, CSV and PNG out.
 
-Kept apart from report.py so the aggregation stays pure. Accounting is read with one
-`sacct --json --duplicates --allocations` call: `--duplicates` makes every run of a requeued job
-a record of its own (22.05 does so even without it; later releases need it), which is how
-preemptions and lost work are seen at all. Parsing is the Slurm adapter's `parse_accounting`.
+Kept apart from report.py so the aggregation stays pure. Accounting is read through the Slurm
+adapter (`SlurmBackend.accounting`: one `sacct --json --duplicates --allocations` call;
+`--duplicates` makes every run of a requeued job a record of its own, which is how preemptions
+and lost work are seen at all).
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -19,12 +19,13 @@ from zoneinfo import ZoneInfo
 
 from slurm_idle import safefiles
 from slurm_idle.config import Config
-from slurm_idle.errors import CommandError, ConfigError, SlurmIdleError
+from slurm_idle.errors import ConfigError, SlurmIdleError
 from slurm_idle.journal import Journal
-from slurm_idle.report import CSV_COLUMNS, Report, build_report, csv_rows
-from slurm_idle.slurm.parse import SlurmJsonError, parse_accounting
-from slurm_idle.slurm.protocol import AcctJob
-from slurm_idle.slurm.runner import CommandRunner, SubprocessRunner
+from slurm_idle.replicajobs import job_name
+from slurm_idle.report import build_report, inference_gpu_hours
+from slurm_idle.report_model import CSV_COLUMNS, Period, Report, ReportSettings, csv_rows
+from slurm_idle.slurm import make_backend
+from slurm_idle.slurm.protocol import AcctJob, SlurmBackend
 
 
 def parse_date(text: str, tz: str) -> float:
@@ -45,37 +46,31 @@ def parse_date(text: str, tz: str) -> float:
     return moment.timestamp()
 
 
-def sacct_argv(since: float, until: float, partition: str, bin_dir: str | None = None) -> list[str]:
-    """The one sacct call the report makes (times in the client's local time, as sacct wants)."""
-    sacct = os.path.join(bin_dir, "sacct") if bin_dir else "sacct"
-    fmt = "%Y-%m-%dT%H:%M:%S"
-    return [
-        sacct, "--json", "--duplicates", "--allocations", "--allusers",
-        "--starttime", datetime.fromtimestamp(since).strftime(fmt),
-        "--endtime", datetime.fromtimestamp(until).strftime(fmt),
-        "--partition", partition,
-    ]
-
-
 def fetch_runs(
-    config: Config, since: float, until: float, runner: CommandRunner | None = None
+    config: Config, since: float, until: float, slurm: SlurmBackend | None = None,
+    partition: str | None = None,
 ) -> list[AcctJob]:
-    """Every run of a lend-partition job that may overlap [since, until), from accounting."""
-    runner = runner or SubprocessRunner(timeout=config.slurm.command_timeout_s)
-    argv = sacct_argv(since, until, config.slurm.lend_partition, config.slurm.bin_dir)
-    try:
-        result = runner.run(argv)
-    except CommandError as exc:
-        if "disabled" in exc.stderr.lower():
-            raise SlurmIdleError(
-                "Slurm accounting is disabled: the report needs slurmdbd "
-                "(AccountingStorageType=accounting_storage/slurmdbd, AccountingStorageTRES=gres/gpu)"
-            ) from None
-        raise
-    try:
-        return parse_accounting(json.loads(result.stdout))
-    except (json.JSONDecodeError, SlurmJsonError) as exc:
-        raise SlurmIdleError(f"cannot read `sacct --json` output: {exc}") from None
+    """Every run of a lend-partition (or `partition`) job that may overlap [since, until),
+    from accounting, through the Slurm adapter (`accounting`: one sacct call; disabled
+    accounting says what to configure)."""
+    slurm = slurm or make_backend(config)
+    return slurm.accounting(since, until, partition or config.slurm.lend_partition)
+
+
+def fetch_inference_runs(
+    config: Config, since: float, until: float, slurm: SlurmBackend | None = None
+) -> list[AcctJob]:
+    """Runs in the serve partitions of `placement: jobs` models (none without such a model)."""
+    from slurm_idle.replicajobs import partition_of
+
+    parts = sorted({partition_of(config, m) for m in config.models if m.job is not None})
+    if not parts:
+        return []
+    slurm = slurm or make_backend(config)
+    runs: list[AcctJob] = []
+    for part in parts:
+        runs += fetch_runs(config, since, until, slurm, partition=part)
+    return runs
 
 
 def make_report(
@@ -86,6 +81,7 @@ def make_report(
     runs: Sequence[AcctJob],
     journal_path: str | None = None,
     slurm_gpus: Mapping[str, int] | None = None,
+    inference_runs: Sequence[AcctJob] | None = None,
 ) -> Report:
     """The report of [since, until) from accounting runs and the configured journal.
 
@@ -104,20 +100,26 @@ def make_report(
     per_node.update({n: g for n, g in (slurm_gpus or {}).items() if g > 0 and n in per_node})
     # The journal names a lend group by its key node: its GPUs are those of all its nodes.
     node_gpus = {g.name: sum(per_node[n] for n in g.nodes) for g in lend_groups(config)}
-    return build_report(
-        runs,
-        journal.records(),
-        since=since,
-        until=until,
-        now=now,
+    # `placement: jobs`: the journal names a replica job `model#index`, lent with its GPUs.
+    jobs_models = [m for m in config.models if m.job is not None]
+    node_gpus.update({f"{m.name}#{i}": m.job_gpus_per_replica
+                      for m in jobs_models if m.job is not None for i in range(m.job.replicas)})
+    settings = ReportSettings(
         partition=config.slurm.lend_partition,
         price_per_gpu_hour=config.report.price_per_gpu_hour,
         currency=config.report.currency,
-        timezone=config.policy.timezone,
         node_gpus=node_gpus,
         checkpoint_interval_s=config.report.checkpoint_interval_s,
-        journal_path=str(path) if path.exists() else None,
     )
+    period = Period(since, until, now, config.policy.timezone)
+    report = build_report(runs, journal.records(), period, settings,
+                          journal_path=str(path) if path.exists() else None)
+    if not jobs_models:
+        return report
+    names = {job_name(config.slurm.tag, m.name, i)
+             for m in jobs_models if m.job is not None for i in range(m.job.replicas)}
+    return replace(report, inference_gpu_hours=inference_gpu_hours(
+        inference_runs or (), names, since, min(until, now)))
 
 
 #: Formats `--plot` writes (matplotlib's Agg backend), chosen by the file name.

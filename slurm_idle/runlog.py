@@ -153,7 +153,7 @@ def backoff_s(base_s: float, failure: int, cap_s: float = 600.0) -> float:
 
 
 def end_reason(code: int, preempted_code: int, requeue_code: int) -> EndReason:
-    """The ledger's reason for a runner exit code (runner.py documents the codes)."""
+    """The ledger's reason for a runner exit code (slurm_idle/runner documents the codes)."""
     if code == 0:
         return "completed"
     if code == preempted_code:

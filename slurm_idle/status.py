@@ -65,7 +65,25 @@ def replica_rows(obs: Observation, config: Config) -> list[dict[str, Any]]:
                 "healthy": _healthy(load, g.phase),
                 "running": load.running if load is not None and load.known else None,
                 "waiting": load.waiting if load is not None and load.known else None,
+                "placement": "nodes",
             })
+    for j in obs.replica_jobs:  # `placement: jobs`: one Slurm job per replica (replicajobs.py)
+        rows.append({
+            "name": j.name,
+            "model": j.model,
+            "nodes": list(j.nodes),
+            "gpus": str(j.gpus) if j.gpus else "",
+            "url": j.url,
+            "phase": j.phase.value,
+            "healthy": _healthy(j.load, j.phase) if j.nodes else None,
+            "running": j.load.running if j.load is not None and j.load.known else None,
+            "waiting": j.load.waiting if j.load is not None and j.load.known else None,
+            "placement": "jobs",
+            "job_id": j.job_id,
+            "job_state": j.job_state or None,
+            "pending_reason": j.state_reason or None,
+            "port": j.port,
+        })
     return rows
 
 
@@ -112,7 +130,8 @@ def render_status(
     lines = [f"{'NODE':<12} {'PHASE':<11} {'SLURM':<18} {'GPUS':<6} {'JOBS':<12} REASON"]
     under: dict[str, list[dict[str, Any]]] = {}
     for r in replicas:
-        under.setdefault(r["nodes"][0], []).append(r)
+        if r.get("placement") != "jobs":
+            under.setdefault(r["nodes"][0], []).append(r)
     show = any(len(rs) > 1 or len(rs[0]["nodes"]) > 1 for rs in under.values())
     for n in nodes:
         jobs = ",".join(map(str, n["jobs"])) or "-"
@@ -123,6 +142,14 @@ def render_status(
             health = {True: "healthy", False: "not healthy", None: "-"}[r["healthy"]]
             span = f" on {','.join(r['nodes'])}" if len(r["nodes"]) > 1 else ""
             lines.append(f"  └ {r['name']:<20} {r['model']} gpus {r['gpus']}{span} {r['url']} {health}")
+    job_rows = [r for r in replicas if r.get("placement") == "jobs"]
+    if job_rows:
+        lines.append("")
+        lines.append(f"{'REPLICA':<24} {'PHASE':<11} {'JOB':<8} {'STATE':<10} {'NODES':<12} URL")
+        for r in job_rows:
+            state = (r["job_state"] or "-") + (f" ({r['pending_reason']})" if r["pending_reason"] else "")
+            lines.append(f"{r['name']:<24} {r['phase']:<11} {r['job_id'] or '-'!s:<8} {state:<10} "
+                         f"{','.join(r['nodes']) or '-':<12} {r['url'] or '-'}")
     lines.append("")
     lines.append(f"{'MODEL':<28} {'SERVING':>7} {'NEEDED':>6}  LOAD")
     for m in models:

@@ -34,11 +34,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.eviction import Evictor
+from slurm_idle.journal import JobRecord, StepOutcome, TransitionRecord
 from slurm_idle.lifecycle import (
     COMMENT_SEP,
     Edge,
@@ -54,9 +55,25 @@ from slurm_idle.lifecycle import (
     overdue,
 )
 from slurm_idle.logs import get_logger
-from slurm_idle.model import Action, ActionKind, GroupView, LendGroup, NodeView, Phase, SlurmNode
+from slurm_idle.model import (
+    Action,
+    ActionKind,
+    GroupView,
+    LendGroup,
+    NodeView,
+    Phase,
+    SlurmJob,
+    SlurmNode,
+)
 from slurm_idle.powersave import needs_power_up, power_flags
+from slurm_idle.slurm.protocol import PoolSlurm
 from slurm_idle.topology import group_index
+
+if TYPE_CHECKING:  # imported where used (engine.py loads the HTTP and docker helpers)
+    from slurm_idle.engine import Engine
+    from slurm_idle.router.sync import RouterSet
+
+T = TypeVar("T")
 
 log = get_logger(__name__)
 
@@ -100,17 +117,17 @@ def lent_comment(tag: str, since: float, current: str) -> str:
     return f"{marker}{COMMENT_SEP}{kept}" if kept else marker
 
 
-class SharedPoll:
+class SharedPoll(Generic[T]):
     """One Slurm query shared by every node thread per poll interval, so that acting on many
     nodes at once stays a handful of `squeue`/`sinfo` calls, not one per node per second."""
 
-    def __init__(self, fetch: Callable[[], Any], max_age_s: float, clock: Callable[[], float]) -> None:
+    def __init__(self, fetch: Callable[[], T], max_age_s: float, clock: Callable[[], float]) -> None:
         self._fetch, self._max_age_s, self._clock = fetch, max_age_s, clock
         self._lock = threading.Lock()
-        self._value: Any = None
+        self._value: T | None = None
         self._at = float("-inf")
 
-    def get(self) -> Any:
+    def get(self) -> T:
         with self._lock:
             now = self._clock()
             if self._value is None or now - self._at >= self._max_age_s:
@@ -129,33 +146,28 @@ class StepResult:
     from_phase: Phase
     to_phase: Phase
     reason: str
-    outcome: str  # ok | waiting | error | stuck | skipped
+    outcome: StepOutcome
     started: float
     duration_s: float
     error: str | None = None
     detail: str | None = None  # why a step is still waiting (carried over to the next tick)
     nodes: tuple[str, ...] = ()  # every node of a multi-node lend group (`node` is its key)
 
+    def __post_init__(self) -> None:
+        # A caller's plain string ("ok") becomes the member, so `is StepOutcome.OK` holds.
+        object.__setattr__(self, "outcome", StepOutcome(self.outcome))
+
+    def to_record(self) -> TransitionRecord:
+        return TransitionRecord(
+            ts=self.started, node=self.node, model=self.model, action=self.action,
+            from_phase=self.from_phase.value, to_phase=self.to_phase.value, reason=self.reason,
+            outcome=self.outcome, duration_s=self.duration_s, error=self.error,
+            detail=self.detail, nodes=self.nodes,
+        )
+
     def record(self) -> dict[str, Any]:
-        rec: dict[str, Any] = {
-            "event": "transition",
-            "ts": round(self.started, 3),
-            "node": self.node,
-            "model": self.model,
-            "action": self.action,
-            "from": self.from_phase.value,
-            "to": self.to_phase.value,
-            "reason": self.reason,
-            "outcome": self.outcome,
-            "duration_s": round(self.duration_s, 3),
-        }
-        if self.error:
-            rec["error"] = self.error
-        if self.detail:
-            rec["detail"] = self.detail
-        if self.nodes:
-            rec["nodes"] = list(self.nodes)
-        return rec
+        """The journal's transition record (also `tick --json`'s steps)."""
+        return self.to_record().to_json()
 
 
 @dataclass
@@ -163,13 +175,13 @@ class NodeDriver:
     """Applies transitions to pool nodes through the Slurm backend and engine controls."""
 
     config: Config
-    slurm: Any  # slurm_idle.slurm.SlurmBackend
-    engine_for: Callable[[str], Any]  # model name -> slurm_idle.engine.EngineControl
+    slurm: PoolSlurm
+    engine_for: Callable[[str], Engine]  # model name -> its engine control
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
-    on_event: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
-    router: Any = None  # slurm_idle.router.sync.RouterSet, or None: no router is told
+    on_event: Callable[[JobRecord], None] = field(default=lambda record: None)
+    router: RouterSet | None = None  # None: no router is told
 
     def __post_init__(self) -> None:
         self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
@@ -219,7 +231,7 @@ class NodeDriver:
             result = self._step(current, model, target, action.kind.value, reason, deadline)
             results.append(result)
             self.on_step(result)
-            if result.outcome != "ok":
+            if result.outcome is not StepOutcome.OK:
                 break
             since = result.started + result.duration_s
             current = replace(current, phase=target, phase_since=since,
@@ -235,7 +247,7 @@ class NodeDriver:
         self, view: GroupView, model: str, to_phase: Phase, action: str, reason: str, deadline: float
     ) -> StepResult:
         started = self.clock()
-        outcome, error, detail = "ok", None, None
+        outcome, error, detail = StepOutcome.OK, None, None
         try:
             # The single check: an edge off the table is refused before any adapter call.
             edge = edge_for(view.phase, to_phase)
@@ -243,17 +255,17 @@ class NodeDriver:
             if self._waiters()[edge.ready](view, deadline):
                 self._effects()[edge.effect](view, edge, deadline)
             else:
-                outcome = "waiting"
+                outcome = StepOutcome.WAITING
         except CarryOver as exc:
-            outcome, detail = "waiting", str(exc)
+            outcome, detail = StepOutcome.WAITING, str(exc)
         except Superseded as exc:
-            outcome, error = "skipped", str(exc)
+            outcome, error = StepOutcome.SKIPPED, str(exc)
         except SlurmIdleError as exc:
-            outcome, error = "error", str(exc)
+            outcome, error = StepOutcome.ERROR, str(exc)
         except Exception as exc:  # noqa: BLE001 - an effector bug must not crash the tick
-            outcome, error = "error", f"{type(exc).__name__}: {exc}"
-        if outcome == "waiting" and self._overdue(view, started):
-            outcome = "stuck"
+            outcome, error = StepOutcome.ERROR, f"{type(exc).__name__}: {exc}"
+        if outcome is StepOutcome.WAITING and self._overdue(view, started):
+            outcome = StepOutcome.STUCK
             error = f"{view.phase.value} for longer than its timeout; will retry" + (
                 f"; {detail}" if detail else "")
         result = StepResult(
@@ -270,7 +282,7 @@ class NodeDriver:
             detail=detail,
             nodes=tuple(view.group.nodes) if len(view.nodes) > 1 else (),
         )
-        level = log.info if outcome == "ok" else log.warning
+        level = log.info if outcome is StepOutcome.OK else log.warning
         level(
             "%s %s -> %s: %s [%s%s]",
             ",".join(v.name for v in view.nodes), view.phase.value, to_phase.value, reason, outcome,
@@ -452,7 +464,7 @@ class NodeDriver:
             except EngineDeadline as exc:
                 log.warning("%s: %s; stays starting, carried over to the next tick", replica.name, exc)
 
-    def _jobs_on(self, node: str) -> list[Any]:
+    def _jobs_on(self, node: str) -> list[SlurmJob]:
         return [j for j in self._jobs_poll.get() if node in j.nodes and j.state in ACTIVE_JOB_STATES]
 
     def _drain_and_requeue(self, view: GroupView, edge: Edge, deadline: float) -> None:

@@ -5,16 +5,23 @@ Kept apart from the CLI so that scripts (demo, benchmarks) and tests build agent
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_idle.agent import Agent, TickResult
 from slurm_idle.config import Config
+from slurm_idle.journal import StepOutcome
 from slurm_idle.lifecycle import takes_traffic
-from slurm_idle.model import Phase
+from slurm_idle.model import GroupView, Phase
+
+if TYPE_CHECKING:  # the adapters are imported where they are built
+    from slurm_idle.engine import Engine
+    from slurm_idle.metrics import MetricsSource
+    from slurm_idle.router.sync import RouterSet
 
 
-def make_metrics_source(config: Config, read_only: bool = False) -> Any:
+def make_metrics_source(config: Config, read_only: bool = False) -> MetricsSource:
     """Prometheus (one vector query per signal per tick) or direct /metrics scrapes."""
     from slurm_idle import metrics
 
@@ -32,7 +39,7 @@ def build_agent(config: Config, with_textfile: bool = True, read_only: bool = Fa
     from slurm_idle.slurm import make_backend
 
     @cache
-    def engine_for(model: str) -> Any:
+    def engine_for(model: str) -> Engine:
         return make_engine(config.engine_for(model), model)
 
     on_tick = None
@@ -51,7 +58,7 @@ def build_agent(config: Config, with_textfile: bool = True, read_only: bool = Fa
     return agent
 
 
-def make_router_set(config: Config, agent: Agent) -> Any:
+def make_router_set(config: Config, agent: Agent) -> RouterSet | None:
     """The pool's routers (issue 14), journaling into the agent's journal; None with `none`."""
     from slurm_idle.router.sync import RouterSet
 
@@ -61,7 +68,7 @@ def make_router_set(config: Config, agent: Agent) -> Any:
     return routers if routers.active else None
 
 
-def _textfile_writer(config: Config) -> Any:
+def _textfile_writer(config: Config) -> Callable[[TickResult], None]:
     from slurm_idle.agent import phase_counts
     from slurm_idle.agent_metrics import set_lock_blocked, write_textfile
 
@@ -80,7 +87,7 @@ def _textfile_writer(config: Config) -> Any:
             tick_duration_s=result.duration_s,
             tick_ts=result.started,
             transitions=[
-                (s.from_phase.value, s.to_phase.value) for s in result.steps if s.outcome == "ok"
+                (s.from_phase.value, s.to_phase.value) for s in result.steps if s.outcome is StepOutcome.OK
             ],
             tick_error=result.errors > 0,
             floors={m.name: m.min_serving_replicas for m in config.models},
@@ -93,12 +100,12 @@ def _textfile_writer(config: Config) -> Any:
     return write
 
 
-def _final_groups(result: TickResult, config: Config) -> list[tuple[Any, Phase, bool]]:
+def _final_groups(result: TickResult, config: Config) -> list[tuple[GroupView, Phase, bool]]:
     """(group view, phase after the tick's steps, moved by a step) of every lend group."""
     from slurm_idle.topology import group_views
 
     assert result.observation is not None
-    final = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}
+    final = {s.node: s.to_phase for s in result.steps if s.outcome is StepOutcome.OK}
     return [(g, final.get(g.name, g.phase), g.name in final)
             for g in group_views(result.observation, config)]
 
@@ -114,6 +121,10 @@ def group_counts(result: TickResult, config: Config) -> dict[str, Any]:
         groups[phase.value] += 1
         for r in g.group.replicas:
             replicas[(r.model, phase.value)] = replicas.get((r.model, phase.value), 0) + 1
+    final = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}
+    for j in result.observation.replica_jobs:  # `placement: jobs`: no lend group
+        key = (j.model, final.get(j.name, j.phase).value)
+        replicas[key] = replicas.get(key, 0) + 1
     return {"replicas": replicas, "groups": groups}
 
 
@@ -135,8 +146,12 @@ def serving_after(result: TickResult, config: Config | None = None) -> dict[str,
                 asleep = not moved and load is not None and load.sleeping
                 if takes_traffic(phase) and not asleep:
                     counts[r.model] = counts.get(r.model, 0) + 1
+        final_jobs = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}
+        for j in result.observation.replica_jobs:  # `placement: jobs`
+            if takes_traffic(final_jobs.get(j.name, j.phase)):
+                counts[j.model] = counts.get(j.model, 0) + 1
         return counts
-    final = {s.node: s.to_phase for s in result.steps if s.outcome == "ok"}
+    final = {s.node: s.to_phase for s in result.steps if s.outcome is StepOutcome.OK}
     counts = {p.model: 0 for p in result.plans}
     for view in result.observation.nodes:
         moved = view.name in final

@@ -4,17 +4,64 @@ The `sandbox` fixture brings up `slurm_idle.testing.sandbox.Sandbox` under
 /tmp/slurm-idle-sandbox-test-<pid> on free ports the first time a test requests it, and
 always stops it (by pid) at the end of the session, also on failure or Ctrl-C. Set
 SLURM_IDLE_KEEP_SANDBOX=1 to keep its directory (logs) afterwards.
+
+Every test that touches a real Slurm gets the `slurm` marker here, at collection, so the Slurm
+24.11 lane of CI can run exactly those (`-m slurm`; see .ci/run and docs/slurm-releases.md):
+the tests that use the `sandbox` fixture (directly or through another fixture), every test
+under tests/e2e, tests marked `slurm` by hand (those that start a Slurm of their own), and, as
+a safety net, every test in a module that runs a Slurm command or daemon. Deriving it from
+fixture use and source means a new contract test cannot drop out of that lane by a forgotten
+marker; a test marked by mistake only costs the lane its run time.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+E2E_DIR = Path(__file__).resolve().parent / "e2e"
+UNIT_DIR = Path(__file__).resolve().parent / "unit"
+# A Slurm command, daemon or the sandbox class named in a test module's source.
+SLURM_WORDS = re.compile(r"\b(sbatch|srun|salloc|scontrol|squeue|sinfo|sacct|scancel|slurmctld|"
+                         r"slurmd|slurmdbd|Sandbox)\b")
+
+
+@functools.cache
+def runs_slurm(module: Path) -> bool:
+    """The module's source names a Slurm command or daemon (unit tests excepted: they are pure
+    and only parse captured output)."""
+    if UNIT_DIR in module.parents:
+        return False
+    try:
+        return SLURM_WORDS.search(module.read_text(errors="replace")) is not None
+    except OSError:
+        return False
+
+
+def touches_slurm(item: Any) -> bool:
+    """Whether the test's outcome can depend on the Slurm release: it uses the session sandbox
+    (Slurm, slurmdbd), lives in tests/e2e, is marked `slurm` (starts a Slurm itself), or its
+    module runs Slurm commands."""
+    path = Path(str(item.path)).resolve()
+    return ("sandbox" in getattr(item, "fixturenames", ())
+            or E2E_DIR in path.parents
+            or item.get_closest_marker("slurm") is not None
+            or runs_slurm(path))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if touches_slurm(item):
+            item.add_marker(pytest.mark.slurm)
 
 
 def pytest_report_header() -> str:

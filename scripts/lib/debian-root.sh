@@ -191,7 +191,8 @@ copy_source() {
   # Keep the root's own .venv (built for its Python); replace everything else.
   find "$dest" -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} +
   tar -C "$src" --exclude=./.venv --exclude=./.git --exclude='*/__pycache__' \
-      --exclude=./.pytest_cache --exclude=./.mypy_cache --exclude=./.ruff_cache -cf - . \
+      --exclude=./.pytest_cache --exclude=./.mypy_cache --exclude=./.ruff_cache \
+      --exclude=./.hypothesis --exclude=./.ci/logs --exclude='*.egg-info' -cf - . \
     | tar -C "$dest" -xf -
 }
 

@@ -26,12 +26,12 @@ install_system_packages() {
     _need_root
     echo "slurm-idle: installing ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
     # policy-rc.d keeps Debian's own service units from starting: the sandbox runs its own daemons.
     local prc=${SLURM_IDLE_POLICY_RC:-/usr/sbin/policy-rc.d} created=0
     if [ ! -e "$prc" ]; then printf '#!/bin/sh\nexit 101\n' >"$prc"; chmod +x "$prc"; created=1; fi
     local rc=0
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
     # An `if`, not `[ ] && rm`: that form returns 1 when the file was already there (Debian
     # images ship one), and `set -e` callers would stop right after the install.
     if [ "$created" = 1 ]; then rm -f "$prc"; fi

@@ -44,7 +44,10 @@ def main(ctx: click.Context, config_path: str | None, verbose: int, quiet: bool,
     -v/-q/--syslog may also follow the command: `slurm-idle tick -v`.
     """
     apply_log_options(verbose, quiet, syslog)
-    ctx.obj = Context(config_path=config_path)
+    if isinstance(ctx.obj, Context):  # given by the caller (its agent factory): keep it
+        ctx.obj.config_path = config_path
+    else:
+        ctx.obj = Context(config_path=config_path)
 
 
 def _register() -> None:

@@ -28,7 +28,6 @@ def agent(ctx: Context, as_json: bool) -> None:
     timeouts.tick_budget_s and leaves any transition in Slurm for the next tick to carry on.
     """
     from slurm_idle.loop import run_loop
-    from slurm_idle.wiring import build_agent
 
     config = ctx.config()
     stop = threading.Event()
@@ -40,7 +39,7 @@ def agent(ctx: Context, as_json: bool) -> None:
         signal.signal(sig, on_signal)
     click.echo(f"slurm-idle agent: ticks every {config.policy.tick_interval_s}s, fast checks every "
                f"{config.policy.fast_interval_s}s (0: none); SIGTERM stops it", err=True)
-    stats = run_loop(build_agent(config), stop)
+    stats = run_loop(ctx.agent(), stop)
     summary = {"ticks": stats.ticks, "fast_checks": stats.fast_checks,
                "fast_actions": stats.fast_actions, "errors": stats.errors}
     if as_json:

@@ -6,20 +6,39 @@ import json
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import click
 
 from slurm_idle.config import Config, load_config, resolve_config_path
 from slurm_idle.errors import NotBuiltYet, SlurmIdleError
 
+if TYPE_CHECKING:
+    from slurm_idle.agent import Agent
+
+
+class AgentFactory(Protocol):
+    """Builds the agent a command acts through; `read_only` for commands that only look."""
+
+    def __call__(self, config: Config, *, read_only: bool = False) -> Agent: ...
+
+
+def build_agent(config: Config, *, read_only: bool = False) -> Agent:
+    """The real agent (slurm_idle.wiring), imported when a command first needs one."""
+    from slurm_idle import wiring
+
+    return wiring.build_agent(config, read_only=read_only)
+
 
 @dataclass
 class Context:
-    """What the top-level group hands to every command."""
+    """What the top-level group hands to every command. Tests and embedding scripts pass
+    their own (`CliRunner().invoke(main, args, obj=Context(agent_factory=...))`) to run the
+    commands on fakes: `main` keeps it and only sets the config path."""
 
     config_path: str | None = None
     _config: Config | None = field(default=None, repr=False)
+    agent_factory: AgentFactory = build_agent
 
     @property
     def resolved_config_path(self) -> str:
@@ -29,6 +48,10 @@ class Context:
         if self._config is None:
             self._config = load_config(self.resolved_config_path)
         return self._config
+
+    def agent(self, read_only: bool = False) -> Agent:
+        """The agent of the loaded config, from `agent_factory`."""
+        return self.agent_factory(self.config(), read_only=read_only)
 
 
 pass_ctx = click.make_pass_decorator(Context, ensure=True)

@@ -37,5 +37,7 @@ def check(ctx: Context, file: str | None, as_json: bool) -> None:
     nodes = len(cfg.pool_nodes)
     replicas = sum(len(m.replicas) for m in cfg.models)
     groups = len(lend_groups(cfg))
+    jobs = sum(m.job.replicas for m in cfg.models if m.job is not None)  # placement: jobs
     click.echo(f"{path}: OK ({len(cfg.models)} model(s), {nodes} pool node(s), {replicas} "
-               f"replica(s), {groups} lend group(s))")
+               f"replica(s), {groups} lend group(s)"
+               + (f", {jobs} replica job(s)" if jobs else "") + ")")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from slurm_idle.cli import main
 from slurm_idle.cli.common import Context, echo_json, pass_ctx
 from slurm_idle.errors import ConfigError
+
+if TYPE_CHECKING:
+    from slurm_idle.slurm.protocol import SlurmBackend
 
 WEEK_S = 7 * 24 * 3600.0
 
@@ -41,16 +44,17 @@ def report(
     (an upper bound). Lends, reclaims, reclaim latency and lent GPU-hours come from the journal
     (paths.journal): run the report where the tick runs.
     """
-    from slurm_idle.report import render_text
     from slurm_idle.report_io import (
         check_output_path,
         check_plot_ready,
+        fetch_inference_runs,
         fetch_runs,
         make_report,
         parse_date,
         write_csv,
         write_plot,
     )
+    from slurm_idle.report_model import render_text
 
     config = ctx.config()
     tz = config.policy.timezone
@@ -63,8 +67,12 @@ def report(
         check_output_path(csv_path, "--csv")
     if plot:
         check_plot_ready(plot)  # before the CSV is written: all outputs or none
-    runs = fetch_runs(config, start, end)
-    result = make_report(config, start, end, now, runs, slurm_gpus=_node_gres(config))
+    from slurm_idle.slurm import make_backend
+
+    slurm = make_backend(config)
+    runs = fetch_runs(config, start, end, slurm)
+    result = make_report(config, start, end, now, runs, slurm_gpus=_node_gres(slurm),
+                         inference_runs=fetch_inference_runs(config, start, end, slurm))
     if result.journal is None:
         click.echo(f"slurm-idle: warning: no journal at {config.paths.journal} (paths.journal): "
                    "lends, reclaims, reclaim latency and lent GPU-hours are not counted; run "
@@ -79,13 +87,12 @@ def report(
         click.echo(render_text(result))
 
 
-def _node_gres(config: Any) -> dict[str, int]:
+def _node_gres(slurm: SlurmBackend) -> dict[str, int]:
     """GPUs per node from Slurm's gres (what a lent node really lends); {} when Slurm cannot be
     read: the report then counts the GPUs the config's replicas use."""
     from slurm_idle.errors import SlurmIdleError
-    from slurm_idle.slurm import make_backend
 
     try:
-        return {n.name: n.gpus_total for n in make_backend(config).nodes()}
+        return {n.name: n.gpus_total for n in slurm.nodes()}
     except (SlurmIdleError, OSError):
         return {}

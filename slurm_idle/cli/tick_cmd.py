@@ -1,32 +1,35 @@
 """Commands that act on the pool: tick, status, explain, pin, unpin, lend, reclaim.
 
-They parse, build the agent from the config (slurm_idle.wiring) and print; the decisions and
-effects live in policy.py, agent.py and transitions.py.
+They parse, get the agent from the context's factory (slurm_idle.wiring's by default) and
+print; the decisions and effects live in policy.py, agent.py, transitions.py and, for the
+admin's pin/unpin/lend/reclaim, admin.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from slurm_idle.cli import main
 from slurm_idle.cli.common import Context, echo_json, pass_ctx
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.journal import Journal
-from slurm_idle.lifecycle import DRAINED_PHASES, format_reason
-from slurm_idle.lock import lock_holder, try_lock
-from slurm_idle.model import ActionKind, GroupView, NodeView, Observation, Phase
+from slurm_idle.journal import (
+    AdminRecord,
+    Journal,
+    RouterOutcome,
+    RouterRecord,
+    StepOutcome,
+    TickRecord,
+    TransitionRecord,
+)
+from slurm_idle.model import ActionKind
 from slurm_idle.status import group_rows, model_rows, node_rows, render_status, replica_rows
-from slurm_idle.topology import group_views
 
-
-def _agent(ctx: Context, read_only: bool = False) -> Any:
-    from slurm_idle.wiring import build_agent
-
-    return build_agent(ctx.config(), read_only=read_only)
+if TYPE_CHECKING:
+    from slurm_idle.admin import AdminResult
+    from slurm_idle.agent import Agent
 
 
 @main.command()
@@ -40,7 +43,7 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
     Transitions that need longer than the tick budget (engine cold start, jobs leaving a node)
     are left in their phase, written in Slurm, and carried on by the next tick.
     """
-    agent = _agent(ctx, read_only=dry_run)
+    agent = ctx.agent(read_only=dry_run)
     result = agent.tick(dry_run=dry_run)
     if as_json:
         echo_json(result.as_json() | {"dry_run": dry_run})
@@ -76,7 +79,7 @@ def status(ctx: Context, as_json: bool) -> None:
     """
     from slurm_idle.doctor import status_warnings
 
-    agent = _agent(ctx, read_only=True)
+    agent = ctx.agent(read_only=True)
     obs = agent.observe()
     plans = agent.assessor(obs, agent.config, obs.now)
     nodes, models = node_rows(obs), model_rows(obs, plans)
@@ -93,7 +96,7 @@ def status(ctx: Context, as_json: bool) -> None:
             click.echo(router_line)
 
 
-def _add_router_states(agent: Any, nodes: list[dict[str, Any]]) -> str | None:
+def _add_router_states(agent: Agent, nodes: list[dict[str, Any]]) -> str | None:
     """Each row's `router_state` (in, out, missing, unknown; `none` without a router) read
     from the router now; the loud line `status` prints when some model has no router."""
     # The router knows each replica on its own; a node shows its head replicas' state (one
@@ -136,66 +139,58 @@ def _lock_warning(path: str, now: float) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
-    """Why the latest decisions were taken (for NODE, or all nodes), from the journal."""
+    """Why the latest decisions were taken (for NODE, or all nodes), from the journal.
+
+    Shows phase changes, router calls and an admin's pin/unpin, newest last.
+    """
     config = ctx.config()
-    records = list(Journal(Path(config.paths.journal)).records())
-    transitions = [r for r in records if r.get("event") in ("transition", "router")
-                   and (node is None or r.get("node") == node or node in r.get("nodes", ()))]
-    ticks = [r for r in records if r.get("event") == "tick"]
-    if node is not None and node not in config.pool_nodes:
-        raise SlurmIdleError(f"{node} is not a pool node in {ctx.resolved_config_path}")
+    records = list(Journal(Path(config.paths.journal)).typed())
+    transitions = [r for r in records if isinstance(r, TransitionRecord | RouterRecord | AdminRecord)
+                   and (node is None or r.node == node
+                        or (isinstance(r, TransitionRecord) and node in r.nodes))]
+    ticks = [r for r in records if isinstance(r, TickRecord)]
+    replica_jobs = {f"{m.name}#{i}" for m in config.models if m.job is not None
+                    for i in range(m.job.replicas)}  # `placement: jobs`: NODE may be model#index
+    if node is not None and node not in config.pool_nodes and node not in replica_jobs:
+        raise SlurmIdleError(f"{node} is not a pool node (nor a replica job, MODEL#INDEX) in "
+                             f"{ctx.resolved_config_path}")
     shown = transitions[-last:]
     if as_json:
-        echo_json({"transitions": [r for r in shown if r.get("event") == "transition"],
-                   "router": [r for r in shown if r.get("event") == "router"],
-                   "last_tick": ticks[-1] if ticks else None})
+        echo_json({"transitions": [r.to_json() for r in shown if isinstance(r, TransitionRecord)],
+                   "router": [r.to_json() for r in shown if isinstance(r, RouterRecord)],
+                   "admin": [r.to_json() for r in shown if isinstance(r, AdminRecord)],
+                   "last_tick": ticks[-1].to_json() if ticks else None})
         return
     if not shown:
         click.echo(f"no transitions journaled{' for ' + node if node else ''} in {config.paths.journal}")
     for r in shown:
-        err = f" ({r['error']})" if r.get("error") else ""
-        if r.get("event") == "router":
-            verb = {"remove": "left", "add": "joined"}.get(str(r.get("call")), str(r.get("call")))
-            if r.get("outcome") != "ok":
-                verb = f"FAILED to be {'removed from' if r.get('call') == 'remove' else 'added to'}"
-            click.echo(f"{r.get('time', '?')} {r.get('node')}: {verb} the router "
-                       f"({r.get('router')}) because {r.get('reason')}{err}")
+        if isinstance(r, AdminRecord):  # pin/unpin (lend/reclaim journal transitions)
+            failed = "" if r.outcome == StepOutcome.OK else f" FAILED ({r.detail})"
+            click.echo(f"{r.time or '?'} {r.node}: {r.command} by an admin while "
+                       f"{r.phase}{failed}")
             continue
-        click.echo(f"{r.get('time', '?')} {r.get('node')}: {r.get('from')} -> {r.get('to')} "
-                   f"[{r.get('outcome')}] because {r.get('reason')}{err}")
+        err = f" ({r.error})" if r.error else ""
+        if isinstance(r, RouterRecord):
+            verb = {"remove": "left", "add": "joined"}.get(r.call, r.call)
+            if r.outcome != RouterOutcome.OK:
+                verb = f"FAILED to be {'removed from' if r.call == 'remove' else 'added to'}"
+            click.echo(f"{r.time or '?'} {r.node}: {verb} the router ({r.router}) because "
+                       f"{r.reason}{err}")
+            continue
+        click.echo(f"{r.time or '?'} {r.node}: {r.from_phase} -> {r.to_phase} [{r.outcome}] "
+                   f"because {r.reason}{err}")
     if ticks:
         t = ticks[-1]
-        click.echo(f"last tick {t.get('time')}: needed {t.get('needed')}, serving {t.get('serving')}, "
-                   f"{t.get('actions')} action(s), {t.get('errors')} error(s)")
+        click.echo(f"last tick {t.time}: needed {t.needed}, serving {t.serving}, "
+                   f"{t.actions} action(s), {t.errors} error(s)")
 
 
-def _group(obs: Observation, config: Any, node: str) -> GroupView:
-    """The lend group of `node` (what a lend or reclaim moves: the node and its partners)."""
-    for g in group_views(obs, config):
-        if node in g.group.nodes:
-            return g
-    raise SlurmIdleError(f"{node} is not a pool node")
-
-
-def _view(obs: Observation, node: str) -> NodeView:
-    for v in obs.nodes:
-        if v.name == node:
-            return v
-    pool = ", ".join(v.name for v in obs.nodes)
-    raise SlurmIdleError(f"{node} is not a pool node (pool: {pool})")
-
-
-def _locked_admin_action(ctx: Context, fn: Any) -> Any:
-    config = ctx.config()
-    with try_lock(config.paths.lock) as locked:
-        if not locked:
-            raise SlurmIdleError(
-                f"a tick is running (pid {lock_holder(config.paths.lock) or '?'}); try again in a minute"
-            )
-        return fn()
-
-
-def _print_steps(steps: list[Any], as_json: bool, dry_run: bool, action: Any) -> None:
+def _print_result(result: AdminResult, as_json: bool) -> None:
+    """An admin command's action and steps (lend, reclaim, pin of a lent node) or its line."""
+    action, steps, dry_run = result.action, result.steps, result.dry_run
+    if action is None or (result.command in ("pin", "unpin") and dry_run):
+        click.echo(result.message)
+        return
     if as_json:
         echo_json({"dry_run": dry_run, "action": {"kind": action.kind.value, "node": action.node,
                    "from": action.from_phase.value, "to": action.to_phase.value,
@@ -207,52 +202,27 @@ def _print_steps(steps: list[Any], as_json: bool, dry_run: bool, action: Any) ->
     for s in steps:
         click.echo(f"{s.node} {s.from_phase.value} -> {s.to_phase.value} [{s.outcome}] "
                    f"{s.duration_s:.1f}s" + (f": {s.error}" if s.error else ""))
-    if steps and steps[-1].outcome == "waiting":
+    if result.waiting:
         click.echo(f"{action.node} is still {steps[-1].from_phase.value}; the next tick carries on")
 
 
-def _count_transitions(config: Any, steps: list[Any]) -> None:
-    """Admin transitions count in the agent's metrics too (alerts watch the counter)."""
-    if config.paths.textfile is None:
-        return
-    from slurm_idle.agent_metrics import add_transitions
+def _admin(ctx: Context, command: str, node: str, dry_run: bool, as_json: bool = False) -> None:
+    """Run one admin command (slurm_idle.admin) and print what it did; a failed step prints
+    the steps taken, then the error line."""
+    from slurm_idle import admin
 
-    add_transitions(config.paths.textfile,
-                    [(s.from_phase.value, s.to_phase.value) for s in steps if s.outcome == "ok"])
-
-
-def _force(ctx: Context, node: str, kind: ActionKind, dry_run: bool, as_json: bool) -> None:
-    from slurm_idle.transitions import action_for_admin
-
-    agent = _agent(ctx, read_only=dry_run)
-
-    def run() -> None:
-        obs = agent.observe()
-        view = _view(obs, node)
-        if view.phase is Phase.ADMIN:
-            raise SlurmIdleError(f"{node} is drained by an admin ({view.node.reason!r}); slurm-idle never touches it")
-        if kind is ActionKind.LEND and view.pinned:
-            raise SlurmIdleError(f"{node} is pinned; `slurm-idle unpin {node}` first")
-        group = _group(obs, agent.config, node)
-        if group.phase is Phase.ADMIN:
-            raise SlurmIdleError(f"{node} is in lend group {','.join(group.group.nodes)}, which an "
-                                 "admin drained; slurm-idle never touches it")
-        wanted = Phase.SERVING if kind is ActionKind.LEND else Phase.LENT
-        if group.phase is not wanted and not (kind is ActionKind.RECLAIM and group.phase is Phase.UNKNOWN):
-            raise SlurmIdleError(
-                f"{node} is {group.phase.value}, not {wanted.value}; cannot {kind.value} it now"
-                " (see `slurm-idle status`)"
-            )
-        # The group moves as one: the action names its key node, from the group's phase.
-        action = replace(action_for_admin(replace(view, phase=group.phase), kind,
-                                          f"admin: slurm-idle {kind.value} {node}"), node=group.name)
-        steps = [] if dry_run else agent.run_actions([action], obs)
-        _count_transitions(agent.config, steps)
-        _print_steps(steps, as_json, dry_run, action)
-        if any(s.outcome == "error" for s in steps):
-            raise SlurmIdleError(f"{kind.value} {node} failed: {steps[-1].error}")
-
-    _locked_admin_action(ctx, run)
+    agent = ctx.agent(read_only=dry_run)
+    try:
+        if command == "pin":
+            result = admin.pin(agent, node, dry_run)
+        elif command == "unpin":
+            result = admin.unpin(agent, node, dry_run)
+        else:
+            result = admin.force(agent, node, ActionKind(command), dry_run)
+    except admin.AdminFailed as exc:
+        _print_result(exc.result, as_json)
+        raise
+    _print_result(result, as_json)
 
 
 @main.command()
@@ -266,7 +236,7 @@ def lend(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
     The replica finishes its in-flight requests, the engine is stopped and the node RESUMEd
     into the idle partition. The planner may take it back at a later tick if load needs it.
     """
-    _force(ctx, node, ActionKind.LEND, dry_run, as_json)
+    _admin(ctx, "lend", node, dry_run, as_json)
 
 
 @main.command()
@@ -276,51 +246,7 @@ def lend(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
 @pass_ctx
 def reclaim(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
     """Force NODE from lent back to serving (admin): jobs requeued, vLLM restarted."""
-    _force(ctx, node, ActionKind.RECLAIM, dry_run, as_json)
-
-
-def _set_pin(ctx: Context, node: str, pinned: bool, dry_run: bool) -> None:
-    agent = _agent(ctx, read_only=dry_run)
-    tag = agent.config.slurm.tag
-
-    def run() -> None:
-        obs = agent.observe()
-        view = _view(obs, node)
-        if view.phase is Phase.ADMIN:
-            raise SlurmIdleError(f"{node} is drained by an admin ({view.node.reason!r}); not touching it")
-        if view.phase in DRAINED_PHASES:
-            reason = format_reason(tag, view.phase, view.phase_since or obs.now, pinned)
-            if dry_run:
-                click.echo(f"would set {node} reason to {reason!r}")
-                return
-            agent.slurm.drain(node, reason)
-            click.echo(f"{node} {'pinned' if pinned else 'unpinned'} ({view.phase.value})")
-            return
-        if not pinned:
-            click.echo(f"{node} is {view.phase.value}; nothing to unpin")
-            return
-        from slurm_idle.powersave import powered_only
-
-        # A lent node Slurm powered down is pinned like any other: the reclaim powers it up.
-        if view.phase in {Phase.LENT, Phase.UNKNOWN} and (not view.node.down or powered_only(view.node)):
-            # Pinning a lent node means: bring it back now and keep it.
-            from slurm_idle.transitions import action_for_admin
-
-            pinned_view = replace(view, pinned=True)
-            action = action_for_admin(pinned_view, ActionKind.RECLAIM, f"admin: slurm-idle pin {node}")
-            if dry_run:
-                click.echo(f"would reclaim {node} and keep it serving")
-                return
-            steps = agent.run_actions([action], replace(obs, nodes=tuple(
-                pinned_view if v.name == node else v for v in obs.nodes)))
-            _count_transitions(agent.config, steps)
-            _print_steps(steps, False, False, action)
-            if any(s.outcome == "error" for s in steps):
-                raise SlurmIdleError(f"pin {node}: reclaiming it failed: {steps[-1].error}")
-            return
-        raise SlurmIdleError(f"{node} is {view.phase.value}; cannot pin it now")
-
-    _locked_admin_action(ctx, run)
+    _admin(ctx, "reclaim", node, dry_run, as_json)
 
 
 @main.command()
@@ -329,7 +255,7 @@ def _set_pin(ctx: Context, node: str, pinned: bool, dry_run: bool) -> None:
 @pass_ctx
 def pin(ctx: Context, node: str, dry_run: bool) -> None:
     """Keep NODE serving: the planner never lends it. A lent NODE is reclaimed first."""
-    _set_pin(ctx, node, True, dry_run)
+    _admin(ctx, "pin", node, dry_run)
 
 
 @main.command()
@@ -338,6 +264,4 @@ def pin(ctx: Context, node: str, dry_run: bool) -> None:
 @pass_ctx
 def unpin(ctx: Context, node: str, dry_run: bool) -> None:
     """Release a pinned NODE back to the planner."""
-    _set_pin(ctx, node, False, dry_run)
-
-
+    _admin(ctx, "unpin", node, dry_run)

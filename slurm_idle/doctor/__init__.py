@@ -19,7 +19,7 @@ __all__ = ["Check", "SiteFacts", "diagnose", "exit_code", "run_checks"]
 
 
 def _engine_facts(config: Config, http: Any) -> Any:
-    from slurm_idle.engine import HttpResponse
+    from slurm_idle.httpdeadline import HttpResponse
 
     clients: dict[str | None, Any] = {}
 
@@ -104,9 +104,9 @@ def status_warnings(config: Config, obs: Observation, runner: Any = None,
 
 def diagnose(config: Config) -> list[Check]:
     """Read the live site and run every check."""
+    from slurm_idle.commands import SubprocessRunner
     from slurm_idle.engine import UrllibClient
     from slurm_idle.slurm import make_backend
-    from slurm_idle.slurm.runner import SubprocessRunner
     from slurm_idle.wiring import make_metrics_source
 
     runner = SubprocessRunner()

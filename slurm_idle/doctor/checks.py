@@ -151,6 +151,46 @@ def check_partitions(facts: SiteFacts, config: Config) -> list[Check]:
                   f"cover all {len(pool)} pool node(s)")]
 
 
+def check_replica_job_partitions(facts: SiteFacts, config: Config) -> list[Check]:
+    """`placement: jobs`: each model's replica jobs go to a partition that exists, is up, is
+    never preempted itself (PreemptMode OFF), outranks the lend partition (PriorityTier: so a
+    replica job preempts idle jobs) and shares nodes with it (or nothing is ever lent)."""
+    from slurm_idle.replicajobs import partition_of
+
+    name = "slurm.replica_job_partitions"
+    models = [m for m in config.models if m.job is not None]
+    if not models:
+        return []
+    if facts.partitions is None:
+        return [_unread(name, facts, "partitions", "`scontrol show partition`")]
+    lend = _partition(facts, config.slurm.lend_partition)
+    problems = []
+    for part_name in sorted({partition_of(config, m) for m in models}):
+        part = _partition(facts, part_name)
+        if part is None:
+            problems.append(f"partition {part_name} (replica jobs) does not exist: add it over "
+                            "the GPU nodes with PriorityTier above the lend partition's, PreemptMode=OFF")
+            continue
+        if part.state and part.state != "UP":
+            problems.append(f"partition {part_name} is {part.state}: replica jobs cannot start")
+        if part.preempt_modes and part.preempt_modes != {"OFF"}:
+            problems.append(f"partition {part_name} has PreemptMode={part.preempt_mode}: replica "
+                            "jobs could be preempted themselves; set PreemptMode=OFF")
+        if lend is not None:
+            if (None not in (lend.priority_tier, part.priority_tier)
+                    and (part.priority_tier or 0) <= (lend.priority_tier or 0)):
+                problems.append(f"PriorityTier of {part_name} ({part.priority_tier}) is not above "
+                                f"{lend.name}'s ({lend.priority_tier}): a reclaim would wait for "
+                                "idle jobs to end instead of preempting them")
+            if not set(part.nodes) & set(lend.nodes):
+                problems.append(f"partitions {part_name} and {lend.name} share no node: GPUs a "
+                                "lend frees are never used")
+    if problems:
+        return [Check(name, "fail", "; ".join(problems))]
+    return [Check(name, "ok", "replica jobs go to a never-preempted partition that outranks "
+                  f"{config.slurm.lend_partition} over shared nodes")]
+
+
 def check_grace_time(facts: SiteFacts, config: Config) -> list[Check]:
     """GraceTime (Slurm's preemption) vs requeue_grace_s (our reclaim) vs the tick budget."""
     name = "slurm.grace_time"
@@ -357,6 +397,7 @@ CHECKS: tuple[Callable[[SiteFacts, Config], list[Check]], ...] = (
     check_preemption,
     check_job_requeue,
     check_partitions,
+    check_replica_job_partitions,
     check_grace_time,
     check_job_submit,
     check_power_save,

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slurm_idle.commands import CommandRunner
 from slurm_idle.config import Config, EngineConfig
 from slurm_idle.doctor.checks import EngineFacts, SiteFacts, SubmitProbe
 from slurm_idle.errors import CommandError, SlurmIdleError
-from slurm_idle.slurm.runner import CommandRunner
 from slurm_idle.slurm.text import parse_show_config, parse_show_partitions
 
 #: A test job that does nothing; `--test-only` never queues it.
@@ -39,7 +39,7 @@ def _output(exc: CommandError) -> str:
 
 def read_show_config(config: Config, runner: CommandRunner | None = None) -> dict[str, str]:
     """`scontrol show config`, parsed; CommandError when it cannot be run."""
-    from slurm_idle.slurm.runner import SubprocessRunner
+    from slurm_idle.commands import SubprocessRunner
 
     runner = runner or SubprocessRunner()
     out = runner.run(_argv(config, "scontrol", "show", "config"), timeout=config.slurm.command_timeout_s)

@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from slurm_idle import httpdeadline, safefiles
+from slurm_idle import safefiles
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
+from slurm_idle.httpdeadline import DeadlineClient, HttpResponse
 from slurm_idle.logs import get_logger
 from slurm_idle.metrics import demand_tokens_per_s
 from slurm_idle.metrics import history as kept
@@ -64,21 +65,15 @@ MAX_PAGE_BYTES = 32 * 1024 * 1024
 STATE_VERSION = 1
 
 
-@dataclass(frozen=True)
-class HttpResponse:
-    status: int
-    text: str
-
-
 #: GET (url, timeout_s) -> response; raises OSError (urllib's errors are OSErrors) on no answer.
 HttpGet = Callable[[str, float], HttpResponse]
+_CLIENT = DeadlineClient(MAX_PAGE_BYTES)
 
 
 def urllib_get(url: str, timeout_s: float) -> HttpResponse:
-    """The default HTTP client: no proxies (replicas are on the cluster network), and
-    `timeout_s` is the whole exchange's deadline, not each read's (httpdeadline)."""
-    status, body = httpdeadline.request("GET", url, timeout_s, MAX_PAGE_BYTES)
-    return HttpResponse(status, body.decode("utf-8", errors="replace"))
+    """The default HTTP GET: the one client (httpdeadline.DeadlineClient): no proxies (replicas
+    are on the cluster network), `timeout_s` the whole exchange's deadline, not each read's."""
+    return _CLIENT.request("GET", url, timeout_s)
 
 
 def metrics_url(url: str) -> str:

@@ -44,6 +44,7 @@ from slurm_idle.model import (
     ReplicaLoad,
 )
 from slurm_idle.policy.capacity import Need, assess_need, default_forecast_lead_s
+from slurm_idle.policy.jobs import assess_jobs, plan_jobs
 from slurm_idle.policy.reclaim_order import reclaim_rank, young_jobs
 from slurm_idle.policy.windows import in_windows
 from slurm_idle.topology import group_index, group_views
@@ -431,7 +432,8 @@ def _models(obs: Observation, config: Config, now: float) -> list[_Model]:
             mine.setdefault(r.model, []).append(r)
         for model, reps in mine.items():
             by_model.setdefault(model, []).append(_Unit.of(group, tuple(reps)))
-    return [_examine(obs, config, model, now, by_model.get(model.name, [])) for model in config.models]
+    return [_examine(obs, config, model, now, by_model.get(model.name, []))
+            for model in config.models if model.placement == "nodes"]
 
 
 def plan(observation: Observation, config: Config, now: float) -> list[Action]:
@@ -443,7 +445,7 @@ def plan(observation: Observation, config: Config, now: float) -> list[Action]:
         actions.extend(_plan_model(m, tick, config, now))
     for m in models:
         actions.extend(_carry_on(m, tick))
-    return actions
+    return actions + plan_jobs(observation, config, now)  # `placement: jobs` models
 
 
 def assess(observation: Observation, config: Config, now: float) -> list[ModelPlan]:
@@ -451,7 +453,7 @@ def assess(observation: Observation, config: Config, now: float) -> list[ModelPl
     return [
         ModelPlan(m.config.name, m.needed, m.taking_traffic, m.reason)
         for m in _paused_gc(_models, observation, config, now)
-    ]
+    ] + assess_jobs(observation, config, now)
 
 
 def apply_actions(observation: Observation, actions: Iterable[Action],

@@ -8,10 +8,10 @@ import re
 import shlex
 from collections.abc import Sequence
 
+from slurm_idle.commands import CommandRunner, SubprocessRunner
 from slurm_idle.config import RouterConfig
 from slurm_idle.errors import CommandError, RouterError
 from slurm_idle.router import IN, OUT, UNKNOWN, RouterTarget
-from slurm_idle.slurm.runner import CommandRunner, SubprocessRunner
 
 _PLACEHOLDER = re.compile(r"\{(name|node|model|url|host|port)\}")
 

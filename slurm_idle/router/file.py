@@ -20,10 +20,10 @@ from typing import Any
 import yaml
 
 from slurm_idle.agent_metrics import atomic_write
+from slurm_idle.commands import CommandRunner, SubprocessRunner
 from slurm_idle.config import RouterConfig
 from slurm_idle.errors import CommandError, RouterError
 from slurm_idle.router import IN, MISSING, OUT, RouterTarget, fill
-from slurm_idle.slurm.runner import CommandRunner, SubprocessRunner
 
 #: One lock per file: the agent drives several nodes at once, each a read-modify-write.
 _LOCKS: dict[str, threading.Lock] = {}

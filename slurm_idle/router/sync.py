@@ -14,18 +14,19 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_idle.config import Config, RouterConfig
 from slurm_idle.errors import RouterError, SlurmIdleError
+from slurm_idle.httpdeadline import DeadlineClient
+from slurm_idle.journal import RouterOutcome, RouterRecord
 from slurm_idle.logs import get_logger
-from slurm_idle.model import Observation, Phase
+from slurm_idle.model import JobReplica, Observation, Phase
 from slurm_idle.router import (
     IN,
+    MISSING,
     OUT,
     UNKNOWN,
     Router,
@@ -49,20 +50,27 @@ def desired(phase: Phase) -> str | None:
     return OUT if phase in OUT_PHASES else None
 
 
+def job_target(r: JobReplica) -> RouterTarget:
+    """A replica job as a router target: named `model#index`, on its head node (url and node
+    empty while it runs nowhere: routers know targets by name)."""
+    return RouterTarget(name=r.name, model=r.model, url=r.url, node=r.nodes[0] if r.nodes else "",
+                        port=r.port)
+
+
 Post = Callable[[str, bytes, float], int]
+#: A warm-up answer is one token: a bigger body is cut here.
+_WARM_UP_CLIENT = DeadlineClient(max_bytes=1024 * 1024)
 
 
 def urllib_post(url: str, body: bytes, timeout_s: float) -> int:
-    req = urllib.request.Request(url, data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    """POST a JSON body with the one HTTP client (httpdeadline: total deadline, bounded answer,
+    no proxies: the replica is on the cluster network); the status, any status."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            resp.read()
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, OSError) as exc:
-        raise RouterError(f"warm-up request to {url}: {getattr(exc, 'reason', exc)}") from None
+        resp = _WARM_UP_CLIENT.request("POST", url, timeout_s, body=body,
+                                       headers={"Content-Type": "application/json"})
+    except OSError as exc:
+        raise RouterError(f"warm-up request to {url}: {exc}") from None
+    return resp.status
 
 
 def warm_up(target: RouterTarget, prompt: str, timeout_s: float, post: Post = urllib_post) -> None:
@@ -79,7 +87,7 @@ class RouterSet:
     """The routers of a pool (one per distinct router config), and the journal of calls."""
 
     config: Config
-    journal: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
+    journal: Callable[[RouterRecord], None] = field(default=lambda record: None)
     make: Callable[[RouterConfig], Router] = make_router
     clock: Callable[[], float] = time.time
     post: Post = urllib_post
@@ -109,28 +117,29 @@ class RouterSet:
 
     def _call(self, op: str, key: str, reason: str) -> None:
         """`key`: a replica's name (a whole-node replica's is its node's), or a node's."""
-        target = target_for(self.config, key)
+        self.call_target(op, target_for(self.config, key), reason)
+
+    def call_target(self, op: str, target: RouterTarget, reason: str) -> None:
+        """`remove` or `add` one target (a replica job's, `placement: jobs`, is in no
+        `replicas:` of the config); journaled; RouterError when the router could not be told."""
         router = self.router(target.model)
         if router.kind == "none":
             return
         started = self.clock()
         node = target.node
-        record: dict[str, Any] = {"event": "router", "ts": round(started, 3), "node": node,
-                                  "model": target.model, "router": router.kind, "call": op,
-                                  "reason": reason}
-        if target.name != node:  # one of several replicas on the node
-            record["replica"] = target.name
+        record = RouterRecord(ts=started, node=node, model=target.model, router=router.kind,
+                              call=op, reason=reason, outcome=RouterOutcome.OK,
+                              # one of several replicas on the node
+                              replica=target.name if target.name != node else None)
         try:
             getattr(router, op)(target)
         except SlurmIdleError as exc:
             with self._lock:
                 self.errors += 1
-            record.update(outcome="error", error=str(exc))
-            self.journal(record)
+            self.journal(replace(record, outcome=RouterOutcome.ERROR, error=str(exc)))
             log.warning("%s: router %s failed: %s", target.name, op, exc)
             raise RouterError(f"router {op} failed: {exc}") from None
-        record.update(outcome="ok", duration_s=round(self.clock() - started, 3))
-        self.journal(record)
+        self.journal(replace(record, duration_s=self.clock() - started))
         log.info("%s: router %s (%s)", target.name, op, reason)
 
     def remove(self, replica: str, reason: str) -> None:
@@ -144,17 +153,18 @@ class RouterSet:
         self._call("add", replica, reason)
 
     def warm_up(self, replica: str) -> None:
-        target = target_for(self.config, replica)
+        self.warm_up_target(target_for(self.config, replica))
+
+    def warm_up_target(self, target: RouterTarget) -> None:
         cfg = self.config.router_for(target.model)
         if cfg.warmup_prompt:
             warm_up(target, cfg.warmup_prompt, cfg.warmup_timeout_s, self.post)
 
-    def states(self, keys: Sequence[str]) -> dict[str, str]:
-        """What the router says now of each replica (by name; a node: its first replica),
-        keyed by replica name (`unknown` where it cannot be read)."""
+    def states(self, keys: Sequence[str], extra: Sequence[RouterTarget] = ()) -> dict[str, str]:
+        """What the router says now of each replica (by name; a node: its first replica) and
+        of each `extra` target, keyed by replica name (`unknown` where it cannot be read)."""
         by_router: dict[int, tuple[Router, list[RouterTarget]]] = {}
-        for key in keys:
-            target = target_for(self.config, key)
+        for target in [*(target_for(self.config, key) for key in keys), *extra]:
             router = self.router(target.model)
             by_router.setdefault(id(router), (router, []))[1].append(target)
         out: dict[str, str] = {}
@@ -176,8 +186,22 @@ class RouterSet:
         # 8-GPU node are two servers); a node a replica only spans has none.
         pairs = [(v, t) for v in obs.nodes if desired(v.phase) is not None
                  for t in targets_headed(self.config, v.name)]
-        states = self.states([t.name for _, t in pairs])
+        # `placement: jobs` replicas, unplaced ones too: a replica job that died while serving
+        # is LENT now, and must leave.
+        jobs = {r.name: (r, job_target(r)) for r in obs.replica_jobs if desired(r.phase) is not None}
+        states = self.states([t.name for _, t in pairs], [t for _, t in jobs.values()])
         done: list[dict[str, Any]] = []
+        for name, (r, target) in jobs.items():
+            want, have = desired(r.phase), states.get(name, UNKNOWN)
+            if have in (UNKNOWN, want) or (want == OUT and have == MISSING):
+                continue
+            op = "add" if want == IN else "remove"
+            try:
+                self.call_target(op, target, f"reconcile: {name} is {r.phase.value} in Slurm "
+                                             f"but {have} in the router")
+                done.append({"node": name, "call": op, "outcome": "ok"})
+            except RouterError as exc:
+                done.append({"node": name, "call": op, "outcome": "error", "error": str(exc)})
         for v, t in pairs:
             want, have = desired(v.phase), states.get(t.name, UNKNOWN)
             if have == UNKNOWN or have == want:

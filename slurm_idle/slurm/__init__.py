@@ -6,18 +6,29 @@ only when it imports and was built for the cluster's major.minor release, else t
 
 from __future__ import annotations
 
+from slurm_idle.commands import CommandRunner, CompletedResult, SubprocessRunner
 from slurm_idle.config import Config
 from slurm_idle.errors import ConfigError
 from slurm_idle.slurm.cli_backend import CliBackend
 from slurm_idle.slurm.parse import SlurmJsonError, major_minor
-from slurm_idle.slurm.protocol import AcctJob, SlurmBackend
-from slurm_idle.slurm.runner import CommandRunner, CompletedResult, SubprocessRunner
+from slurm_idle.slurm.protocol import (
+    AcctJob,
+    ClusterReader,
+    JobControl,
+    NodeWriter,
+    PoolSlurm,
+    SlurmBackend,
+)
 
 __all__ = [
     "AcctJob",
     "CliBackend",
+    "ClusterReader",
     "CommandRunner",
     "CompletedResult",
+    "JobControl",
+    "NodeWriter",
+    "PoolSlurm",
     "SlurmBackend",
     "SlurmJsonError",
     "SubprocessRunner",

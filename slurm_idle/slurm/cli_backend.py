@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from slurm_idle.commands import CommandRunner, CompletedResult, SubprocessRunner
 from slurm_idle.errors import CommandError
 from slurm_idle.model import SlurmJob, SlurmNode
 from slurm_idle.slurm import parse
-from slurm_idle.slurm.protocol import AcctJob, NotRequeueable
-from slurm_idle.slurm.runner import CommandRunner, CompletedResult, SubprocessRunner
+from slurm_idle.slurm.protocol import AccountingDisabled, AcctJob, NotRequeueable
 
 #: First release whose `scontrol show node` knows `--json`.
 SCONTROL_JSON_SINCE = (23, 2)
@@ -118,7 +118,13 @@ class CliBackend:
             args.append(f"--partition={partition}")
         if job_ids:
             args.append("--jobs=" + ",".join(str(j) for j in job_ids))
-        return parse.parse_accounting(self._json("sacct", *args))
+        try:
+            doc = self._json("sacct", *args)
+        except CommandError as exc:
+            if "disabled" in exc.stderr.lower():
+                raise AccountingDisabled(exc.argv, exc.rc, exc.stderr) from None
+            raise
+        return parse.parse_accounting(doc)
 
     def version(self) -> str:
         if self._version is None:
@@ -163,6 +169,10 @@ class CliBackend:
             return int(first.split(";", 1)[0])
         except ValueError:
             raise CommandError(result.argv, result.rc, f"no job id in sbatch output {first!r}") from None
+
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        """Rewrite a job's Comment (a replica job's phase, `placement: jobs`); also while it runs."""
+        self._run("scontrol", "update", f"jobid={job_id}", f"comment={comment}")
 
     def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None:
         if not job_ids:

@@ -429,7 +429,11 @@ def parse_accounting(doc: Mapping[str, Any]) -> list[AcctJob]:
 
     A requeued job has one record per run, oldest first; when the JSON has no restart count,
     each record's `restarts` is the number of earlier runs of the same job in the document.
+    An empty window is no error: 22.05's sacct answers it with error 9003 ("Nothing found",
+    ESLURM_REST_EMPTY_RESULT) beside an empty `jobs`.
     """
+    if isinstance(doc, Mapping) and not doc.get("jobs") and _only_empty_result(doc.get("errors")):
+        return []
     _raise_errors(doc)
     if "jobs" not in doc:
         raise SlurmJsonError(f"no 'jobs' in sacct JSON (keys: {sorted(doc)[:8]})")
@@ -447,6 +451,16 @@ def parse_accounting(doc: Mapping[str, Any]) -> list[AcctJob]:
 
 
 # --- errors --------------------------------------------------------------------------------
+
+
+#: Slurm's ESLURM_REST_EMPTY_RESULT: a query that matched nothing.
+EMPTY_RESULT = 9003
+
+
+def _only_empty_result(errors: Any) -> bool:
+    """The errors list holds only "nothing found" entries (at least one)."""
+    return bool(errors) and isinstance(errors, list) and all(
+        isinstance(e, Mapping) and e.get("error_number") == EMPTY_RESULT for e in errors)
 
 
 def _raise_errors(doc: Mapping[str, Any]) -> None:

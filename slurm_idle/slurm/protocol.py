@@ -4,6 +4,12 @@ Two backends implement it: the CLI one (`sinfo`/`squeue`/`sacct --json`, `scontr
 and the pyslurm one. Reads are batched: one command for all nodes and one for all jobs, so the
 number of Slurm calls per tick does not grow with the fleet. Writes are idempotent where Slurm
 lets them be (resuming a node that is not drained is a no-op, not an error).
+
+The core types each use by the narrowest protocol that covers it: `ClusterReader` (observe),
+`NodeWriter` (phase writes, pin), `JobControl` (eviction), `PoolSlurm` (all three: the tick's
+driver) and `SlurmBackend` (everything, with submit/accounting/version). The fake in
+`slurm_idle.testing.fakes` implements `SlurmBackend` too; `slurm_idle.testing.conformance`
+makes mypy prove it, and tests/contract/test_protocols.py runs the same checks on both.
 """
 
 from __future__ import annotations
@@ -18,6 +24,18 @@ from slurm_idle.model import SlurmJob, SlurmNode
 
 class NotRequeueable(CommandError):
     """Slurm refuses to requeue the job: it is not a batch job (srun/salloc)."""
+
+
+class AccountingDisabled(CommandError):
+    """sacct says accounting is disabled (accounting_storage/none): the message says what to
+    configure. A CommandError still, so callers that tolerate a failing sacct keep doing so."""
+
+    HINT = ("Slurm accounting is disabled: the report needs slurmdbd "
+            "(AccountingStorageType=accounting_storage/slurmdbd, AccountingStorageTRES=gres/gpu)")
+
+    def __init__(self, argv: Sequence[str], rc: int, stderr: str) -> None:
+        super().__init__(argv, rc, stderr)
+        self.args = (self.HINT,)
 
 
 @dataclass(frozen=True)
@@ -43,13 +61,9 @@ class AcctJob:
 
 
 @runtime_checkable
-class SlurmBackend(Protocol):
-    """Read and change the cluster: nodes, jobs, accounting."""
-
-    @property
-    def calls(self) -> int:
-        """Commands (or API round trips) issued so far; the tick benchmark reads it."""
-        ...
+class ClusterReader(Protocol):
+    """What observing the pool reads from Slurm: every node and every job, one query each
+    (the agent's `observe` and the driver's shared polls need nothing else)."""
 
     def nodes(self) -> list[SlurmNode]:
         """Every node, in one query."""
@@ -58,6 +72,12 @@ class SlurmBackend(Protocol):
     def jobs(self) -> list[SlurmJob]:
         """Every job the controller knows (pending, running, completing...), in one query."""
         ...
+
+
+@runtime_checkable
+class NodeWriter(Protocol):
+    """What moving a node along its lifecycle writes into Slurm (and `pin` / `unpin`): its
+    state, Reason and Comment. Each write is idempotent."""
 
     def drain(self, node: str, reason: str) -> None:
         """DRAIN a node with a Reason (also rewrites the Reason of an already drained node)."""
@@ -76,25 +96,50 @@ class SlurmBackend(Protocol):
         """Set the node's free-text Comment (our machine-readable phase data)."""
         ...
 
+
+@runtime_checkable
+class JobControl(Protocol):
+    """What a reclaim does to the lend partition's jobs (eviction.py): warn, requeue, cancel,
+    and watch their workload steps end."""
+
     def requeue(self, job_ids: Sequence[int], grace_s: float = 0) -> None:
-        """Requeue jobs at once (grace_s must be 0: the caller signals and waits); a job that
-        is not a batch job raises NotRequeueable."""
+        """Requeue jobs at once (grace_s must be 0, else ValueError: the caller signals and
+        waits); a job that is not a batch job raises NotRequeueable."""
         ...
 
     def signal(self, job_ids: Sequence[int], signal: str, batch_shell: bool = False) -> None:
         """Send `signal` to the jobs' steps, or to their batch shell only."""
         ...
 
+    def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None:
+        """Cancel jobs, or only send them `signal` (e.g. "TERM") when it is given."""
+        ...
+
     def workload_steps(self) -> dict[int, int]:
         """job id -> running workload steps, for every job, in one query."""
+        ...
+
+
+@runtime_checkable
+class PoolSlurm(ClusterReader, NodeWriter, JobControl, Protocol):
+    """Everything the agent's tick (observe, then the NodeDriver) needs from Slurm."""
+
+
+@runtime_checkable
+class SlurmBackend(PoolSlurm, Protocol):
+    """Read and change the cluster: nodes, jobs, accounting (every backend implements all)."""
+
+    @property
+    def calls(self) -> int:
+        """Commands (or API round trips) issued so far; the tick benchmark reads it."""
         ...
 
     def submit(self, script: str, extra_args: Sequence[str] = ()) -> int:
         """Submit a batch script (given as text) and return the job id."""
         ...
 
-    def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None:
-        """Cancel jobs, or only send them `signal` (e.g. "TERM") when it is given."""
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        """Set a job's Comment (where a replica job of `placement: jobs` keeps its phase)."""
         ...
 
     def accounting(

@@ -187,6 +187,9 @@ class PyslurmBackend:
     def submit(self, script: str, extra_args: Sequence[str] = ()) -> int:
         return self.cli.submit(script, extra_args)
 
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        self.cli.set_job_comment(job_id, comment)
+
     def accounting(
         self,
         since: float | None,

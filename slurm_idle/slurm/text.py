@@ -1,4 +1,4 @@
-"""Pure parsers of Slurm's plain-text `scontrol show config` and `scontrol show partition`.
+"""Pure parsers of Slurm's plain-text `scontrol show config`, `show partition` and `show job`.
 
 `slurm-idle doctor` reads the cluster's configuration, which has no JSON form that serves both
 releases: 22.05's scontrol knows no `--json` at all, and 24.11's `scontrol show partition
@@ -6,6 +6,8 @@ releases: 22.05's scontrol knows no `--json` at all, and 24.11's `scontrol show 
 needs most (see tests/data/slurm-json/24.11/scontrol-show-partition.json). The text output
 carries everything in both releases, so it is what these functions read; they are tested on
 captured output of both (tests/data/slurm-text/22.05, tests/data/slurm-json/24.11).
+The in-job runner reads `scontrol show job JOBID` text for its own job's state and preemption
+time (the same on both releases; no JSON form on 22.05).
 """
 
 from __future__ import annotations
@@ -125,3 +127,37 @@ def parse_show_partitions(text: str) -> list[PartitionInfo]:
         ))
     return out
 
+
+
+def preempted_in_this_run(show_job: str) -> bool:
+    """True when `scontrol show job` says this run was preempted (PreemptTime >= StartTime).
+
+    Both are local ISO times (2026-12-02T16:33:38) or None/Unknown: comparable as text.
+    """
+    fields = dict(
+        word.split("=", 1) for word in show_job.split() if "=" in word and not word.startswith("=")
+    )
+    preempt, start = fields.get("PreemptTime", "None"), fields.get("StartTime", "Unknown")
+    if not preempt[:1].isdigit() or not start[:1].isdigit():
+        return False
+    return preempt >= start
+
+
+# --- `scontrol show job` (what the in-job runner asks about its own job) ----------------------
+
+#: JobStates in which Slurm is ending the job (a requeue, scancel, the time limit, ...): a
+#: SIGTERM then starts KillWait, not a grace period. RUNNING (a preemption's GraceTime, the
+#: agent's step-only SIGTERM) and anything unknown keep the grace.
+ENDING_STATES = frozenset({
+    "COMPLETING", "CANCELLED", "TIMEOUT", "PENDING", "REQUEUED", "REQUEUE_FED",
+    "REQUEUE_HOLD", "FAILED", "NODE_FAIL", "PREEMPTED", "DEADLINE", "OUT_OF_MEMORY",
+    "COMPLETED", "BOOT_FAIL", "SPECIAL_EXIT",
+})
+
+
+def show_job_state(show_job: str) -> str:
+    """JobState from `scontrol show job` text ("" when absent)."""
+    for word in show_job.split():
+        if word.startswith("JobState="):
+            return word.split("=", 1)[1].split("+", 1)[0].upper()
+    return ""

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_idle.config import load_config
+from slurm_idle.journal import StepOutcome
 from slurm_idle.model import Phase
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,12 +79,12 @@ class Story:
     def tick(self) -> dict[str, Phase]:
         result = self.agent.tick()
         for step in result.steps:
-            if step.outcome == "ok":
+            if step.outcome is StepOutcome.OK:
                 self.say(f"  {step.node}: {step.from_phase.value} -> {step.to_phase.value} ({step.reason})")
                 if step.action != "adopt" and step.to_phase in (Phase.LENT, Phase.SERVING) \
                         and step.from_phase in (Phase.LENDING, Phase.STARTING):
                     self.say(f"  clients through the router so far: {self.client_line()}")
-            elif step.outcome != "waiting":
+            elif step.outcome is not StepOutcome.WAITING:
                 self.say(f"  {step.node}: {step.from_phase.value} -> {step.to_phase.value} "
                          f"{step.outcome}: {step.error}")
         phases = self.phases()
@@ -210,9 +211,10 @@ class Story:
             return all(phases[n] is Phase.SERVING for n in lent)
 
         r.timings_s["reclaim"] = self.until("lent nodes serving again", all_back, 300)
+        engine = self.agent.engine_for(self.config.models[0].name)
+        replicas = [self.config.replica(n) for n in lent]
         r.reclaimed_all_serving = all(
-            self.agent.engine_for(self.config.models[0].name).health(self.config.replica(n)).serving
-            for n in lent)
+            replica is not None and engine.health(replica).serving for replica in replicas)
         info = self.scontrol_job()
         r.job_state_after_reclaim = info.get("JobState", "")
         r.job_restarts = int(info.get("Restarts", "0") or 0)

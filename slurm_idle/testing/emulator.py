@@ -373,7 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     emu.heartbeat()
     sim = threading.Thread(target=emu.run, name="sim", daemon=True)
     sim.start()
-    print(f"vllm-emulator {args.model} node={args.node} listening on {args.host}:{emu.port}", flush=True)
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")  # the GPUs Slurm gave a replica job
+    print(f"vllm-emulator {args.model} node={args.node} listening on {args.host}:{emu.port}"
+          + (f" gpus={gpus} host={os.environ.get('SLURMD_NODENAME', '')}" if gpus is not None else ""),
+          flush=True)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:

@@ -17,11 +17,16 @@ class FakeRouter:
     members: dict[str, str] = field(default_factory=dict)  # name -> in | out
     log: list[tuple[str, ...]] = field(default_factory=list)
     fail_on: set[str] = field(default_factory=set)  # "remove", "add", "state"
+    # The servers the router is configured with: a call naming another fails, and its state
+    # reads missing, as with HAProxy (None: every name is accepted).
+    servers: set[str] | None = None
 
     def _call(self, op: str, name: str = "") -> None:
         self.log.append(("router_" + op, name) if name else ("router_" + op,))
         if op in self.fail_on:
             raise RouterError(f"{op} failed (injected)")
+        if name and self.servers is not None and name not in self.servers:
+            raise RouterError(f"fake router: no server {name!r}")
 
     def remove(self, target: RouterTarget) -> None:
         self._call("remove", target.name)
@@ -33,4 +38,7 @@ class FakeRouter:
 
     def state(self, targets: Sequence[RouterTarget]) -> dict[str, str]:
         self._call("state")
-        return {t.name: self.members.get(t.name, MISSING) for t in targets}
+        known = self.servers
+        return {t.name: MISSING if known is not None and t.name not in known
+                else self.members.get(t.name, MISSING if known is None else IN)
+                for t in targets}

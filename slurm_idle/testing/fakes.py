@@ -11,8 +11,30 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from slurm_idle.config import ModelConfig, ReplicaConfig
+from slurm_idle.engine import EngineHealth, Identity
 from slurm_idle.model import ModelLoad, ReplicaLoad, SlurmJob, SlurmNode
 from slurm_idle.slurm.parse import JobSignal
+from slurm_idle.slurm.protocol import AcctJob
+
+
+def _sbatch_lines(script: str) -> list[str]:
+    """The options of a script's `#SBATCH` lines, in order."""
+    return [arg for line in script.splitlines() if line.startswith("#SBATCH")
+            for arg in line.split()[1:]]
+
+
+def _sbatch_options(args: Sequence[str]) -> dict[str, str]:
+    """`--name=value`, `--name value` and `-J value`/`-p value` options by long name."""
+    short = {"-J": "job-name", "-p": "partition"}
+    out: dict[str, str] = {}
+    it = iter(args)
+    for arg in it:
+        if arg.startswith("--") and "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            out[key] = value
+        elif arg in short or arg in {"--job-name", "--partition"}:
+            out[short.get(arg, arg[2:])] = next(it, "")
+    return out
 
 
 @dataclass
@@ -30,7 +52,12 @@ class FakeSlurm:
     job_signals: dict[int, JobSignal] = field(default_factory=dict)  # each job's own --signal
     fail_jobs: set[int] = field(default_factory=set)  # jobs whose requeue fails (CommandError)
     power_up_polls: int = 0  # nodes() shows POWERING_UP this many times after a power_up
+    acct: list[AcctJob] = field(default_factory=list)  # what accounting() answers from
+    submitted: list[tuple[int, str, tuple[str, ...]]] = field(default_factory=list)
+    next_job_id: int = 1
+    slurm_version: str = "22.05.8"
     _powering: dict[str, int] = field(default_factory=dict)
+    scripts: dict[int, str] = field(default_factory=dict)  # job id -> batch script (submit)
 
     @classmethod
     def with_nodes(cls, names: Sequence[str], gpus: int = 4) -> FakeSlurm:
@@ -91,6 +118,8 @@ class FakeSlurm:
     def requeue(self, job_ids: Sequence[int], grace_s: float = 0) -> None:
         from slurm_idle.slurm.protocol import NotRequeueable
 
+        if grace_s:  # as the real backends: the caller signals and waits, under its deadline
+            raise ValueError("requeue() no longer waits: signal() first and wait in the caller")
         self._call("requeue", *map(str, job_ids))
         self.requeues.append((tuple(job_ids), grace_s))
         from slurm_idle.errors import CommandError
@@ -113,9 +142,56 @@ class FakeSlurm:
         self._call("signal", signal, "batch" if batch_shell else "steps", *map(str, job_ids))
         self.signals.append((tuple(job_ids), signal, batch_shell))
 
+    def submit(self, script: str, extra_args: Sequence[str] = ()) -> int:
+        """A PENDING job with the partition, name and comment of `extra_args` (`--key=value`)."""
+        self._call("submit", *extra_args)
+        opts = dict(a[2:].split("=", 1) for a in extra_args if a.startswith("--") and "=" in a)
+        job_id = max((j.job_id for j in self.job_list), default=0) + 1
+        self.job_list.append(SlurmJob(job_id, opts.get("job-name", "sbatch"),
+                                      opts.get("partition", "idle"), "PENDING",
+                                      comment=opts.get("comment", "")))
+        self.scripts[job_id] = script
+        return job_id
+
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        self._call("set_job_comment", str(job_id), comment)
+        self.job_list = [replace(j, comment=comment) if j.job_id == job_id else j
+                         for j in self.job_list]
+
     def cancel(self, job_ids: Sequence[int], signal: str | None = None) -> None:
+        """Cancels the jobs; with `signal`, only signals them (as `scancel --signal`)."""
         self._call("cancel", *map(str, job_ids))
+        if signal is not None:
+            self.signals.append((tuple(job_ids), signal, False))
+            return
         self.job_list = [j for j in self.job_list if j.job_id not in job_ids]
+
+    def accounting(
+        self,
+        since: float | None,
+        until: float | None,
+        partition: str | None = None,
+        job_ids: Sequence[int] = (),
+    ) -> list[AcctJob]:
+        """The `acct` rows given, filtered as sacct filters them (partition, ids, a run that
+        overlaps [since, until))."""
+        self._call("accounting")
+        out = []
+        for job in self.acct:
+            if partition is not None and job.partition != partition:
+                continue
+            if job_ids and job.job_id not in job_ids:
+                continue
+            if until is not None and job.start is not None and job.start >= until:
+                continue
+            if since is not None and job.end is not None and job.end < since:
+                continue
+            out.append(job)
+        return out
+
+    def version(self) -> str:
+        self._call("version")
+        return self.slurm_version
 
     def workload_steps(self) -> dict[int, int]:
         """Running jobs have one workload step unless `no_steps` lists them."""
@@ -127,24 +203,15 @@ class FakeSlurm:
         return self.job_signals.get(job_id)
 
 
-@dataclass(frozen=True)
-class FakeHealth:
-    up: bool
-    awake: bool | None
-    running: float | None = None
-    error: str | None = None
-
-    @property
-    def serving(self) -> bool:
-        return self.up and self.awake is not False
-
-
 @dataclass
 class FakeEngine:
-    """Engines per replica (keyed by its name: the node in one-replica-per-node pools): up/down, requests in flight; start/stop are instant unless told."""
+    """Engines per replica (keyed by its name: the node in one-replica-per-node pools): up/down,
+    requests running and waiting; start/stop are instant unless told. Answers with the real
+    engines' types (EngineHealth, Identity)."""
 
     up: dict[str, bool] = field(default_factory=dict)
     running: dict[str, float] = field(default_factory=dict)
+    waiting: dict[str, float] = field(default_factory=dict)
     start_delay_polls: int = 0  # health() says not serving this many times after a start
     log: list[tuple[str, str]] = field(default_factory=list)
     _pending: dict[str, int] = field(default_factory=dict)
@@ -160,22 +227,28 @@ class FakeEngine:
         self.up[replica.name] = False
 
     def in_flight(self, replica: ReplicaConfig) -> float | None:
+        """Running plus waiting, like the real engines (a waiting request is dropped too)."""
         if not self.up.get(replica.name):
             return None
-        return self.running.get(replica.name, 0.0)
+        return self.running.get(replica.name, 0.0) + self.waiting.get(replica.name, 0.0)
 
-    def health(self, replica: ReplicaConfig) -> FakeHealth:
+    def health(self, replica: ReplicaConfig) -> EngineHealth:
         if not self.up.get(replica.name):
-            return FakeHealth(False, None)
+            return EngineHealth(up=False, awake=None, error="connection refused (fake)")
         if self._pending.get(replica.name, 0) > 0:
             self._pending[replica.name] -= 1
-            return FakeHealth(False, None)
-        return FakeHealth(True, True, self.running.get(replica.name, 0.0))
+            return EngineHealth(up=False, awake=None, error="starting (fake)")
+        return EngineHealth(up=True, awake=True, running=self.running.get(replica.name, 0.0),
+                            waiting=self.waiting.get(replica.name, 0.0))
+
+    def identify(self, replica: ReplicaConfig) -> Identity:
+        return Identity(True, "fake engine")
 
 
 @dataclass
 class FakeMetrics:
-    """Returns the loads it was given; `fail` makes it raise MetricsUnavailable."""
+    """Returns the loads it was given (unknown for the other replicas asked for, as the real
+    sources do); `fail` makes it raise MetricsUnavailable."""
 
     replicas: dict[str, ReplicaLoad] = field(default_factory=dict)
     models: dict[str, ModelLoad] = field(default_factory=dict)
@@ -194,7 +267,10 @@ class FakeMetrics:
         self.queries += 1
         if self.fail:
             raise MetricsUnavailable("fake metrics source is down")
-        return [self.replicas[r.name] for _, r in replicas if r.name in self.replicas]
+        # One per replica asked, in order, like the real sources: one it was not given reads
+        # unknown (a real source's missing or stale series), never absent.
+        return [self.replicas.get(r.name) or ReplicaLoad(model=m, node=r.node, url=r.url, known=False)
+                for m, r in replicas]
 
     def model_loads(
         self,

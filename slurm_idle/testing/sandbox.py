@@ -166,6 +166,23 @@ class Sandbox:
         tmp.write_text(json.dumps({"rps": float(rps)}))
         tmp.replace(path)
 
+    def load_jobs(self, rps: float) -> None:
+        """Set the simulated request rate of the jobs-mode model's replicas (their own file)."""
+        tmp = self.layout.jobs_load_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rps": float(rps)}))
+        tmp.replace(self.layout.jobs_load_file)
+
+    def jobs_node(self, on: bool) -> None:
+        """Open (RESUME) or close (DRAIN, admin-like Reason) gpu8, the jobs-mode node. Closed by
+        default so that no other story's idle jobs land on it."""
+        node = sandboxconf.JOBS_NODE
+        argv = (["scontrol", "update", f"nodename={node}", "state=resume"] if on else
+                ["scontrol", "update", f"nodename={node}", "state=drain",
+                 f"reason={sandboxconf.JOBS_OFF_REASON}"])
+        r = self.run(argv, timeout=15)
+        if r.returncode != 0 and "invalid node state" not in r.stderr.lower():
+            raise RuntimeError(f"sandbox: {' '.join(argv)} failed: {r.stderr.strip()}")
+
     # --- client traffic through the router (issue 14) -------------------------------------
 
     @property
@@ -290,12 +307,13 @@ class Sandbox:
                   self.root / "state" / "slurmctld", self.root / "munge", self.root / "prometheus",
                   self.root / "docker"):
             d.mkdir(parents=True, exist_ok=True)
-        for n in ALL_NODES:
+        for n in (*ALL_NODES, sandboxconf.JOBS_NODE):
             (self.root / "state" / f"slurmd-{n}").mkdir(parents=True, exist_ok=True)
         self._state_file.write_text(json.dumps({
             "base_port": lay.base_port, "python": self.python, "slurm_version": self.slurm_version,
             "engine_start_delay_s": self.engine_start_delay_s}))
-        for i in range(max(sandboxconf.GPUS_PER_NODE, sandboxconf.TOPOLOGY_GPUS_PER_NODE)):
+        for i in range(max(sandboxconf.GPUS_PER_NODE, sandboxconf.TOPOLOGY_GPUS_PER_NODE,
+                           sandboxconf.JOBS_NODE_GPUS)):
             dev = lay.dev / f"nvidia{i}"
             if not dev.exists():
                 os.mknod(dev, 0o666 | 0o020000, os.makedev(195, i))
@@ -324,11 +342,26 @@ class Sandbox:
         for model in dict.fromkeys(r.model for r in REPLICAS):
             if not lay.model_load_file(model).exists():
                 self.load(0.0, model)
+        cap = self.capacity
+        lay.jobs_config_path.write_text(sandboxconf.slurm_idle_jobs_config(
+            lay, self.tokens_per_s_per_replica,
+            {"max_num_seqs": cap.max_num_seqs, "tokens_per_s": cap.tokens_per_s,
+             "seq_tokens_per_s": cap.seq_tokens_per_s}))
+        if not lay.jobs_targets.exists():
+            lay.jobs_targets.write_text("[]\n")
+        (self.root / "emulators-jobs").mkdir(exist_ok=True)
+        if not lay.jobs_load_file.exists():
+            self.load_jobs(0.0)
 
     # --- lifecycle -----------------------------------------------------------------------
 
-    def up(self, timeout_s: float = 90.0) -> dict[str, float]:
+    def up(self, timeout_s: float = 240.0) -> dict[str, float]:
         """Start whatever is not running and wait until all is ready.
+
+        Each part gets up to `timeout_s` (an upper bound: it returns as soon as all is ready,
+        ~10-15 s on an idle machine). 240 s, not 90: CI runs two lanes side by side on 2 cores,
+        each starting nine slurmd at once, and a 90 s wait for every node to register ran out
+        there once (24.11 lane, all its sandbox tests in error).
 
         Returns when each part was ready, in seconds since up() began (cumulative), and total.
         A start that fails stops what this call started (everything, when nothing ran
@@ -382,9 +415,10 @@ class Sandbox:
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(self.slurm_conf)])
         self._wait("slurmctld", lambda: self.run(["scontrol", "ping"], timeout=10).stdout.count("UP") > 0, timeout_s)
         timings["slurmctld"] = time.monotonic() - t0
-        for node in ALL_NODES:
+        for node in (*ALL_NODES, sandboxconf.JOBS_NODE):
             self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.slurm_conf)])
         self._wait(f"slurmd-{ALL_NODES[-1]}", lambda: self._nodes_ready(), timeout_s)
+        self.jobs_node(False)  # placement: jobs' node, closed until a test opens it
         timings["slurmd"] = time.monotonic() - t0
         self._wait("slurmdbd", lambda: self.run(["sacct", "-n", "-X"], timeout=10).returncode == 0, timeout_s)
         timings["sacct"] = time.monotonic() - t0
@@ -436,7 +470,7 @@ class Sandbox:
         self._pidfile("slurmctld").clear()
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.slurm_conf)])
         self._wait("slurmctld", lambda: self.run(["scontrol", "ping"], timeout=10).stdout.count("UP") > 0, timeout_s)
-        self._wait("slurmctld", lambda: len(self.slurm_nodes()) == len(ALL_NODES) and not any(
+        self._wait("slurmctld", lambda: len(self.slurm_nodes()) == len(ALL_NODES) + 1 and not any(
             "*" in n["state"] or n["state"].startswith(("down", "unk")) for n in self.slurm_nodes()),
             timeout_s)
         return round(time.monotonic() - t0, 2)
@@ -450,6 +484,7 @@ class Sandbox:
             ports[f"slurmd-{n}"] = [lay.slurmd_port(n)]
         for r in REPLICAS:
             ports[f"emulator-{r.name}"] = [lay.emulator_port(r.name)]
+        ports[f"slurmd-{sandboxconf.JOBS_NODE}"] = [lay.jobs_slurmd_port]
         return ports
 
     def _check_ports(self) -> None:
@@ -496,7 +531,7 @@ class Sandbox:
 
     def _nodes_ready(self) -> bool:
         nodes = self.slurm_nodes()
-        return len(nodes) == len(ALL_NODES) and all(n["state"] == "idle" for n in nodes)
+        return len(nodes) == len(ALL_NODES) + 1 and all(n["state"] == "idle" for n in nodes)
 
     def slurm_nodes(self) -> list[dict[str, Any]]:
         """Each node once: name, base state (idle, mixed, drained...), GPUs configured."""
@@ -674,7 +709,8 @@ class Sandbox:
         engines = [r.name for r in REPLICAS if running.get(f"emulator-{r.name}")]
         gpus = {n: sandboxconf.GPUS_PER_NODE for n in NODES}
         gpus.update(dict.fromkeys(sandboxconf.TOPOLOGY_NODES, sandboxconf.TOPOLOGY_GPUS_PER_NODE))
-        st["ok"] = (len(st["nodes"]) == len(ALL_NODES)
+        gpus[sandboxconf.JOBS_NODE] = sandboxconf.JOBS_NODE_GPUS
+        st["ok"] = (len(st["nodes"]) == len(ALL_NODES) + 1
                     and all(n["gpus"] == gpus.get(n["name"])
                             and not n["state"].startswith(("down", "unk", "inval", "fail"))
                             for n in st["nodes"])
@@ -696,7 +732,7 @@ class Sandbox:
         return targets
 
     def _component_names(self) -> list[str]:
-        return (["munged", "mariadb", "slurmdbd", "slurmctld"] + [f"slurmd-{n}" for n in ALL_NODES]
+        return (["munged", "mariadb", "slurmdbd", "slurmctld"] + [f"slurmd-{n}" for n in (*ALL_NODES, sandboxconf.JOBS_NODE)]
                 + ["dockerd", "prometheus", "haproxy"] + [f"emulator-{r.name}" for r in REPLICAS])
 
 

@@ -40,12 +40,22 @@ def _print_status(st: dict[str, Any]) -> None:
     print("OK" if st["ok"] else "NOT OK")
 
 
+class _Command(argparse.ArgumentParser):
+    """A subcommand that takes --root and --base-port after its name too (`sandbox up --root
+    DIR`); SUPPRESS keeps it from overwriting a value given before the command."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--root", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        self.add_argument("--base-port", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sandbox", description="A local Slurm + Prometheus + vLLM-emulator sandbox.")
     p.add_argument("--root", type=Path, default=None, help=f"sandbox dir (default {DEFAULT_ROOT})")
     p.add_argument("--base-port", type=int, default=None,
                    help=f"first of {sandboxconf.PORT_SPAN} ports (default {DEFAULT_BASE_PORT} for the default root)")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Command)
     u = sub.add_parser("up", help="start everything (idempotent)")
     u.add_argument("--engine-start-delay-s", type=float, default=None,
                    help="simulated cold start of engine-start (kept for later engine-start calls)")
@@ -65,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="set the emulators' background request rate (no client, no router)")
     ls = sub.add_parser("load-stats", help="client-side outcome since the last `load`")
     ls.add_argument("--json", action="store_true")
+    jn = sub.add_parser("jobs-node", help="open (on) or close (off) gpu8, the node of the "
+                        "`placement: jobs` model (its agent: --config $ROOT/slurm-idle-jobs.yaml)")
+    jn.add_argument("state", choices=["on", "off"])
+    lj = sub.add_parser("load-jobs", help="the jobs-mode replicas' simulated request rate")
+    lj.add_argument("rps", type=float)
     for name in ("engine-start", "engine-stop"):
         e = sub.add_parser(name, help=f"{name.split('-')[1]} the vLLM emulators of the replicas "
                            "headed on a node")
@@ -125,6 +140,15 @@ def main(argv: list[str] | None = None) -> int:
                 why = ", ".join(f"{k}: {v}" for k, v in stats["failures"].items())
                 print(f"requests {stats['requests']}, ok {stats['ok']}, failed {stats['failed']}"
                       + (f" ({why})" if why else "") + f", p50 {p50}, p99 {p99}")
+            return 0
+        if args.cmd == "jobs-node":
+            sb.jobs_node(args.state == "on")
+            print(f"{sandboxconf.JOBS_NODE} {'open' if args.state == 'on' else 'closed'}; its "
+                  f"agent: slurm-idle --config {sb.layout.jobs_config_path} tick")
+            return 0
+        if args.cmd == "load-jobs":
+            sb.load_jobs(args.rps)
+            print(f"jobs-mode simulated load set to {args.rps:g} req/s")
             return 0
         if args.cmd == "engine-start":
             sb.engine_start(args.node, index=args.index)

@@ -39,7 +39,19 @@ HAPROXY = 8  # the router in front of the emulators (issue 14)
 HAPROXY_TOPOLOGY = 9  # the topology model's own frontend (clients pick a model by its port)
 HAPROXY_BACKEND = "vllm"
 HAPROXY_TOPOLOGY_BACKEND = "vllm-large"
-PORT_SPAN = 32
+PORT_SPAN = 40  # 36-38: gpu8 and its replica jobs (placement: jobs)
+
+# `placement: jobs` (issue 17): node gpu8 with 8 GPUs in the serve partition `serve` and the
+# idle partition. It comes up DRAINED with an admin-like Reason, so no other story's idle jobs
+# land there; `Sandbox.jobs_node(True)` (or `scripts/sandbox jobs-node on`) opens it and the
+# jobs-mode agent runs with `jobs_config_path` (journal, lock and targets of its own).
+JOBS_NODE = "gpu8"
+JOBS_NODE_GPUS = 8
+JOBS_MODEL = "jobs-model"
+JOBS_PARTITION = "serve"
+JOBS_REPLICAS = 2
+JOBS_OFF_REASON = "sandbox: jobs-mode node closed (scripts/sandbox jobs-node on)"
+JOBS_SLURMD, JOBS_PORT0 = 36, 37  # slurmd of gpu8; the replica jobs' ports (JOBS_REPLICAS)
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,26 @@ class Layout:
 
     def emulator_url(self, replica: str) -> str:
         return f"http://127.0.0.1:{self.emulator_port(replica)}"
+
+    @property
+    def jobs_slurmd_port(self) -> int:
+        return self.base_port + JOBS_SLURMD
+
+    @property
+    def jobs_port_base(self) -> int:
+        return self.base_port + JOBS_PORT0
+
+    @property
+    def jobs_config_path(self) -> Path:
+        return self.root / "slurm-idle-jobs.yaml"
+
+    @property
+    def jobs_load_file(self) -> Path:
+        return self.root / "load-jobs.json"
+
+    @property
+    def jobs_targets(self) -> Path:
+        return self.root / "targets-jobs.json"
 
     @property
     def haproxy_port(self) -> int:
@@ -259,8 +291,10 @@ def slurm_conf(lay: Layout) -> str:
         "SlurmdUser=root",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        # cred_expire: a requeued job may restart after ~11 s instead of ~120 s.
-        f"AuthInfo=socket={lay.munge_socket},cred_expire=10",
+        # cred_expire: a requeued job waits cred_expire + 1 s (BeginTime) before it may run
+        # again, 121 s by default; 5 is Slurm's minimum (22.05 and 24.11). The credential
+        # must reach slurmd within it: batch launches here take < 0.1 s even on a loaded machine.
+        f"AuthInfo=socket={lay.munge_socket},cred_expire=5",
         f"StateSaveLocation={lay.root}/state/slurmctld",
         f"SlurmdSpoolDir={lay.root}/state/slurmd-%n",
         f"SlurmctldPidFile={lay.run}/slurmctld.pid",
@@ -306,7 +340,12 @@ def slurm_conf(lay: Layout) -> str:
          "State=UNKNOWN"),
         (f"PartitionName=inference Nodes={every} PriorityTier=10 PreemptMode=OFF Default=NO "
          "MaxTime=INFINITE State=UP"),
-        (f"PartitionName=idle Nodes={every} PriorityTier=1 PreemptMode=REQUEUE "
+        (f"NodeName={JOBS_NODE} NodeHostname={lay.hostname} NodeAddr=127.0.0.1 "
+         f"Port={lay.jobs_slurmd_port} Gres=gpu:{JOBS_NODE_GPUS} CPUs=8 RealMemory=16000 "
+         "State=UNKNOWN"),
+        (f"PartitionName={JOBS_PARTITION} Nodes={JOBS_NODE} PriorityTier=10 PreemptMode=OFF "
+         "Default=NO MaxTime=INFINITE State=UP"),
+        (f"PartitionName=idle Nodes={every},{JOBS_NODE} PriorityTier=1 PreemptMode=REQUEUE "
          f"GraceTime={GRACE_TIME_S} Default=YES MaxTime=INFINITE State=UP"),
     ]
     return "\n".join(lines) + "\n"
@@ -356,7 +395,8 @@ def haproxy_cfg(lay: Layout) -> str:
 def gres_conf(lay: Layout) -> str:
     return (f"NodeName={_hostlist(NODES)} Name=gpu File={lay.dev}/nvidia[0-{GPUS_PER_NODE - 1}]\n"
             f"NodeName={_hostlist(TOPOLOGY_NODES)} Name=gpu "
-            f"File={lay.dev}/nvidia[0-{TOPOLOGY_GPUS_PER_NODE - 1}]\n")
+            f"File={lay.dev}/nvidia[0-{TOPOLOGY_GPUS_PER_NODE - 1}]\n"
+            f"NodeName={JOBS_NODE} Name=gpu File={lay.dev}/nvidia[0-{JOBS_NODE_GPUS - 1}]\n")
 
 
 def cgroup_conf(lay: Layout) -> str:
@@ -393,6 +433,9 @@ def prometheus_yml(lay: Layout) -> str:
                  "labels": {"node": r.node} if r.model == MODEL_NAME
                  else {"node": r.node, "replica": r.name}}
                 for r in REPLICAS]},
+            # The replica jobs of `placement: jobs`, wherever Slurm runs them (filesd.py).
+            {"job_name": "vllm-jobs", "file_sd_configs": [
+                {"files": [str(lay.jobs_targets)], "refresh_interval": "1s"}]},
             {"job_name": "prometheus", "static_configs": [
                 {"targets": [f"127.0.0.1:{lay.prometheus_port}"]}]},
         ],
@@ -478,3 +521,34 @@ def topology_model(lay: Layout, tokens_per_s_per_replica: float) -> dict[str, ob
             "router": {"kind": "haproxy", "admin_socket": str(lay.haproxy_socket),
                        "backend": HAPROXY_TOPOLOGY_BACKEND, "server": "{node}-{index}",
                        "timeout_s": 5}}
+
+
+def slurm_idle_jobs_config(lay: Layout, tokens_per_s_per_replica: float, capacity: dict[str, float]) -> str:
+    """The jobs-mode agent's config: one model whose 2 replicas run as Slurm jobs on gpu8 (the
+    emulator started by srun on the GPUs Slurm gave the job), no router, its own files."""
+    doc = yaml.safe_load(slurm_idle_config(lay, tokens_per_s_per_replica))
+    env = f"env PYTHONPATH={shlex.quote(lay.pythonpath)} " if lay.pythonpath else ""
+    command = (f"{env}{shlex.quote(lay.python)} -m slurm_idle.testing.emulator --port {{port}} "
+               f"--model {{model}} --node {JOBS_NODE}-{{index}} "
+               f"--state-dir {shlex.quote(str(lay.root / 'emulators-jobs'))} "
+               f"--load-file {shlex.quote(str(lay.jobs_load_file))} --shutdown-timeout 5 "
+               + " ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in capacity.items()))
+    doc["engine"] = {"kind": "command", "start_command": "true", "stop_command": "true",
+                     "drain_timeout_s": 10, "start_timeout_s": 60, "stop_timeout_s": 15,
+                     "http_timeout_s": 2}
+    doc["router"] = {"kind": "none"}
+    # Short e2e runs: size for the present load and the window's maximum, not for a noise
+    # estimate taken from a few minutes of a test's square-wave load.
+    doc["policy"]["headroom_sigmas"] = 0
+    doc["models"] = [{
+        "name": JOBS_MODEL, "placement": "jobs", "gpus_per_replica": 4,
+        "tokens_per_s_per_replica": tokens_per_s_per_replica, "min_serving_replicas": 1,
+        "job": {"replicas": JOBS_REPLICAS, "partition": JOBS_PARTITION,
+                "port_base": lay.jobs_port_base, "url": "http://127.0.0.1:{port}",
+                "sbatch_args": [f"--output={lay.log}/replica-%j.out"], "command": command}}]
+    doc["paths"] = {"journal": str(lay.root / "journal-jobs.jsonl"),
+                    "lock": str(lay.root / "run" / "tick-jobs.lock"),
+                    "textfile": str(lay.root / "slurm_idle-jobs.prom"),
+                    "file_sd": str(lay.jobs_targets)}
+    return ("# Generated by slurm_idle.testing.sandbox: the jobs-mode (issue 17) agent of the "
+            f"sandbox at {lay.root}\n" + str(yaml.safe_dump(doc, sort_keys=False)))

@@ -1,6 +1,7 @@
 """Every HTTP call has a total deadline (issue 11: 9), checked against a real server on loopback
 that trickles its answer one byte every 2 s: a per-read timeout never fires on it (measured
-before: 81 s for `metrics scrape --timeout 5`)."""
+before: 81 s for `metrics scrape --timeout 5`). Engine, scrape and warm-up calls go through the
+one client (httpdeadline): no proxy whatever the environment says, bodies cut at a ceiling."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
@@ -19,6 +21,7 @@ from slurm_idle.engine import CommandEngine, EngineConfig, HttpTimeout, UrllibCl
 from slurm_idle.errors import MetricsUnavailable
 from slurm_idle.metrics.prometheus import PrometheusSource
 from slurm_idle.metrics.scrape import urllib_get
+from slurm_idle.router.sync import urllib_post
 
 
 class Trickle(BaseHTTPRequestHandler):
@@ -47,6 +50,54 @@ def trickle() -> Iterator[str]:
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+
+
+class Echo(BaseHTTPRequestHandler):
+    """Answers at once: POST records what it got; GET /big sends 64 KiB."""
+
+    seen: ClassVar[list[tuple[str, bytes, str]]] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._answer(b"x" * 65536 if self.path == "/big" else b"ok")
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        Echo.seen.append((self.path, body, self.headers.get("Content-Type", "")))
+        self._answer(b'{"choices": []}')
+
+
+@pytest.fixture(scope="module")
+def echo() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_engine_scrape_and_warm_up_calls_ignore_proxies_and_bound_bodies(
+    echo: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With http_proxy pointing at nothing, every call still reaches the replica directly (the
+    router's warm-up POST with its JSON body too), and a body past the ceiling is cut there."""
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")  # discard: nothing listens
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert urllib_post(f"{echo}/v1/completions", b'{"max_tokens": 1}', 5.0) == 200
+    assert Echo.seen[-1] == ("/v1/completions", b'{"max_tokens": 1}', "application/json")
+    assert urllib_get(f"{echo}/metrics", 5.0).status == 200
+    assert UrllibClient().request("GET", f"{echo}/health", 5.0).body == b"ok"
+    assert len(httpdeadline.DeadlineClient(max_bytes=1000).request("GET", f"{echo}/big", 5.0).body) == 1000
 
 
 def test_a_trickled_page_ends_at_the_total_deadline(trickle: str) -> None:

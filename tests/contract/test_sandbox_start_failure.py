@@ -17,7 +17,8 @@ from slurm_idle.testing.sandbox import Sandbox, pick_base_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox starts daemons: needs root")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox starts daemons: needs root"),
+              pytest.mark.slurm]  # starts a Slurm of its own (no sandbox fixture)
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from slurm_idle.commands import TIMEOUT_RC, SubprocessRunner
 from slurm_idle.config import load_config
 from slurm_idle.errors import CommandError
 from slurm_idle.model import SlurmJob
 from slurm_idle.slurm import CliBackend, make_backend
-from slurm_idle.slurm.runner import TIMEOUT_RC, SubprocessRunner
 from slurm_idle.testing.waiting import poll
 
 pytestmark = pytest.mark.sandbox
@@ -51,10 +51,12 @@ def test_nodes_lists_four_gpu_nodes_in_one_call(slurm: CliBackend) -> None:
     before = slurm.calls
     nodes = {n.name: n for n in slurm.nodes()}
     assert slurm.calls == before + 1
-    assert sorted(nodes) == ["gpu1", "gpu2", "gpu3", "gpu4"]
-    for node in nodes.values():
+    pool = {n: nodes[n] for n in ("gpu1", "gpu2", "gpu3", "gpu4")}
+    for node in pool.values():
         assert node.gpus_total == 4
         assert {"idle", "inference"} <= set(node.partitions)
+    # gpu8: the node of the `placement: jobs` model (closed unless a test opens it).
+    assert nodes["gpu8"].gpus_total == 8 and {"idle", "serve"} <= set(nodes["gpu8"].partitions)
 
 
 def test_version_matches_sandbox(slurm: CliBackend, sandbox: Any) -> None:
@@ -245,6 +247,30 @@ def test_plain_job_ending_with_its_step_is_requeued_not_completed(
     assert runs[0].state == "REQUEUED", [r.state for r in runs]
 
 
+def test_replica_job_submit_comment_cancel(slurm: CliBackend, sandbox: Any,
+                                           jobs_to_cancel: list[int]) -> None:
+    """A replica job (placement: jobs) as the agent submits it: pending in the serve partition
+    with our Comment, readable back from squeue; its Comment rewritten while it waits (as while
+    it runs); scancel makes it leave the queue."""
+    from slurm_idle.config import load_config as load
+    from slurm_idle.model import Phase
+    from slurm_idle.replicajobs import format_comment, render_script, replica_views, submit_args
+
+    config = load(sandbox.layout.jobs_config_path)
+    model = config.models[0]
+    # gpu8 is closed (drained) here: the job stays PENDING, which is all this test needs.
+    job_id = slurm.submit(render_script(config, model, 0), submit_args(config, model, 0, time.time()))
+    jobs_to_cancel.append(job_id)
+    views = replica_views(config, slurm.jobs())
+    assert (views[0].job_id, views[0].phase) == (job_id, Phase.RECLAIMING)
+    assert views[0].state_reason  # Slurm says why it waits (the node is drained)
+    text = format_comment(config.slurm.tag, Phase.SERVING, time.time(), model.name, 0, views[0].port)
+    slurm.set_job_comment(job_id, text)
+    assert job(slurm, job_id).comment == text  # type: ignore[union-attr]
+    slurm.cancel([job_id])
+    poll(lambda: replica_views(config, slurm.jobs())[0].phase is Phase.LENT, 15, "job gone")
+
+
 def test_command_timeout_raises(sandbox: Any) -> None:
     """A Slurm command past the configured timeout raises CommandError with rc -1."""
     slow = CliBackend(runner=SubprocessRunner(env=sandbox.env()), timeout_s=0.001)
@@ -258,7 +284,7 @@ def test_make_backend_from_sandbox_config(sandbox: Any) -> None:
     backend = make_backend(load_config(sandbox.config_path),
                            runner=SubprocessRunner(env=sandbox.env()))
     assert isinstance(backend, CliBackend)
-    assert len(backend.nodes()) == 4
+    assert len(backend.nodes()) == 8  # gpu1-4, gpu5-7 (8 GPUs, issue 13), gpu8 (placement: jobs)
 
 
 def test_phases_survive_a_slurmctld_restart(slurm: CliBackend, sandbox: Any) -> None:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from slurm_idle.commands import SubprocessRunner
 from slurm_idle.slurm import CliBackend
 from slurm_idle.slurm.parse import major_minor
-from slurm_idle.slurm.runner import SubprocessRunner
 
 pytestmark = pytest.mark.sandbox
 

@@ -48,6 +48,15 @@ def site(sandbox: Any) -> Iterator[dict[str, Any]]:
     except KeyError:
         subprocess.run(["useradd", "-m", "-s", "/bin/sh", USER], check=True)
         pw = pwd.getpwnam(USER)
+    # Rootless podman needs a user namespace. The kernel refuses one to a process in a chroot
+    # (clone(2): EPERM), which is how `scripts/test --debian 13` runs the suite: skip there,
+    # saying so; the 22.05 lane runs these tests on the machine itself.
+    userns = subprocess.run(["runuser", "-u", USER, "--", "unshare", "--user", "--map-root-user",
+                             "true"], capture_output=True, text=True, timeout=30, check=False)
+    if userns.returncode != 0:
+        pytest.skip(f"rootless podman cannot run here: no user namespace for {USER} "
+                    f"({userns.stderr.strip()}; a chroot, e.g. scripts/test --debian 13, is "
+                    "refused one by the kernel)")
     work = Path(tempfile.mkdtemp(prefix="h11-rootless-", dir="/tmp"))
     work.chmod(0o755)
     # The node's config: the sandbox's, with the default policy but mounts under /tmp.

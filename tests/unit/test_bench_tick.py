@@ -73,6 +73,19 @@ def test_scripts_import_their_own_tree(tmp_path: Path, script: str) -> None:
     assert "decoy" not in res.stderr
 
 
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system python3")
+@pytest.mark.parametrize("script", ["bench-tick", "make-trace"])
+def test_scripts_run_by_a_bare_python_use_the_projects_venv(tmp_path: Path, script: str) -> None:
+    """Run by a python without the dependencies (the shebang's python3 on a fresh clone), a
+    script re-executes itself under the tree's .venv instead of failing to import pydantic."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    res = subprocess.run(["/usr/bin/python3", "-I", str(SCRIPT.parent / script), "--help"],
+                         cwd=tmp_path, env=env, check=False, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "usage:" in res.stdout and "ModuleNotFoundError" not in res.stderr
+
+
 def test_observe_pauses_gc_and_restores_it() -> None:
     """observe runs with the cyclic GC paused and leaves it as it found it, also on errors."""
     import gc

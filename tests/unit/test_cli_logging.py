@@ -10,8 +10,8 @@ import click
 import pytest
 
 from slurm_idle.cli import main
+from slurm_idle.commands import SubprocessRunner
 from slurm_idle.logs import LOGGER_NAME, setup_logging
-from slurm_idle.slurm.runner import SubprocessRunner
 
 from .test_config import EXAMPLE, run_cli
 

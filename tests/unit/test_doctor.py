@@ -325,3 +325,27 @@ def test_router_not_read_at_all_fails_with_the_reason() -> None:
     facts = facts_22(errors={"router": "connection refused"})
     (check,) = check_router(facts, config(router=HAPROXY))
     assert check.status == "fail" and "connection refused" in check.detail
+
+
+def test_replica_job_partition_checked_only_with_jobs_placement() -> None:
+    """`placement: jobs`: the replica jobs' partition must exist, never be preempted, outrank
+    the lend partition and share its nodes; node placement alone adds no check."""
+    from slurm_idle.doctor.checks import check_replica_job_partitions
+
+    assert check_replica_job_partitions(facts_22(), config()) == []
+    jobs_model = "[{name: j, placement: jobs, job: {replicas: 2, command: serve, port_base: 9000}}]"
+    cfg = parse_config("\n".join([
+        "engine: {kind: command, start_command: 'true', stop_command: 'true'}",
+        f"models: {jobs_model}"]))
+    (check,) = check_replica_job_partitions(facts_22(), cfg)
+    assert check.status == "ok", check.detail
+    parts = tuple(replace(p, priority_tier=1, preempt_mode="REQUEUE") if p.name == "inference" else p
+                  for p in facts_22().partitions or ())
+    (check,) = check_replica_job_partitions(facts_22(partitions=parts), cfg)
+    assert check.status == "fail" and "PreemptMode=REQUEUE" in check.detail
+    assert "PriorityTier of inference (1)" in check.detail
+    other = parse_config("\n".join([
+        "engine: {kind: command, start_command: 'true', stop_command: 'true'}",
+        f"models: {jobs_model.replace('port_base: 9000', 'port_base: 9000, partition: gpu-serve')}"]))
+    (check,) = check_replica_job_partitions(facts_22(), other)
+    assert check.status == "fail" and "gpu-serve (replica jobs) does not exist" in check.detail

@@ -43,13 +43,16 @@ def test_slurm_conf_has_preemption_accounting_and_no_removed_keys(version: str) 
     text = sandboxconf.slurm_conf(lay)
     keys = conf_keys(text)
     assert keys["PreemptType"] == "preempt/partition_prio" and keys["JobRequeue"] == "1"
-    assert "cred_expire=10" in keys["AuthInfo"] and keys["AccountingStorageTRES"] == "gres/gpu"
+    assert "cred_expire=5" in keys["AuthInfo"] and keys["AccountingStorageTRES"] == "gres/gpu"
     assert keys["SlurmctldPort"] == "30000" and "Port=30010-30013" in text
     assert "PartitionName=inference Nodes=gpu[1-7] PriorityTier=10 PreemptMode=OFF" in text
-    assert "PartitionName=idle Nodes=gpu[1-7] PriorityTier=1 PreemptMode=REQUEUE GraceTime=10" in text
+    assert "PartitionName=idle Nodes=gpu[1-7],gpu8 PriorityTier=1 PreemptMode=REQUEUE GraceTime=10" in text
     # the 8-GPU nodes of the topology model: slurmd ports after gpu4's, last in Slurm's choice
     assert "NodeName=gpu[5-7] " in text and "Port=30014-30016 Gres=gpu:8 " in text
     assert "Weight=100" in text
+    # gpu8: the `placement: jobs` node, in a serve partition of its own that outranks idle.
+    assert "PartitionName=serve Nodes=gpu8 PriorityTier=10 PreemptMode=OFF" in text
+    assert "NodeName=gpu8 " in text and "Port=30036 Gres=gpu:8" in text
     assert not set(REMOVED_IN_24_11) & set(keys)
     assert "JobSubmitPlugins" not in keys
 
@@ -66,10 +69,26 @@ def test_job_submit_lua_enabled_when_present() -> None:
 
 def test_gres_conf_points_at_four_fake_devices() -> None:
     """gres.conf lists the 4 character devices (a count-only gres.conf leaves nodes INVAL); the
-    8-GPU nodes gpu[5-7] list 8."""
+    8-GPU nodes gpu[5-7] and gpu8 list 8."""
     assert sandboxconf.gres_conf(layout()) == (
         "NodeName=gpu[1-4] Name=gpu File=/tmp/sb/dev/nvidia[0-3]\n"
-        "NodeName=gpu[5-7] Name=gpu File=/tmp/sb/dev/nvidia[0-7]\n")
+        "NodeName=gpu[5-7] Name=gpu File=/tmp/sb/dev/nvidia[0-7]\n"
+        "NodeName=gpu8 Name=gpu File=/tmp/sb/dev/nvidia[0-7]\n")
+
+
+def test_jobs_config_runs_the_emulator_in_replica_jobs() -> None:
+    """The jobs-mode agent config: one `placement: jobs` model whose command starts the
+    emulator via srun on the agent's port, no router, files of its own, a valid config."""
+    from slurm_idle.config import parse_config
+
+    lay = layout()
+    text = sandboxconf.slurm_idle_jobs_config(lay, 600.0, {"max_num_seqs": 16})
+    cfg = parse_config(text)
+    (model,) = cfg.models
+    assert model.placement == "jobs" and model.job is not None and model.job.partition == "serve"
+    assert model.job.port_base == lay.jobs_port_base and "--port {port}" in (model.job.command or "")
+    assert cfg.router.kind == "none" and cfg.paths.file_sd == str(lay.jobs_targets)
+    assert cfg.paths.lock != parse_config(sandboxconf.slurm_idle_config(lay, 600.0)).paths.lock
 
 
 def test_prometheus_scrapes_each_emulator_every_second() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from slurm_idle.commands import CompletedResult
 from slurm_idle.config import EngineConfig, ReplicaConfig
 from slurm_idle.engine import (
     CommandEngine,
@@ -30,7 +31,6 @@ from slurm_idle.engine import (
     wait_until_serving,
 )
 from slurm_idle.errors import CommandError, EngineError
-from slurm_idle.slurm.runner import CompletedResult
 
 METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -43,7 +43,7 @@ def test_a_failed_apt_install_stops_with_its_exit_code(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stub(bin_dir, "dpkg-query", "exit 1")
-    stub(bin_dir, "apt-get", 'case "$1" in install) exit 100;; esac')
+    stub(bin_dir, "apt-get", 'case " $* " in *" install "*) exit 100;; esac')
     stub(bin_dir, "id", "echo 0")
     prc = tmp_path / "policy-rc.d"
     script = f"set -euo pipefail; . {ROOT}/scripts/lib/install.sh; install_system_packages; echo REACHED"

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from slurm_idle import runner
 from slurm_idle.config import JobPolicyConfig, parse_config
 from slurm_idle.errors import ConfigError
 from slurm_idle.jobpolicy import check_spec, site_policy, trusted_config_path
 from slurm_idle.jobs import parse_job_spec
 from slurm_idle.runner import EXIT_START_FAILED, Signals
+from slurm_idle.runner import cli as runner
 
 USER = 1000
 POLICY = JobPolicyConfig(mount_prefixes=("/scratch",))

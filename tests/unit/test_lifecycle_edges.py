@@ -299,3 +299,18 @@ def test_an_admin_lend_and_reclaim_on_the_table_are_actions() -> None:
     reclaim = action_for_admin(node("m0-n0", Phase.LENT), ActionKind.RECLAIM, "admin")
     assert (lend.from_phase, lend.to_phase) == (Phase.SERVING, Phase.RETIRING)
     assert (reclaim.from_phase, reclaim.to_phase) == (Phase.LENT, Phase.RECLAIMING)
+
+
+def test_job_edges_are_the_node_edges_without_the_lending_shortcut() -> None:
+    """`placement: jobs` has the same phase changes as node placement but LENDING -> STARTING
+    (a cancelled job cannot come back) and UNKNOWN -> RECLAIMING (no job is simply LENT); every
+    transitional phase is timed, and nothing else is allowed."""
+    from slurm_idle import lifecycle
+
+    keys = {(e.from_phase, e.to_phase) for e in lifecycle.JOB_EDGES}
+    assert keys == {(e.from_phase, e.to_phase) for e in lifecycle.EDGES} - {
+        (Phase.LENDING, Phase.STARTING), (Phase.UNKNOWN, Phase.RECLAIMING)}
+    assert set(lifecycle.JOB_LIFECYCLE.forward) == {Phase.RETIRING, Phase.LENDING,
+                                                    Phase.RECLAIMING, Phase.STARTING}
+    with pytest.raises(lifecycle.IllegalTransition):
+        lifecycle.job_edge_for(Phase.LENDING, Phase.STARTING)

@@ -44,7 +44,7 @@ class Web:
         text = queue.pop(0) if len(queue) > 1 else queue[0]
         if text is None:
             raise ConnectionRefusedError(111, "Connection refused")
-        return HttpResponse(200, text)
+        return HttpResponse(200, text.encode())
 
 
 class Clock:
@@ -247,9 +247,9 @@ def test_slope_is_least_squares_per_second() -> None:
 @pytest.mark.parametrize(
     ("answer", "needle"),
     [
-        (HttpResponse(404, "Not Found"), "HTTP 404"),
-        (HttpResponse(200, "<html><body>hello</body></html>"), "not a vLLM metrics page"),
-        (HttpResponse(200, "node_load1 0.1\n"), "no vllm:"),
+        (HttpResponse(404, b"Not Found"), "HTTP 404"),
+        (HttpResponse(200, b"<html><body>hello</body></html>"), "not a vLLM metrics page"),
+        (HttpResponse(200, b"node_load1 0.1\n"), "no vllm:"),
     ],
 )
 def test_bad_pages_raise_metrics_unavailable(answer: HttpResponse, needle: str) -> None:

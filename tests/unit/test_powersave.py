@@ -145,9 +145,9 @@ def test_unprotected_lists_nodes_outside_every_exclusion() -> None:
 
 def test_status_warns_of_serving_nodes_slurm_may_suspend(tmp_path: Path) -> None:
     """`status` names the drained (serving) pool nodes outside the suspend exclusions only."""
+    from slurm_idle.commands import ReplayRunner
     from slurm_idle.doctor import status_warnings
     from slurm_idle.errors import CommandError
-    from slurm_idle.slurm.runner import ReplayRunner
 
     agent, slurm, *_ = make_agent(tmp_path, planner=continue_all)
     agent.tick()  # all three serving
@@ -167,9 +167,9 @@ def test_status_warns_of_serving_nodes_slurm_may_suspend(tmp_path: Path) -> None
 def test_cli_power_up_command_and_already_up_is_a_no_op() -> None:
     """`scontrol update nodename=X state=POWER_UP`; 22.05's rc=1 "Invalid node state" for a
     node that is up (captured) is not an error."""
+    from slurm_idle.commands import ReplayRunner
     from slurm_idle.errors import CommandError
     from slurm_idle.slurm.cli_backend import CliBackend
-    from slurm_idle.slurm.runner import ReplayRunner
 
     runner = ReplayRunner({("scontrol", "update"): ""})
     CliBackend(runner).power_up("gpu1")

@@ -4,14 +4,15 @@ whose metrics source never writes the scrape state file; real ticks and admin ac
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from slurm_idle import wiring
+from slurm_idle.agent import Agent
 from slurm_idle.cli import main
-from slurm_idle.config import parse_config
+from slurm_idle.cli.common import Context
+from slurm_idle.config import Config, parse_config
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.metrics.scrape import ScrapeSource
 
@@ -47,17 +48,18 @@ def test_build_agent_passes_read_only_to_the_scrape_source(tmp_path: Path) -> No
     ],
 )
 def test_looking_commands_build_a_read_only_agent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], read_only: bool
+    tmp_path: Path, args: list[str], read_only: bool
 ) -> None:
-    """The CLI asks for a read-only agent exactly when the command changes nothing."""
+    """The CLI asks its context's agent factory for a read-only agent exactly when the command
+    changes nothing."""
     path = tmp_path / "c.yaml"
     path.write_text(CONFIG.format(state=tmp_path / "s.json", journal=tmp_path / "j", lock=tmp_path / "l"))
     seen: list[bool] = []
 
-    def fake_build_agent(config: Any, with_textfile: bool = True, read_only: bool = False) -> Any:
+    def factory(config: Config, *, read_only: bool = False) -> Agent:
         seen.append(read_only)
         raise SlurmIdleError("stop here")
 
-    monkeypatch.setattr(wiring, "build_agent", fake_build_agent)
-    result = CliRunner().invoke(main, ["--config", str(path), *args])
+    result = CliRunner().invoke(main, ["--config", str(path), *args],
+                                obj=Context(agent_factory=factory))
     assert seen == [read_only], result.output

@@ -9,14 +9,8 @@ from typing import Any
 
 import pytest
 
-from slurm_idle.report import (
-    build_report,
-    csv_rows,
-    journal_facts,
-    lost_seconds,
-    percentile,
-    render_text,
-)
+from slurm_idle.report import build_report, journal_facts, lost_seconds, percentile
+from slurm_idle.report_model import Period, ReportSettings, csv_rows, render_text
 from slurm_idle.slurm.parse import parse_accounting
 from slurm_idle.slurm.protocol import AcctJob
 
@@ -47,7 +41,9 @@ def report(runs: list[AcctJob], journal: list[dict[str, Any]] | None = None, **k
         "now": ts("2026-12-10T00:00:00"), "partition": "idle", "price_per_gpu_hour": 2.0, "currency": "EUR",
     }
     args.update(kw)
-    return build_report(runs, journal or [], **args)
+    period = Period(args.pop("since"), args.pop("until"), args.pop("now"), args.pop("timezone", "UTC"))
+    journal_path = args.pop("journal_path", None)
+    return build_report(runs, journal or [], period, ReportSettings(**args), journal_path)
 
 
 def test_job_crossing_midnight_is_split_between_days() -> None:

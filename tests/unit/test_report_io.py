@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from slurm_idle.commands import CompletedResult
 from slurm_idle.config import parse_config
 from slurm_idle.errors import CommandError, ConfigError, SlurmIdleError
 from slurm_idle.journal import Journal
-from slurm_idle.report_io import fetch_runs, make_report, parse_date, sacct_argv, write_csv
-from slurm_idle.slurm.runner import CompletedResult
+from slurm_idle.report_io import fetch_runs, make_report, parse_date, write_csv
+from slurm_idle.slurm.cli_backend import CliBackend
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sacct" / "22.05"
 
@@ -61,35 +62,45 @@ def test_bad_date_is_a_clear_config_error() -> None:
         parse_date("last tuesday", "UTC")
 
 
+def slurm(runner: ReplayRunner) -> CliBackend:
+    return CliBackend(runner=runner, bin_dir="/opt/slurm/bin")
+
+
 def test_sacct_call_lists_every_run_of_the_lend_partition() -> None:
-    """The report asks sacct for JSON, duplicates (one record per run), allocations only."""
-    argv = sacct_argv(0, 3600, "idle", bin_dir="/opt/slurm/bin")
+    """The report reads sacct through the Slurm adapter: JSON, duplicates (one record per run),
+    allocations only, every user, the lend partition, the period."""
+    runner = ReplayRunner((DATA / "sacct-XD.json").read_text())
+    fetch_runs(parse_config(CONFIG), 0, 3600, slurm(runner))
+    (argv,) = runner.calls
     assert argv[0] == "/opt/slurm/bin/sacct"
-    for flag in ("--json", "--duplicates", "--allocations", "--allusers"):
+    for flag in ("--json", "--duplicates", "--allocations", "--allusers", "--partition=idle"):
         assert flag in argv
-    assert argv[argv.index("--partition") + 1] == "idle"
+    assert any(a.startswith("--starttime=") for a in argv)
+    assert any(a.startswith("--endtime=") for a in argv)
 
 
 def test_fetch_runs_parses_captured_sacct_json() -> None:
     """Runs come back one per run, the requeued ones included."""
     runner = ReplayRunner((DATA / "sacct-XD.json").read_text())
     config = parse_config(CONFIG)
-    runs = fetch_runs(config, 0, 2e9, runner=runner)
+    runs = fetch_runs(config, 0, 2e9, slurm(runner))
     assert runner.calls and "--duplicates" in runner.calls[0]
     assert sorted(r.state for r in runs if r.job_id == 2) == ["COMPLETED", "PREEMPTED"]
 
 
 def test_disabled_accounting_says_what_to_configure() -> None:
-    """Without slurmdbd, the error names the accounting settings the report needs."""
+    """Without slurmdbd, the adapter's error names the accounting settings the report needs."""
     runner = ReplayRunner(rc=1, stderr="sacct: error: Slurm accounting storage is disabled")
     with pytest.raises(SlurmIdleError, match="slurmdbd"):
-        fetch_runs(parse_config(CONFIG), 0, 1, runner=runner)
+        fetch_runs(parse_config(CONFIG), 0, 1, slurm(runner))
+    with pytest.raises(CommandError, match="slurmdbd"):  # still a CommandError for the others
+        CliBackend(runner=runner).accounting(None, None, job_ids=[1])
 
 
 def test_garbage_from_sacct_is_a_clear_error() -> None:
     """Output that is not Slurm JSON becomes one readable error."""
     with pytest.raises(SlurmIdleError, match="sacct --json"):
-        fetch_runs(parse_config(CONFIG), 0, 1, runner=ReplayRunner("not json"))
+        fetch_runs(parse_config(CONFIG), 0, 1, slurm(ReplayRunner("not json")))
 
 
 def test_make_report_reads_the_journal_and_prices_from_config(tmp_path: Path) -> None:

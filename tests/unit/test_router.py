@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from slurm_idle.commands import CompletedResult
 from slurm_idle.config import RouterConfig
 from slurm_idle.errors import CommandError, RouterError
 from slurm_idle.router import IN, MISSING, OUT, UNKNOWN, RouterTarget, make_router
 from slurm_idle.router.command import CommandRouter, format_router_command
 from slurm_idle.router.file import FileRouter, render
 from slurm_idle.router.haproxy import HaproxyRouter, parse_servers_state
-from slurm_idle.slurm.runner import CompletedResult
 
 #: `show servers state vllm` of HAProxy 2.6.12 (Debian 12): gpu2 drained, gpu3 in maintenance.
 SERVERS_STATE = """1

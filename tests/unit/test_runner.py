@@ -13,6 +13,8 @@ from typing import Any
 import docker.errors
 import pytest
 
+from slurm_idle.commands import ReplayRunner
+from slurm_idle.errors import CommandError
 from slurm_idle.jobs import parse_job_spec
 from slurm_idle.runner import (
     EXIT_MAX_RESTARTS,
@@ -238,20 +240,21 @@ def test_preempted_in_this_run_compares_preempt_and_start_times() -> None:
 
 def test_early_requeue_only_for_a_slurm_preemption() -> None:
     """After a clean stop a preempted job is requeued at once; otherwise nothing is run."""
-    calls: list[list[str]] = []
 
-    def fake(preempt: str) -> Callable[[Sequence[str]], tuple[int, str]]:
-        def run_(argv: Sequence[str]) -> tuple[int, str]:
-            calls.append(list(argv))
-            return 0, SHOW_JOB.format(preempt=preempt) if argv[1] == "show" else ""
-        return run_
+    def slurm(preempt: str) -> ReplayRunner:
+        return ReplayRunner({("scontrol", "show", "job"): SHOW_JOB.format(preempt=preempt),
+                             ("scontrol", "requeue"): ""})
 
-    assert "requeued job 5" in requeue_if_preempted("5", fake("2026-12-02T16:34:00"))
-    assert calls[-1] == ["scontrol", "requeue", "5"]
-    calls.clear()
-    assert "leaving the requeue" in requeue_if_preempted("5", fake("None"))
-    assert calls == [["scontrol", "show", "job", "5"]]
-    assert "nothing to requeue" in requeue_if_preempted("", fake("None"))
+    preempted = slurm("2026-12-02T16:34:00")
+    assert "requeued job 5" in requeue_if_preempted("5", preempted)
+    assert preempted.calls[-1][0] == ("scontrol", "requeue", "5")
+    not_preempted = slurm("None")
+    assert "leaving the requeue" in requeue_if_preempted("5", not_preempted)
+    assert [argv for argv, _ in not_preempted.calls] == [("scontrol", "show", "job", "5")]
+    assert "nothing to requeue" in requeue_if_preempted("", not_preempted)
+    refused = ReplayRunner({("scontrol", "show", "job"): SHOW_JOB.format(preempt="2026-12-02T16:34:00"),
+                            ("scontrol", "requeue"): CommandError(["scontrol"], 1, "Requested operation is presently disabled")})
+    assert "early requeue of job 5 failed" in requeue_if_preempted("5", refused)
 
 
 # ---------------------------------------------------------------- the run loop
@@ -300,6 +303,38 @@ def test_a_container_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> N
     (c,) = client.containers.created
     assert code == EXIT_PREEMPTED and c.kills == ["SIGTERM", "SIGKILL"] and c.removed
     assert "killing it" in log
+
+
+class FakeClock:
+    """Supervision time that passes only when the runner waits: an hour's grace in no time."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        if not event.is_set():
+            self.t += max(seconds, 0.0)
+        return event.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        self.t += max(seconds, 0.0)
+
+
+def test_the_grace_is_measured_on_the_injected_clock(tmp_path: Path) -> None:
+    """An hour's grace passes on the supervisor's clock: SIGTERM, then SIGKILL when it is up."""
+    signals = Signals()
+    client = FakeClient(on_start=lambda c: signals.term.set(), exits_on_term=False)
+    clock = FakeClock()
+    settings = RunSettings(grace_s=3600.0, uid=1000, gid=1000, poll_s=60.0, clock=clock)
+    out = io.BytesIO()
+    code = run_container(client, spec(tmp_path), CTX, settings, signals,
+                         Reporter(out, clock=lambda: 0.0))
+    (c,) = client.containers.created
+    assert code == EXIT_PREEMPTED and c.kills == ["SIGTERM", "SIGKILL"]
+    assert clock.t >= 3600.0 and "still running after 3600 s: killing it" in out.getvalue().decode()
 
 
 def test_time_limit_warning_checkpoints_and_asks_for_requeue(tmp_path: Path) -> None:
@@ -419,7 +454,7 @@ def test_main_settles_its_signals_whatever_the_outcome(monkeypatch: pytest.Monke
     """main() leaves SIGTERM/SIGUSR1 ignored when it returns, even on an early error."""
     import signal
 
-    from slurm_idle import runner
+    from slurm_idle.runner import cli as runner
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
 

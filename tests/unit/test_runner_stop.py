@@ -8,12 +8,14 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from slurm_idle.commands import ReplayRunner
+from slurm_idle.errors import CommandError
 from slurm_idle.runner import (
     EXIT_PREEMPTED,
     EXIT_REQUEUE_ME,
@@ -23,8 +25,8 @@ from slurm_idle.runner import (
     SlurmContext,
     container_kwargs,
     job_is_ending,
-    job_state,
     run_container,
+    show_job_state,
 )
 from tests.unit.test_runner import CTX, FakeClient, FakeContainer, run, spec
 
@@ -166,17 +168,13 @@ SHOW = "JobId=5 JobName=demo\n   JobState={state} Reason=None Dependency=(null)\
 ])
 def test_job_is_ending_reads_the_job_state(state: str, ending: bool) -> None:
     """Only states in which Slurm is ending the job cut the grace; unknown keeps it."""
-    calls: list[list[str]] = []
-
-    def fake(argv: Sequence[str]) -> tuple[int, str]:
-        calls.append(list(argv))
-        return 0, SHOW.format(state=state)
-
-    assert job_is_ending("5", fake) is ending
-    assert calls == [["scontrol", "show", "job", "5"]]
-    assert job_state(SHOW.format(state=state)) == state
-    assert job_is_ending("5", lambda argv: (1, "slurm_load_jobs error")) is False
-    assert job_is_ending("", fake) is False
+    slurm = ReplayRunner({("scontrol", "show", "job", "5"): SHOW.format(state=state)})
+    assert job_is_ending("5", slurm) is ending
+    assert [argv for argv, _ in slurm.calls] == [("scontrol", "show", "job", "5")]
+    assert show_job_state(SHOW.format(state=state)) == state
+    failing = ReplayRunner({("scontrol",): CommandError(["scontrol"], 1, "slurm_load_jobs error")})
+    assert job_is_ending("5", failing) is False
+    assert job_is_ending("", slurm) is False
 
 
 def test_no_gpus_means_no_gpus_whatever_the_spec_says(tmp_path: Path) -> None:
@@ -219,7 +217,7 @@ def test_grace_comes_from_the_flag_else_the_spec(monkeypatch: pytest.MonkeyPatch
                                                  tmp_path: Path) -> None:
     """--help names no environment variable for the grace, and none is read: the flag wins,
     else the spec's grace_s."""
-    from slurm_idle import runner
+    from slurm_idle.runner import cli as runner
 
     with pytest.raises(SystemExit):
         runner._parse_args(["--help"])

@@ -163,7 +163,7 @@ def test_identity_is_the_model_list(answer: tuple[int, bytes], ours: bool) -> No
 def test_a_foreign_health_200_is_not_serving_and_the_start_is_issued() -> None:
     """/health 200 from something that is not vLLM: health() says not serving (foreign), so
     start() runs the start command instead of skipping it."""
-    from slurm_idle.slurm.runner import ReplayRunner
+    from slurm_idle.commands import ReplayRunner
 
     http = Http({"/health": (200, b"ok"), "/v1/models": (404, b"")})
     runner = ReplayRunner({("sh",): ""})

@@ -124,7 +124,7 @@ class Web:
         text = self.pages.get(url)
         if text is None:
             raise ConnectionRefusedError(111, "Connection refused")
-        return HttpResponse(200, text)
+        return HttpResponse(200, text.encode())
 
 
 class Clock:

@@ -288,6 +288,19 @@ def test_accounting_24_11_preempted_run() -> None:
     assert runs[0].elapsed_s == 19 and runs[2].end is None
 
 
+def test_accounting_of_an_empty_window_is_no_job_not_an_error() -> None:
+    """22.05's sacct answers a window without jobs with error 9003 "Nothing found" and no
+    jobs: that is an empty list (a report of a quiet day), while any other error still raises."""
+    empty = {"errors": [{"description": "Nothing found", "error_number": 9003,
+                         "error": "Nothing found with query", "source": "slurmdb_jobs_get"}],
+             "jobs": []}
+    assert parse.parse_accounting(empty) == []
+    other = {"errors": [*empty["errors"], {"error": "Unable to connect", "error_number": 7000}],
+             "jobs": []}
+    with pytest.raises(parse.SlurmJsonError, match="Nothing found"):
+        parse.parse_accounting(other)
+
+
 def test_interactive_jobs_are_told_from_batch_jobs() -> None:
     """`batch_flag` (22.05 and 24.11): an srun job is not a batch job (Slurm cannot requeue it)."""
     import json as _json

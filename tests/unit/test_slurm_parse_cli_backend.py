@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from slurm_idle.commands import TIMEOUT_RC, ReplayRunner, SubprocessRunner
 from slurm_idle.config import Config
 from slurm_idle.errors import CommandError
 from slurm_idle.slurm import CliBackend, make_backend
 from slurm_idle.slurm.parse import JobSignal
-from slurm_idle.slurm.runner import TIMEOUT_RC, ReplayRunner, SubprocessRunner
 
 DATA = Path(__file__).parent.parent / "data" / "slurm-json"
 
@@ -215,7 +215,7 @@ def test_bin_dir_and_timeout_from_config(tmp_path: Path) -> None:
     class Recorder:
         def run(self, argv, input=None, timeout=None):  # type: ignore[no-untyped-def]
             seen.append((list(argv), timeout))
-            from slurm_idle.slurm.runner import CompletedResult
+            from slurm_idle.commands import CompletedResult
             return CompletedResult(tuple(argv), 0, sample("22.05/sinfo.json"), "")
 
     config = Config.model_validate({

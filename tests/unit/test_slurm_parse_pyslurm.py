@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from slurm_idle.commands import ReplayRunner
 from slurm_idle.errors import CommandError
 from slurm_idle.slurm import CliBackend
 from slurm_idle.slurm.pyslurm_backend import PyslurmBackend
-from slurm_idle.slurm.runner import ReplayRunner
 
 
 def fake_pyslurm(nodes: dict[str, Any], jobs: dict[int, Any], fail: str = "") -> Any:

@@ -127,13 +127,13 @@ def test_sleep_engine_keeps_in_flight_requests_on_any_version(
 @pytest.mark.parametrize("emulator", ["0.16.0"], indirect=True)
 def test_status_and_doctor_warn_of_an_old_serving_replica(emulator: tuple[ReplicaConfig, Emulator]) -> None:
     """status names the serving replica whose vLLM lacks mode=wait; doctor's engine check warns."""
+    from slurm_idle.commands import ReplayRunner
     from slurm_idle.config import parse_config
     from slurm_idle.doctor import _engine_facts, status_warnings
     from slurm_idle.doctor.checks import SiteFacts, check_engines
     from slurm_idle.engine import UrllibClient
     from slurm_idle.lifecycle import format_reason
     from slurm_idle.model import NodeView, Observation, Phase, SlurmNode
-    from slurm_idle.slurm.runner import ReplayRunner
 
     replica, _ = emulator
     cfg = parse_config(f"engine: {{kind: http-sleep}}\nmodels: [{{name: m, replicas: "
@@ -151,8 +151,8 @@ def test_status_and_doctor_warn_of_an_old_serving_replica(emulator: tuple[Replic
 def test_command_engine_drains_an_old_server_before_its_stop_command() -> None:
     """A vLLM without --shutdown-timeout (0.17) is drained by in-flight count, then stopped;
     the stop command runs only once nothing is in flight."""
+    from slurm_idle.commands import CompletedResult
     from slurm_idle.engine import CommandEngine, HttpResponse
-    from slurm_idle.slurm.runner import CompletedResult
 
     readings = [b"vllm:num_requests_running 2\n", b"vllm:num_requests_running 1\n",
                 b"vllm:num_requests_running 0\n"]

@@ -1,0 +1,204 @@
+"""An admin's commands on one pool node: `pin`, `unpin`, `lend`, `reclaim`.
+
+Each checks its preconditions on a fresh observation, under the tick lock (a command never
+races a tick), then acts through the agent: `lend` and `reclaim` (and `pin` of a lent node,
+which reclaims it) are ordinary lifecycle actions run by the NodeDriver, journaled as
+transitions; `pin`/`unpin` of a node in a drained phase rewrite its Reason through the Slurm
+adapter's NodeWriter and are journaled as `admin` records. Transitions made here count in the
+agent's textfile metrics like a tick's. The CLI (cli/tick_cmd.py) only parses and prints an
+`AdminResult`; scripts and tests call these functions directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+from slurm_idle.agent import Agent
+from slurm_idle.errors import SlurmIdleError
+from slurm_idle.journal import AdminRecord, StepOutcome
+from slurm_idle.lifecycle import DRAINED_PHASES, format_reason
+from slurm_idle.lock import lock_holder, try_lock
+from slurm_idle.model import Action, ActionKind, GroupView, NodeView, Observation, Phase
+from slurm_idle.powersave import powered_only
+from slurm_idle.topology import group_views
+from slurm_idle.transitions import StepResult, action_for_admin
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class AdminResult:
+    """What an admin command found and did (nothing when `dry_run`).
+
+    `action`: the lifecycle action taken (lend, reclaim, or the reclaim a pin of a lent node
+    asks for); `steps`: the driver's steps for it; `message`: one line for the admin when no
+    action says it all (a Reason rewritten, nothing to unpin, what a dry run would do)."""
+
+    command: str
+    node: str
+    dry_run: bool
+    action: Action | None = None
+    steps: list[StepResult] = field(default_factory=list)
+    message: str = ""
+
+    @property
+    def waiting(self) -> bool:
+        """The last step is carried over to the next tick."""
+        return bool(self.steps) and self.steps[-1].outcome is StepOutcome.WAITING
+
+
+class AdminFailed(SlurmIdleError):
+    """A step of an admin's lend, reclaim or pin failed; `result` holds the steps taken."""
+
+    def __init__(self, message: str, result: AdminResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@contextmanager
+def _locked(agent: Agent) -> Iterator[None]:
+    """The tick lock, or a SlurmIdleError naming the tick that holds it."""
+    path = agent.config.paths.lock
+    with try_lock(path) as locked:
+        if not locked:
+            raise SlurmIdleError(
+                f"a tick is running (pid {lock_holder(path) or '?'}); try again in a minute")
+        yield
+
+
+def _under_lock(agent: Agent, fn: Callable[[], T]) -> T:
+    with _locked(agent):
+        return fn()
+
+
+def node_view(obs: Observation, node: str) -> NodeView:
+    """The observed view of a pool node; SlurmIdleError for another name."""
+    for v in obs.nodes:
+        if v.name == node:
+            return v
+    pool = ", ".join(v.name for v in obs.nodes)
+    raise SlurmIdleError(f"{node} is not a pool node (pool: {pool})")
+
+
+def group_of(obs: Observation, agent: Agent, node: str) -> GroupView:
+    """The lend group of `node` (what a lend or reclaim moves: the node and its partners)."""
+    for g in group_views(obs, agent.config):
+        if node in g.group.nodes:
+            return g
+    raise SlurmIdleError(f"{node} is not a pool node")
+
+
+def _run(agent: Agent, action: Action, obs: Observation) -> list[StepResult]:
+    steps = agent.run_actions([action], obs)
+    _count_transitions(agent, steps)
+    return steps
+
+
+def _count_transitions(agent: Agent, steps: list[StepResult]) -> None:
+    """Admin transitions count in the agent's metrics too (alerts watch the counter)."""
+    path = agent.config.paths.textfile
+    if path is None:
+        return
+    from slurm_idle.agent_metrics import add_transitions
+
+    add_transitions(path, [(s.from_phase.value, s.to_phase.value) for s in steps
+                           if s.outcome is StepOutcome.OK])
+
+
+def force(agent: Agent, node: str, kind: ActionKind, dry_run: bool = False) -> AdminResult:
+    """`lend NODE` (serving -> lent) or `reclaim NODE` (lent or unknown -> serving) through the
+    normal transition path, for the node's whole lend group. Refuses an admin's node, a pinned
+    node (lend), and a group in another phase. A failed step is a SlurmIdleError."""
+    return _under_lock(agent, lambda: _force(agent, node, kind, dry_run))
+
+
+def _force(agent: Agent, node: str, kind: ActionKind, dry_run: bool) -> AdminResult:
+    obs = agent.observe()
+    view = node_view(obs, node)
+    if view.phase is Phase.ADMIN:
+        raise SlurmIdleError(f"{node} is drained by an admin ({view.node.reason!r}); slurm-idle "
+                             "never touches it")
+    if kind is ActionKind.LEND and view.pinned:
+        raise SlurmIdleError(f"{node} is pinned; `slurm-idle unpin {node}` first")
+    group = group_of(obs, agent, node)
+    if group.phase is Phase.ADMIN:
+        raise SlurmIdleError(f"{node} is in lend group {','.join(group.group.nodes)}, which an "
+                             "admin drained; slurm-idle never touches it")
+    wanted = Phase.SERVING if kind is ActionKind.LEND else Phase.LENT
+    if group.phase is not wanted and not (kind is ActionKind.RECLAIM and group.phase is Phase.UNKNOWN):
+        raise SlurmIdleError(
+            f"{node} is {group.phase.value}, not {wanted.value}; cannot {kind.value} it now"
+            " (see `slurm-idle status`)"
+        )
+    # The group moves as one: the action names its key node, from the group's phase.
+    action = replace(action_for_admin(replace(view, phase=group.phase), kind,
+                                      f"admin: slurm-idle {kind.value} {node}"), node=group.name)
+    steps = [] if dry_run else _run(agent, action, obs)
+    result = AdminResult(kind.value, node, dry_run, action, steps)
+    failed = [s for s in steps if s.outcome is StepOutcome.ERROR]
+    if failed:
+        raise AdminFailed(f"{kind.value} {node} failed: {steps[-1].error}", result)
+    return result
+
+
+def pin(agent: Agent, node: str, dry_run: bool = False) -> AdminResult:
+    """Keep NODE serving: `pinned` in its Reason (the planner never lends it). A lent node (or
+    one not managed yet) is reclaimed first and kept."""
+    return _under_lock(agent, lambda: _set_pin(agent, node, True, dry_run))
+
+
+def unpin(agent: Agent, node: str, dry_run: bool = False) -> AdminResult:
+    """Release a pinned NODE back to the planner (its Reason loses `pinned`)."""
+    return _under_lock(agent, lambda: _set_pin(agent, node, False, dry_run))
+
+
+def _set_pin(agent: Agent, node: str, pinned: bool, dry_run: bool) -> AdminResult:
+    command = "pin" if pinned else "unpin"
+    obs = agent.observe()
+    view = node_view(obs, node)
+    if view.phase is Phase.ADMIN:
+        raise SlurmIdleError(f"{node} is drained by an admin ({view.node.reason!r}); not touching it")
+    if view.phase in DRAINED_PHASES:
+        reason = format_reason(agent.config.slurm.tag, view.phase, view.phase_since or obs.now,
+                               pinned)
+        if dry_run:
+            return AdminResult(command, node, True, message=f"would set {node} reason to {reason!r}")
+        _write_reason(agent, view, command, reason)
+        return AdminResult(command, node, False,
+                           message=f"{node} {'pinned' if pinned else 'unpinned'} ({view.phase.value})")
+    if not pinned:
+        return AdminResult(command, node, dry_run,
+                           message=f"{node} is {view.phase.value}; nothing to unpin")
+    # A lent node Slurm powered down is pinned like any other: the reclaim powers it up.
+    if view.phase in {Phase.LENT, Phase.UNKNOWN} and (not view.node.down or powered_only(view.node)):
+        # Pinning a lent node means: bring it back now and keep it.
+        pinned_view = replace(view, pinned=True)
+        action = action_for_admin(pinned_view, ActionKind.RECLAIM, f"admin: slurm-idle pin {node}")
+        if dry_run:
+            return AdminResult(command, node, True, action,
+                               message=f"would reclaim {node} and keep it serving")
+        steps = _run(agent, action, replace(obs, nodes=tuple(
+            pinned_view if v.name == node else v for v in obs.nodes)))
+        result = AdminResult(command, node, False, action, steps)
+        if any(s.outcome is StepOutcome.ERROR for s in steps):
+            raise AdminFailed(f"pin {node}: reclaiming it failed: {steps[-1].error}", result)
+        return result
+    raise SlurmIdleError(f"{node} is {view.phase.value}; cannot pin it now")
+
+
+def _write_reason(agent: Agent, view: NodeView, command: str, reason: str) -> None:
+    """Rewrite a node's Reason for pin/unpin through the NodeWriter, journaled (an `admin`
+    record, with the error when Slurm refused)."""
+    assert agent.journal is not None
+    record = AdminRecord(ts=agent.clock(), node=view.name, command=command,
+                         phase=view.phase.value, outcome=StepOutcome.OK,
+                         detail=f"reason set to {reason!r}")
+    try:
+        agent.slurm.drain(view.name, reason)
+    except SlurmIdleError as exc:
+        agent.journal.append(replace(record, outcome=StepOutcome.ERROR, detail=str(exc)))
+        raise
+    agent.journal.append(record)

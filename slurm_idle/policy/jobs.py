@@ -1,0 +1,145 @@
+"""The planner of `placement: jobs` models: replicas, not nodes, lent and reclaimed. Pure.
+
+Each replica is one Slurm job (replicajobs.py), so the unit of lending is the replica itself
+(GPU-granular: half of an 8-GPU node can be lent while the other half serves). The need comes
+from the same capacity model as node mode (capacity.assess_need), and the same rules hold:
+scale up at once and without limit (abort RETIRING replicas first, then submit LENT ones,
+lowest index first); scale down only on known metrics, inside the lending windows, with nothing
+on its way back, never below the need over the window or the floor, at most
+`max_transitions_per_tick` lends per model and tick (highest index, least busy first); carry
+every other transitional replica one step on. With unknown metrics nothing is lent and what
+serves or is on its way back is held (or everything comes back with
+`policy.reclaim_on_unknown_metrics`); a model with no replica at all starts its floor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from slurm_idle.config import Config, ModelConfig
+from slurm_idle.lifecycle import job_next_phase, takes_traffic
+from slurm_idle.metrics.serving import usable
+from slurm_idle.model import Action, ActionKind, JobReplica, ModelPlan, Observation, Phase
+from slurm_idle.policy.capacity import assess_need, default_forecast_lead_s
+from slurm_idle.policy.reclaim_order import reclaim_rank
+from slurm_idle.policy.windows import in_windows
+from slurm_idle.replicajobs import partition_of
+
+_ARRIVING = (Phase.RECLAIMING, Phase.STARTING)
+
+
+def _act(kind: ActionKind, r: JobReplica, to: Phase, reason: str) -> Action:
+    return Action(kind, r.name, r.model, r.phase, to, reason,
+                  {"index": r.index, **({"job_id": r.job_id} if r.job_id is not None else {})})
+
+
+def _verdict(obs: Observation, config: Config, model: ModelConfig,
+             mine: list[JobReplica]) -> tuple[int, int | None, str]:
+    """(replicas needed now, replicas the window allows down to or None: lend nothing, why)."""
+    assert model.job is not None
+    total = model.job.replicas
+    floor = min(model.min_serving_replicas, total)
+    taking = [r for r in mine if takes_traffic(r.phase)]
+    supply = len(taking) + sum(1 for r in mine if r.phase in _ARRIVING)
+    policy = config.policy
+    load = obs.model_load(model.name)
+    window_ok = in_windows(obs.now, policy.lending_windows, policy.timezone)
+    blind = [r.name for r in taking if not usable(r.load) or (r.load is not None and r.load.sleeping)]
+    if load is None or not load.known or blind:
+        why = ("model load metrics missing or stale" if load is None or not load.known
+               else f"metrics unknown for serving replica(s) {', '.join(blind)}")
+        if not window_ok or policy.reclaim_on_unknown_metrics:
+            return total, None, f"{why}: reclaiming everything"
+        held = max(floor, min(supply, total))
+        return held, None, f"{why}: holding {held} (nothing lent on unknown load)"
+    loads = [r.load for r in taking if r.load is not None]
+    need = assess_need(model, policy, load, loads, len(taking), total,
+                       default_forecast_lead_s(config, model.name))
+    if not window_ok:
+        return total, None, f"{need.reason}; outside lending windows"
+    return need.up, need.down, need.reason
+
+
+def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[list[Action], ModelPlan]:
+    mine = [r for r in obs.replica_jobs if r.model == model.name]
+    needed, down, reason = _verdict(obs, config, model, mine)
+    by = {p: [r for r in mine if r.phase is p] for p in Phase}
+    serving = len(by[Phase.SERVING])
+    taking = serving + len(by[Phase.RETIRING])
+    supply = serving + sum(len(by[p]) for p in _ARRIVING)
+    actions: list[Action] = []
+    touched: set[str] = set()
+    deficit = needed - supply
+    if deficit > 0:
+        why = f"{reason}; {supply} serving or coming back: needs {needed}"
+        candidates = ([(ActionKind.ABORT_LEND, r, Phase.SERVING) for r in by[Phase.RETIRING]]
+                      + [(ActionKind.RECLAIM, r, Phase.RECLAIMING) for r in by[Phase.LENT]])
+        taken: dict[str, int] = {}
+        for kind, r, to in candidates[:deficit]:
+            action = _act(kind, r, to, why)
+            if kind is ActionKind.RECLAIM:
+                node = steer(obs, config, model, taken)
+                if node is not None:
+                    action.details["nodelist"] = node
+                    action = replace(action, reason=f"{why}; steered to {node} (no free GPUs: "
+                                                    "its idle jobs lose the least work)")
+            actions.append(action)
+            touched.add(r.name)
+    elif down is not None and not any(by[p] for p in _ARRIVING) and serving > down:
+        budget = config.policy.max_transitions_per_tick
+        spare = sorted(by[Phase.SERVING],
+                       key=lambda r: (r.load.running if r.load else 0.0, -r.index))
+        for r in spare[:min(budget, serving - down)]:
+            actions.append(_act(ActionKind.LEND, r, Phase.RETIRING,
+                                f"{reason}; {serving} serving, needs {down} over the window: lending"))
+            touched.add(r.name)
+    for r in mine:
+        nxt = job_next_phase(r.phase)
+        if r.name not in touched and nxt is not None:
+            why = f"carry on {r.phase.value} -> {nxt.value}"
+            if r.phase is Phase.RECLAIMING and r.state_reason:
+                why += f" (job {r.job_id} PENDING: {r.state_reason})"
+            actions.append(_act(ActionKind.CONTINUE, r, nxt, why))
+    return actions, ModelPlan(model.name, needed, taking, reason)
+
+
+def steer(obs: Observation, config: Config, model: ModelConfig, taken: dict[str, int]) -> str | None:
+    """Where a replica job being submitted should go (`--nodelist`), None to let Slurm choose.
+
+    Slurm places a job on free GPUs before it preempts anything, so while some node of the
+    partition has the GPUs free no steering is needed. Otherwise the node whose idle jobs would
+    lose the least work (reclaim_order.reclaim_rank, node placement's rule) among those whose
+    free and preemptible GPUs cover the replica; `taken` (node -> GPUs) counts this tick's
+    earlier choices. Single-node replicas only (a multi-node one is left to Slurm).
+    """
+    assert model.job is not None
+    if model.job.nodes_per_replica != 1 or not obs.placement_nodes:
+        return None
+    need = model.job_gpus_per_replica
+    part = partition_of(config, model)
+    usable = [v for v in obs.placement_nodes
+              if part in v.node.partitions and not v.node.drained and not v.node.down]
+    free = {v.name: v.node.gpus_total - v.node.gpus_used - taken.get(v.name, 0) for v in usable}
+    if any(f >= need for f in free.values()):
+        return None
+    fits = [v for v in usable if free[v.name] + sum(j.gpus for j in v.jobs) >= need]
+    if not fits:
+        return None
+    ckpt, young = config.report.checkpoint_interval_s, config.policy.min_job_runtime_s
+    best = min(fits, key=lambda v: reclaim_rank(v, obs.now, ckpt, young))
+    taken[best.name] = taken.get(best.name, 0) + need
+    return best.name
+
+
+def _jobs_models(config: Config) -> list[ModelConfig]:
+    return [m for m in config.models if m.placement == "jobs" and m.job is not None]
+
+
+def plan_jobs(observation: Observation, config: Config, now: float) -> list[Action]:
+    """The actions on replica jobs this tick, in model then replica order."""
+    return [a for m in _jobs_models(config) for a in _plan_model(observation, config, m)[0]]
+
+
+def assess_jobs(observation: Observation, config: Config, now: float) -> list[ModelPlan]:
+    """Per jobs-placement model: replicas needed now, replicas taking traffic, and why."""
+    return [_plan_model(observation, config, m)[1] for m in _jobs_models(config)]

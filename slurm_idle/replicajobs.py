@@ -1,0 +1,209 @@
+"""`placement: jobs`: a model's vLLM replicas as Slurm batch jobs. Pure text work and reading.
+
+Where vLLM itself runs as Slurm jobs, the idle GPUs are just the GPUs no replica job holds:
+lending a replica is cancelling its job (its GPUs go to the idle partition at once, GPU by
+GPU), reclaiming it is submitting the job again, and Slurm's own preemption (PriorityTier,
+PreemptMode=REQUEUE, GraceTime) empties the GPUs it needs.
+
+The state lives in Slurm, as in node mode: each replica job carries our Comment
+(`slurm-idle:serving since=... index=1 port=8101 model=NAME`), and the fleet is rebuilt from
+`squeue` every tick (`replica_views`). A job's phase: PENDING is RECLAIMING; running is
+STARTING until the Comment says serving (or retiring, lending); COMPLETING is LENDING; no job
+is LENT. A job is ours only when its Comment parses, it runs in the model's partition, and
+its index and port are the model's: anything else is never touched. Nothing here runs a
+command; the driver (jobdriver.py) does.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from slurm_idle.journal import iso
+from slurm_idle.model import JobReplica, Phase, SlurmJob
+
+if TYPE_CHECKING:  # config.py imports this module in its validators
+    from slurm_idle.config import Config, ModelConfig
+
+#: Options the agent sets itself on every replica job (a site's sbatch_args may not).
+OWN_OPTIONS = ("--partition", "-p", "--job-name", "-J", "--comment", "--parsable", "--gres",
+               "--gpus", "-G", "--nodes", "-N")
+#: Phase words we write into a replica job's Comment.
+_WORDS = {Phase.RECLAIMING, Phase.SERVING, Phase.RETIRING, Phase.LENDING}
+#: Job states in which the job still holds (or is about to hold) its GPUs.
+_PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+_RUNNING = frozenset({"RUNNING", "CONFIGURING", "RESIZING"})
+_ENDING = frozenset({"COMPLETING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED"})
+_COMMAND_FIELDS = ("port", "model", "index")
+_URL_FIELDS = ("node", "port")
+
+
+def check_sbatch_args(args: Sequence[str]) -> None:
+    """sbatch_args are options (start with '-'), none of those the agent sets itself."""
+    for arg in args:
+        if not arg.startswith("-") or any(c in arg for c in "\n\r\0"):
+            raise ValueError(f"sbatch_args: {arg!r} is not an sbatch option (e.g. --qos=inference)")
+        name = arg.split("=", 1)[0]
+        if name in OWN_OPTIONS:
+            raise ValueError(f"sbatch_args: {name} is set by slurm-idle itself (partition, job "
+                             "name, comment, GPUs and nodes come from the job: block)")
+
+
+def _check(template: str, fields: tuple[str, ...], what: str) -> None:
+    try:
+        template.format(**{f: 0 for f in fields})
+    except (KeyError, IndexError, ValueError) as exc:
+        detail = f"unknown placeholder {{{exc.args[0]}}}" if isinstance(exc, KeyError) else str(exc)
+        names = ", ".join(f"{{{f}}}" for f in fields)
+        raise ValueError(f"{what} {template!r}: {detail}; the placeholders are {names}") from None
+
+
+def check_templates(command: str | None, url: str) -> None:
+    """`job.command` may use {port} {model} {index}; `job.url` {node} {port}."""
+    if command is not None:
+        if not command.strip():
+            raise ValueError("job.command is empty")
+        _check(command, _COMMAND_FIELDS, "job.command")
+    _check(url, _URL_FIELDS, "job.url")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"job.url {url!r} must be an http:// or https:// URL template")
+
+
+def port_of(model: ModelConfig, index: int) -> int:
+    assert model.job is not None
+    return model.job.port_base + index
+
+
+def job_name(tag: str, model: str, index: int) -> str:
+    """The job's name, for humans in squeue (the Comment is what we read back)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", model)[:64]
+    return f"{tag}-{safe}-{index}"
+
+
+def format_comment(tag: str, phase: Phase, since: float, model: str, index: int, port: int) -> str:
+    """Our Comment on a replica job; the model last, so any name reads back whole."""
+    if phase not in _WORDS:
+        raise ValueError(f"phase {phase.value} is not written into a replica job's Comment")
+    return f"{tag}:{phase.value} since={iso(since)} index={index} port={port} model={model}"
+
+
+@dataclass(frozen=True)
+class JobComment:
+    word: str
+    since: float
+    index: int
+    port: int
+    model: str
+
+
+def parse_comment(text: str, tag: str) -> JobComment | None:
+    """Our Comment read back, or None for anything not in exactly the shape we write."""
+    m = re.fullmatch(re.escape(tag) + r":([a-z]+) (since=\S+) index=([0-9]{1,6}) port=([0-9]{1,5}) "
+                     r"model=(.+)", text.strip())
+    if m is None:
+        return None
+    try:
+        since = datetime.strptime(m.group(2), "since=%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+    return JobComment(m.group(1), since, int(m.group(3)), int(m.group(4)), m.group(5))
+
+
+def derive_job_phase(job: SlurmJob, comment: JobComment) -> Phase | None:
+    """The phase a replica job's state and our Comment say; None when it holds nothing any more
+    (ended: the replica is LENT)."""
+    if job.state in _PENDING:
+        return Phase.RECLAIMING
+    if job.state in _ENDING:
+        return Phase.LENDING
+    if job.state in _RUNNING:
+        return {"serving": Phase.SERVING, "retiring": Phase.RETIRING,
+                "lending": Phase.LENDING}.get(comment.word, Phase.STARTING)
+    return None
+
+
+def partition_of(config: Config, model: ModelConfig) -> str:
+    assert model.job is not None
+    return model.job.partition or config.slurm.serve_partition
+
+
+def replica_views(config: Config, jobs: Sequence[SlurmJob]) -> tuple[JobReplica, ...]:
+    """Every replica of every jobs-placement model (index order), from one `squeue` answer."""
+    tag = config.slurm.tag
+    models = {m.name: m for m in config.models if m.placement == "jobs" and m.job is not None}
+    if not models:
+        return ()
+    found: dict[tuple[str, int], list[tuple[SlurmJob, JobComment, Phase]]] = {}
+    for job in jobs:
+        comment = parse_comment(job.comment, tag)
+        if comment is None:
+            continue
+        model = models.get(comment.model)
+        if model is None or job.partition != partition_of(config, model):
+            continue
+        assert model.job is not None
+        if comment.index >= model.job.replicas or comment.port != port_of(model, comment.index):
+            continue
+        phase = derive_job_phase(job, comment)
+        if phase is not None:
+            found.setdefault((model.name, comment.index), []).append((job, comment, phase))
+    out = []
+    for model in models.values():
+        assert model.job is not None
+        for index in range(model.job.replicas):
+            port = port_of(model, index)
+            mine = found.get((model.name, index), [])
+            if not mine:
+                out.append(JobReplica(model.name, index, port, Phase.LENT))
+                continue
+            # A running job beats a pending one, then the oldest: the others are duplicates.
+            mine.sort(key=lambda t: (t[2] is Phase.RECLAIMING, t[0].job_id))
+            job, comment, phase = mine[0]
+            since = job.start_time if phase is Phase.STARTING else comment.since
+            url = model.job.url.format(node=job.nodes[0], port=port) if job.nodes else ""
+            out.append(JobReplica(
+                model.name, index, port, phase, since, job.job_id, job.state, job.nodes, url,
+                job.state_reason if phase is Phase.RECLAIMING else "",
+                tuple(j.job_id for j, _, _ in mine[1:]), job.gpus))
+    return tuple(out)
+
+
+def render_script(config: Config, model: ModelConfig, index: int, script_text: str | None = None) -> str:
+    """The batch script of one replica job: resources from `job:`, then `srun` of the command
+    (or the site's own script, `script_text`, with SLURM_IDLE_* set before it)."""
+    job = model.job
+    assert job is not None
+    port = port_of(model, index)
+    gpus = model.job_gpus_per_replica
+    per_node = max(1, gpus // job.nodes_per_replica)
+    lines = ["#!/bin/bash",
+             f"#SBATCH --nodes={job.nodes_per_replica}",
+             "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --gres=gpu:{per_node}"]
+    if job.cpus is not None:
+        lines.append(f"#SBATCH --cpus-per-task={job.cpus}")
+    if job.mem is not None:
+        lines.append(f"#SBATCH --mem={job.mem}")
+    if job.time is not None:
+        lines.append(f"#SBATCH --time={job.time}")
+    lines += [f"#SBATCH {arg}" for arg in job.sbatch_args]
+    env = (f"export SLURM_IDLE_MODEL={shlex.quote(model.name)} SLURM_IDLE_INDEX={index} "
+           f"SLURM_IDLE_PORT={port}")
+    if script_text is not None:
+        body = script_text.split("\n", 1)[1] if script_text.startswith("#!") else script_text
+        return "\n".join([*lines, env, body.rstrip("\n")]) + "\n"
+    assert job.command is not None
+    command = job.command.format(port=port, model=shlex.quote(model.name), index=index)
+    return "\n".join([*lines, env, f"exec srun --kill-on-bad-exit=1 {command}"]) + "\n"
+
+
+def submit_args(config: Config, model: ModelConfig, index: int, now: float) -> list[str]:
+    """sbatch options on the command line (the Comment has spaces: no #SBATCH quoting)."""
+    tag = config.slurm.tag
+    return [f"--partition={partition_of(config, model)}",
+            f"--job-name={job_name(tag, model.name, index)}",
+            f"--comment={format_comment(tag, Phase.RECLAIMING, now, model.name, index, port_of(model, index))}"]

@@ -1,0 +1,136 @@
+"""`slurm-idle-run`'s command line: read the spec, check it against the node's policy, pick the
+container engine (a rootless podman service or docker), then run_container."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from slurm_idle.commands import SubprocessRunner
+from slurm_idle.errors import SlurmIdleError
+from slurm_idle.jobpolicy import check_spec, site_policy
+from slurm_idle.jobs import JobSpec, decode_spec, load_job_spec
+from slurm_idle.pipeline import state_dir
+from slurm_idle.podman import PodmanService
+from slurm_idle.runner.container import engine_sockets, remove_job_containers, slurm_context
+from slurm_idle.runner.run import EXIT_START_FAILED, run_container
+from slurm_idle.runner.slurmjob import job_is_ending, requeue_if_preempted
+from slurm_idle.runner.supervise import Reporter, RunSettings, Signals
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="slurm-idle-run",
+        description="Run a slurm-idle job spec's container inside a Slurm job step.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--spec-b64", help="the job spec as base64 JSON (what scripts pass)")
+    src.add_argument("--spec", help="a job spec YAML/JSON file")
+    src.add_argument("--cleanup", metavar="JOBID", help="remove JOBID's containers and exit")
+    p.add_argument(
+        "--grace-s", type=float, default=None,
+        help=(
+            "seconds from SIGTERM to killing the container (default: the spec's grace_s; "
+            "generated batch scripts pass the spec's value). A second SIGTERM stops it at once"
+        ),
+    )
+    p.add_argument(
+        "--gpu-mode", choices=["auto", "nvidia", "env", "off"],
+        default=os.environ.get("SLURM_IDLE_GPU_MODE", "auto"),
+        help="auto: nvidia device requests only if the engine has an nvidia runtime",
+    )
+    p.add_argument(
+        "--docker-host", default=None,
+        help=("engine URL (default: the site's job_policy.runtime: a rootless podman service "
+              "started for this job; docker: $DOCKER_HOST or the local socket)"),
+    )
+    return p.parse_args(argv)
+
+
+def _client(docker_host: str | None, timeout: int | None = 60) -> Any:
+    import docker
+
+    if docker_host:
+        return docker.DockerClient(base_url=docker_host, timeout=timeout)
+    return docker.from_env(timeout=timeout)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `slurm-idle-run`; returns (and exits with) the codes documented above."""
+    signals = Signals()
+    signals.install()
+    try:
+        return _main(argv, signals)
+    finally:
+        signals.settle()
+
+
+def _main(argv: Sequence[str] | None, signals: Signals) -> int:
+    args = _parse_args(argv)
+    report = Reporter(sys.stdout.buffer)
+    service: PodmanService | None = None
+    try:
+        policy = site_policy(os.environ)
+        spec = None
+        if not args.cleanup:  # checked before any engine is reached or started
+            spec = decode_spec(args.spec_b64) if args.spec_b64 else load_job_spec(args.spec)
+            # The node's policy, not the script's say-so: resolved mounts, this process's uid.
+            check_spec(spec.for_job(os.environ.get("SLURM_JOB_ID") or "none"),
+                       policy, os.geteuid(), resolve=True)
+        host = args.docker_host
+        if host is None and policy.runtime == "podman" and not args.cleanup:
+            service = PodmanService.for_job(os.environ.get("SLURM_JOB_ID", ""), os.environ)
+            host = service.start()
+            report.say(f"rootless podman service at {host}")
+        elif host is None:
+            host = os.environ.get("DOCKER_HOST")
+        return _run(args, host, spec, service is not None, signals, report)
+    except SlurmIdleError as exc:
+        report.say(f"error: {exc}")
+        return EXIT_START_FAILED
+    finally:
+        if service is not None:
+            service.stop()
+
+
+def _run(
+    args: argparse.Namespace, host: str | None, spec: JobSpec | None, rootless: bool,
+    signals: Signals, report: Reporter,
+) -> int:
+    try:
+        client = _client(host)
+        if args.cleanup:
+            for name in remove_job_containers(client, args.cleanup):
+                report.say(f"removed container {name}")
+            return 0
+    except SlurmIdleError as exc:
+        report.say(f"error: {exc}")
+        return EXIT_START_FAILED
+    except Exception as exc:  # noqa: BLE001 - docker.errors.DockerException and friends
+        report.say(f"error: cannot reach the container engine: {exc}")
+        return EXIT_START_FAILED
+    assert spec is not None  # only --cleanup runs without one
+    grace = args.grace_s if args.grace_s is not None else spec.grace_s
+    settings = RunSettings(
+        grace_s=grace, gpu_mode=args.gpu_mode,
+        engine_sockets=engine_sockets(host),
+        # Rootless: the container's root is the job's user outside (its user namespace), so
+        # files it writes in the mounts are the user's; a uid inside would be a subuid.
+        uid=0 if rootless else os.getuid(), gid=0 if rootless else os.getgid(),
+    )
+    # Logs and wait block for as long as the container runs: no read timeout on that client.
+    stream_client = _client(host, timeout=None)
+    ctx = slurm_context(os.environ)
+    slurm = SubprocessRunner()
+    settings = replace(settings, ledger_dir=state_dir(os.environ))
+    return run_container(
+        client, spec, ctx, settings, signals, report, stream_client=stream_client,
+        early_requeue=lambda: requeue_if_preempted(ctx.job_id, slurm),
+        # Short (slurmjob.ENDING_CHECK_TIMEOUT_S): it runs inside the grace, maybe inside KillWait.
+        job_ending=lambda: job_is_ending(ctx.job_id, slurm),
+    )
+

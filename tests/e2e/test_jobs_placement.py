@@ -1,0 +1,147 @@
+"""`placement: jobs` on the real sandbox: vLLM replicas (emulators) as Slurm jobs on gpu8.
+
+Low load: one replica job is cancelled and an idle-partition job starts on its 4 GPUs while the
+other replica keeps serving on the same node. High load: the replica job is submitted again,
+Slurm preempts the idle job (sacct PREEMPTED, requeued with Restarts >= 1, its step got SIGTERM
+within GraceTime), the replica serves again, and Prometheus' file_sd targets follow. The reclaim
+time (load rise -> serving) is printed (pytest -s: MEASURE lines).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_idle.testing import sandboxconf
+from slurm_idle.testing.waiting import poll
+
+pytestmark = pytest.mark.sandbox
+
+HIGH_RPS, LOW_RPS = 20.0, 0.5
+IDLE_JOB = """#!/bin/bash
+#SBATCH -p idle
+#SBATCH --gres=gpu:4
+#SBATCH --requeue
+#SBATCH -w {node}
+#SBATCH --open-mode=append
+#SBATCH --output={out}
+echo "start restart=${{SLURM_RESTART_COUNT:-0}} gpus=$CUDA_VISIBLE_DEVICES"
+srun bash -c 'trap "echo got SIGTERM \\$(date +%s)" TERM; while true; do sleep 0.2; done'
+"""
+
+
+@pytest.fixture(scope="module")
+def jobs_mode(sandbox: Any) -> Iterator[Any]:
+    """gpu8 opened for the test, everything on it cancelled and the node closed afterwards."""
+    sandbox.load_jobs(HIGH_RPS)
+    sandbox.jobs_node(True)
+    try:
+        yield sandbox
+    finally:
+        ids = sandbox.run(["squeue", "-h", "-w", sandboxconf.JOBS_NODE, "-o", "%A"]).stdout.split()
+        ids += sandbox.run(["squeue", "-h", "-p", sandboxconf.JOBS_PARTITION, "-o", "%A"]).stdout.split()
+        if ids:
+            sandbox.run(["scancel", *sorted(set(ids))])
+        sandbox.load_jobs(0.0)
+        sandbox.jobs_node(False)
+
+
+def tick(sb: Any) -> dict[str, Any]:
+    r = sb.run(["slurm-idle", "--config", str(sb.layout.jobs_config_path), "tick", "--json"],
+               timeout=120)
+    assert r.returncode in (0, 1), r.stderr
+    return dict(json.loads(r.stdout))
+
+
+def replicas(sb: Any) -> dict[str, dict[str, Any]]:
+    r = sb.run(["slurm-idle", "--config", str(sb.layout.jobs_config_path), "status", "--json"])
+    return {row["name"]: row for row in json.loads(r.stdout)["replicas"]}
+
+
+def tick_until(sb: Any, want: dict[str, str], timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Tick (as cron would, back to back) until the replicas' phases are `want`."""
+    end = time.monotonic() + timeout_s
+    while True:
+        tick(sb)
+        rows = replicas(sb)
+        if {n: rows[n]["phase"] for n in want} == want:
+            return rows
+        assert time.monotonic() < end, f"replicas never reached {want}: {rows}"
+        time.sleep(1)
+
+
+def job_fields(sb: Any, job_id: int) -> dict[str, str]:
+    out = sb.run(["scontrol", "show", "job", str(job_id)]).stdout
+    return dict(w.split("=", 1) for w in out.split() if "=" in w)
+
+
+def prometheus_targets(sb: Any) -> set[str]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{sb.prometheus_url}/api/v1/targets", timeout=5) as resp:
+        data = json.loads(resp.read())
+    return {t["labels"]["instance"] for t in data["data"]["activeTargets"]
+            if t["labels"].get("job") == "vllm-jobs" and t["health"] == "up"}
+
+
+def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
+    """One replica job lent GPU-granularly and taken back by Slurm's own preemption."""
+    sb = jobs_mode
+    r0, r1 = f"{sandboxconf.JOBS_MODEL}#0", f"{sandboxconf.JOBS_MODEL}#1"
+    rows = tick_until(sb, {r0: "serving", r1: "serving"}, 90)
+    assert all(rows[n]["placement"] == "jobs" and rows[n]["job_id"] for n in (r0, r1))
+    assert rows[r0]["nodes"] == rows[r1]["nodes"] == [sandboxconf.JOBS_NODE]
+    ports = {str(rows[n]["port"]) for n in (r0, r1)}
+
+    # Low load: one replica job is cancelled, the other keeps serving on the same node.
+    sb.load_jobs(LOW_RPS)
+    rows = tick_until(sb, {r0: "serving", r1: "lent"}, 120)
+    assert rows[r1]["job_id"] is None
+    serving_job = rows[r0]["job_id"]
+    sd = json.loads(sb.layout.jobs_targets.read_text())
+    assert [t["labels"]["slurm_idle_replica"] for t in sd] == [r0]
+
+    # An idle-partition job takes the 4 GPUs the lend freed, beside the serving replica.
+    out = tmp_path / "idle-%j.out"
+    script = tmp_path / "idle.sh"
+    script.write_text(IDLE_JOB.format(node=sandboxconf.JOBS_NODE, out=out))
+    idle = int(sb.run(["sbatch", "--parsable", str(script)], check=True).stdout.strip().split(";")[0])
+    poll(lambda: job_fields(sb, idle).get("JobState") == "RUNNING", 30, "idle job running on gpu8")
+    assert job_fields(sb, serving_job).get("JobState") == "RUNNING"
+    log = Path(str(out).replace("%j", str(idle)))
+    poll(lambda: log.exists() and "start" in log.read_text(), 15, "idle job started")
+    # ... on the GPUs the cancelled replica freed: none of the serving replica's (as each
+    # process saw them from Slurm: CUDA_VISIBLE_DEVICES).
+    idle_gpus = set(log.read_text().split("gpus=")[1].split()[0].split(","))
+    replica_log = sb.layout.log / f"replica-{serving_job}.out"
+    serving_gpus = set(replica_log.read_text().split("gpus=")[1].split()[0].split(","))
+    assert len(idle_gpus) == 4 and len(serving_gpus) == 4 and not idle_gpus & serving_gpus
+
+    # High load: the replica job is submitted, Slurm preempts the idle job, the replica serves.
+    sb.load_jobs(HIGH_RPS)
+    t0 = time.monotonic()
+    rows = tick_until(sb, {r0: "serving", r1: "serving"}, 120)
+    reclaim_s = time.monotonic() - t0
+    print(f"MEASURE jobs-mode reclaim (load rise -> serving, ticks back to back): {reclaim_s:.1f}s")
+    states = sb.run(["sacct", "-j", str(idle), "-X", "-D", "-n", "-o", "State"]).stdout.split()
+    assert "PREEMPTED" in states, states
+    assert not {"FAILED", "CANCELLED"} & set(states), states
+    fields = job_fields(sb, idle)
+    assert int(fields["Restarts"]) >= 1 and fields["JobState"] in {"PENDING", "RUNNING"}, fields
+    text = log.read_text()
+    # Its step was signalled when the preemption began, before GraceTime ran out.
+    assert "got SIGTERM" in text and "DUE TO PREEMPTION" in text, text
+    assert text.index("got SIGTERM") < text.index("DUE TO PREEMPTION"), text
+    # Prometheus' targets follow the replica jobs (file_sd, rewritten each tick).
+    poll(lambda: {t.split(":")[1] for t in prometheus_targets(sb)} == ports, 30,
+         "Prometheus scraping both replica jobs")
+    # `report`: the replica jobs' (inference) GPU-hours from sacct beside the lent ones.
+    r = sb.run(["slurm-idle", "--config", str(sb.layout.jobs_config_path), "report", "--json"])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["inference_gpu_hours"] > 0 and doc["lent_gpu_hours"] > 0, doc

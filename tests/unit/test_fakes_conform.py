@@ -1,0 +1,34 @@
+"""The shipped fakes are what the core's protocols ask for (mypy proves the signatures in
+slurm_idle/testing/conformance.py; this checks the same at run time, for users who run the
+fakes without mypy), and answer with the real adapters' types."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_idle.config import ReplicaConfig
+from slurm_idle.engine import Engine, EngineHealth, Identity
+from slurm_idle.metrics import MetricsSource
+from slurm_idle.slurm.protocol import ClusterReader, JobControl, NodeWriter, PoolSlurm, SlurmBackend
+from slurm_idle.testing import conformance
+from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
+
+
+@pytest.mark.parametrize("protocol", [ClusterReader, NodeWriter, JobControl, PoolSlurm, SlurmBackend])
+def test_fake_slurm_is_every_slurm_protocol(protocol: type) -> None:
+    """FakeSlurm has every method of each Slurm protocol, submit/accounting/version included."""
+    assert isinstance(FakeSlurm(), protocol)
+
+
+def test_fake_engine_and_metrics_are_the_protocols() -> None:
+    """FakeEngine is an Engine answering EngineHealth/Identity; FakeMetrics a MetricsSource."""
+    replica = ReplicaConfig(node="gpu1", url="http://127.0.0.1:1")
+    engine = FakeEngine(up={"gpu1": True})
+    assert isinstance(engine, Engine) and isinstance(FakeMetrics(), MetricsSource)
+    assert isinstance(engine.health(replica), EngineHealth)
+    assert isinstance(engine.identify(replica), Identity)
+
+
+def test_conformance_module_imports_nothing_at_run_time() -> None:
+    """The static proof costs nothing at import: its adapters are imported for mypy only."""
+    assert not hasattr(conformance, "CliBackend")

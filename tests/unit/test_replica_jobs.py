@@ -1,0 +1,308 @@
+"""`placement: jobs`: config, the replica jobs read back from squeue, the script, the planner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_idle.config import Config, parse_config
+from slurm_idle.errors import ConfigError
+from slurm_idle.filesd import targets
+from slurm_idle.model import ActionKind, ModelLoad, Observation, Phase, ReplicaLoad, SlurmJob
+from slurm_idle.policy.jobs import plan_jobs
+from slurm_idle.policy.planner import assess, plan
+from slurm_idle.replicajobs import (
+    format_comment,
+    parse_comment,
+    render_script,
+    replica_views,
+    submit_args,
+)
+
+T0 = 1_796_205_600.0
+
+CONFIG = """
+engine: {kind: command, start_command: "true", stop_command: "true", drain_timeout_s: 5}
+slurm: {serve_partition: serve}
+models:
+  - name: jm
+    placement: jobs
+    tokens_per_s_per_replica: 100
+    job:
+      replicas: 2
+      gpus_per_replica: 4
+      cpus: 2
+      mem: 8G
+      time: "1-00:00:00"
+      sbatch_args: ["--qos=inference"]
+      command: "vllm serve {model} --port {port} --shutdown-timeout 30"
+      port_base: 9100
+      url: "http://{node}:{port}"
+policy: {scale_down_window_s: 60, forecast: false}
+"""
+
+
+def config(text: str = CONFIG) -> Config:
+    return parse_config(text)
+
+
+def comment(phase: Phase, index: int, since: float = T0) -> str:
+    return format_comment("slurm-idle", phase, since, "jm", index, 9100 + index)
+
+
+def job(job_id: int, state: str, text: str, nodes: tuple[str, ...] = ("gpu8",),
+        partition: str = "serve", reason: str = "") -> SlurmJob:
+    return SlurmJob(job_id, "x", partition, state, nodes=nodes if state != "PENDING" else (),
+                    start_time=T0 if state != "PENDING" else None, gpus=4, comment=text,
+                    state_reason=reason)
+
+
+# --- config ----------------------------------------------------------------------------
+
+def test_jobs_model_parses() -> None:
+    """A jobs-placement model has no replicas of its own and its job block as written."""
+    m = config().models[0]
+    assert m.placement == "jobs" and m.replicas == () and m.job is not None
+    assert m.job.replicas == 2 and m.job_gpus_per_replica == 4
+
+
+@pytest.mark.parametrize(("old", "new", "words"), [
+    ("    placement: jobs\n", "", "job: a `job:` block needs `placement: jobs`"),
+    ("    job:\n      replicas: 2\n", "    nodes: gpu[1-2]\n    job:\n      replicas: 2\n", "replicas:"),
+    ("{model} --port {port}", "{model} --port {prt}", "unknown placeholder {prt}"),
+    ('["--qos=inference"]', '["--partition=x"]', "--partition is set by slurm-idle"),
+    ("mem: 8G", "mem: lots", "mem 'lots'"),
+    ('      command: "vllm', '      script: /opt/serve.sh\n      command: "vllm', "exactly one of"),
+])
+def test_bad_jobs_config_names_the_field(old: str, new: str, words: str) -> None:
+    """A wrong job block is a ConfigError naming what to fix (the CLI exits 2 on it)."""
+    assert old in CONFIG
+    with pytest.raises(ConfigError, match="models.0") as err:
+        config(CONFIG.replace(old, new))
+    assert words in str(err.value)
+
+
+def test_placement_jobs_needs_a_job_block() -> None:
+    """`placement: jobs` without `job:` is refused, naming `job`."""
+    text = CONFIG[:CONFIG.index("    job:")] + "policy: {forecast: false}\n"
+    with pytest.raises(ConfigError, match="job: placement jobs needs"):
+        config(text)
+
+
+def test_two_jobs_models_may_not_share_ports() -> None:
+    """Two jobs models whose port ranges overlap are refused (two replicas on one port)."""
+    second = CONFIG.split("models:\n")[1].split("policy:")[0].replace("name: jm", "name: other")
+    second = second.replace("port_base: 9100", "port_base: 9101")
+    text = CONFIG.replace("policy:", second + "policy:")
+    with pytest.raises(ConfigError, match="job.port_base: port 9101"):
+        config(text)
+
+
+# --- comments and squeue ---------------------------------------------------------------
+
+def test_comment_round_trip_keeps_any_model_name() -> None:
+    """Our Comment reads back whole, a model name with spaces and slashes included."""
+    text = format_comment("slurm-idle", Phase.SERVING, T0, "meta/Llama 3", 1, 8101)
+    back = parse_comment(text, "slurm-idle")
+    assert back is not None and (back.word, back.since, back.index, back.port, back.model) == (
+        "serving", T0, 1, 8101, "meta/Llama 3")
+    assert parse_comment("slurm-idle:serving since=garbage index=1 port=1 model=x", "slurm-idle") is None
+    assert parse_comment(text, "other-tag") is None
+
+
+def test_replica_views_derive_every_phase() -> None:
+    """No job is LENT, PENDING is RECLAIMING (with Slurm's reason), running is STARTING until
+    our Comment says serving or retiring, COMPLETING is LENDING."""
+    cfg = config()
+    cases = [
+        ([], [Phase.LENT, Phase.LENT]),
+        ([job(5, "PENDING", comment(Phase.RECLAIMING, 0), reason="Resources")],
+         [Phase.RECLAIMING, Phase.LENT]),
+        ([job(5, "RUNNING", comment(Phase.RECLAIMING, 0)), job(6, "RUNNING", comment(Phase.SERVING, 1))],
+         [Phase.STARTING, Phase.SERVING]),
+        ([job(5, "RUNNING", comment(Phase.RETIRING, 0)), job(6, "COMPLETING", comment(Phase.LENDING, 1))],
+         [Phase.RETIRING, Phase.LENDING]),
+        ([job(5, "CANCELLED", comment(Phase.LENDING, 0))], [Phase.LENT, Phase.LENT]),
+    ]
+    for jobs, phases in cases:
+        views = replica_views(cfg, jobs)
+        assert [v.phase for v in views] == phases, jobs
+    pending = replica_views(cfg, cases[1][0])[0]
+    assert pending.state_reason == "Resources" and pending.job_id == 5 and pending.name == "jm#0"
+    running = replica_views(cfg, cases[2][0])[1]
+    assert running.url == "http://gpu8:9101" and running.nodes == ("gpu8",)
+
+
+def test_jobs_not_ours_are_never_read_as_replicas() -> None:
+    """A job in another partition, with a port or index not the model's, or a Comment not in
+    our exact shape, is not a replica: its replica reads LENT."""
+    cfg = config()
+    foreign = [
+        job(5, "RUNNING", comment(Phase.SERVING, 0), partition="idle"),
+        job(6, "RUNNING", format_comment("slurm-idle", Phase.SERVING, T0, "jm", 0, 9999)),
+        job(7, "RUNNING", format_comment("slurm-idle", Phase.SERVING, T0, "jm", 5, 9105)),
+        job(8, "RUNNING", "slurm-idle:serving index=0 port=9100 model=jm"),
+    ]
+    assert [v.phase for v in replica_views(cfg, foreign)] == [Phase.LENT, Phase.LENT]
+
+
+def test_duplicates_keep_the_running_then_oldest_job() -> None:
+    """Two jobs for one replica: the running one is the replica, the other a duplicate."""
+    views = replica_views(config(), [job(9, "PENDING", comment(Phase.RECLAIMING, 0)),
+                                     job(7, "RUNNING", comment(Phase.SERVING, 0))])
+    assert views[0].job_id == 7 and views[0].duplicates == (9,)
+
+
+def test_script_and_submit_args() -> None:
+    """The batch script asks for the replica's GPUs and runs the command under srun with the
+    agent's port; partition, name and our RECLAIMING Comment go on sbatch's command line."""
+    cfg = config()
+    script = render_script(cfg, cfg.models[0], 1)
+    assert script == (
+        "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:4\n"
+        "#SBATCH --cpus-per-task=2\n#SBATCH --mem=8G\n#SBATCH --time=1-00:00:00\n"
+        "#SBATCH --qos=inference\n"
+        "export SLURM_IDLE_MODEL=jm SLURM_IDLE_INDEX=1 SLURM_IDLE_PORT=9101\n"
+        "exec srun --kill-on-bad-exit=1 vllm serve jm --port 9101 --shutdown-timeout 30\n")
+    args = submit_args(cfg, cfg.models[0], 1, T0)
+    assert args[:2] == ["--partition=serve", "--job-name=slurm-idle-jm-1"]
+    assert parse_comment(args[2].removeprefix("--comment="), "slurm-idle") is not None
+
+
+def test_file_sd_targets_name_placed_replicas_only() -> None:
+    """Prometheus targets: one per replica that runs somewhere, labelled with its job."""
+    views = replica_views(config(), [job(6, "RUNNING", comment(Phase.SERVING, 1))])
+    assert targets(views) == [{"targets": ["gpu8:9101"], "labels": {
+        "slurm_idle_model": "jm", "slurm_idle_replica": "jm#1", "slurm_job_id": "6", "node": "gpu8"}}]
+
+
+# --- planner ---------------------------------------------------------------------------
+
+def obs(cfg: Config, jobs: list[SlurmJob], demand: float | None, window: float | None = None,
+        waiting: float = 0.0) -> Observation:
+    views = replica_views(cfg, jobs)
+    loads = []
+    for v in views:
+        load = None
+        if v.phase in (Phase.SERVING, Phase.RETIRING):
+            load = ReplicaLoad(model="jm", node="gpu8", url=v.url, generation_tokens_per_s=(demand or 0) / 2)
+        loads.append(load)
+    from dataclasses import replace
+    views = tuple(replace(v, load=ld) for v, ld in zip(views, loads, strict=True))
+    model = (ModelLoad("jm", known=False) if demand is None else
+             ModelLoad("jm", generation_tokens_per_s=demand, waiting=waiting,
+                       demand_tokens_per_s_max_window=window if window is not None else demand,
+                       waiting_max_window=waiting, waiting_min_recent=waiting))
+    return Observation(now=T0, nodes=(), models=(model,), replica_jobs=views)
+
+
+BOTH = [job(5, "RUNNING", comment(Phase.SERVING, 0)), job(6, "RUNNING", comment(Phase.SERVING, 1))]
+
+
+def test_low_load_lends_one_replica_job() -> None:
+    """Low load over the window: the highest-index idle replica retires; the floor stays."""
+    cfg = config()
+    actions = plan(obs(cfg, BOTH, demand=10.0), cfg, T0)
+    assert [(a.kind, a.node, a.to_phase) for a in actions] == [(ActionKind.LEND, "jm#1", Phase.RETIRING)]
+    assert assess(obs(cfg, BOTH, demand=10.0), cfg, T0)[0].needed_replicas == 1
+
+
+def test_window_peak_holds_the_lend() -> None:
+    """A peak within the window keeps both replicas (no lend)."""
+    cfg = config()
+    assert plan(obs(cfg, BOTH, demand=10.0, window=150.0), cfg, T0) == []
+
+
+def test_high_load_submits_the_lent_replica() -> None:
+    """Load above one replica's capacity: the lent replica is reclaimed (sbatch) at once."""
+    cfg = config()
+    one = BOTH[:1]
+    actions = plan_jobs(obs(cfg, one, demand=150.0), cfg, T0)
+    assert [(a.kind, a.node, a.to_phase) for a in actions] == [(ActionKind.RECLAIM, "jm#1", Phase.RECLAIMING)]
+
+
+def test_unknown_metrics_lend_nothing_and_start_the_floor() -> None:
+    """With no metrics nothing is lent, and a model with no replica job starts its floor."""
+    cfg = config()
+    assert plan_jobs(obs(cfg, BOTH, demand=None), cfg, T0) == []
+    actions = plan_jobs(obs(cfg, [], demand=None), cfg, T0)
+    assert [(a.kind, a.node) for a in actions] == [(ActionKind.RECLAIM, "jm#0")]
+
+
+def test_no_lend_while_a_replica_is_on_its_way_back() -> None:
+    """A replica job PENDING (reclaiming) blocks any lend of the model; it is carried on."""
+    cfg = config(CONFIG.replace("replicas: 2", "replicas: 3"))
+    jobs = [BOTH[0], job(7, "RUNNING", comment(Phase.SERVING, 2)),
+            job(6, "PENDING", comment(Phase.RECLAIMING, 1), reason="Resources")]
+    actions = plan_jobs(obs(cfg, jobs, demand=1.0), cfg, T0)
+    assert [(a.kind, a.node, a.to_phase) for a in actions] == [
+        (ActionKind.CONTINUE, "jm#1", Phase.STARTING)]
+    assert "PENDING: Resources" in actions[0].reason
+
+
+def test_a_rise_aborts_a_retiring_replica_first() -> None:
+    """Load back while a replica retires: it goes back to serving, nothing is submitted."""
+    cfg = config()
+    jobs = [BOTH[0], job(6, "RUNNING", comment(Phase.RETIRING, 1))]
+    actions = plan_jobs(obs(cfg, jobs, demand=150.0), cfg, T0)
+    assert [(a.kind, a.node, a.to_phase) for a in actions] == [
+        (ActionKind.ABORT_LEND, "jm#1", Phase.SERVING)]
+
+
+def test_report_counts_replica_job_and_lent_gpu_hours(tmp_path: Path) -> None:
+    """`report`: the replica jobs' GPU-hours from accounting (by their name) beside the GPU-hours
+    their replicas were lent (journal: `model#index` lent x job GPUs)."""
+    from slurm_idle.journal import Journal
+    from slurm_idle.report_io import make_report
+    from slurm_idle.slurm.protocol import AcctJob
+
+    cfg = config(CONFIG + f"paths: {{journal: {tmp_path}/j.jsonl}}\n")
+    journal = Journal(tmp_path / "j.jsonl")
+    for ts, frm, to in ((T0, "lending", "lent"), (T0 + 1800, "lent", "reclaiming")):
+        journal.append({"event": "transition", "ts": ts, "node": "jm#1", "model": "jm",
+                        "action": "x", "from": frm, "to": to, "reason": "", "outcome": "ok",
+                        "duration_s": 0})
+    runs = [AcctJob(7, "slurm-idle-jm-0", "serve", "RUNNING", T0, None, 3600, 4),
+            AcctJob(8, "someone-else", "serve", "RUNNING", T0, None, 3600, 4)]
+    report = make_report(cfg, T0 - 3600, T0 + 3600, T0 + 3600, [], inference_runs=runs)
+    assert report.inference_gpu_hours == 4.0  # job 7 only: 1 h x 4 GPUs
+    assert report.lent_gpu_hours == 2.0  # jm#1 lent 30 min x 4 GPUs
+    assert report.to_json()["inference_gpu_hours"] == 4.0
+
+
+def placement(*nodes: tuple[str, int, list[SlurmJob]]) -> tuple:  # type: ignore[type-arg]
+    from slurm_idle.model import NodeView, SlurmNode
+
+    return tuple(NodeView(SlurmNode(name, "mixed", gpus_total=8, gpus_used=used,
+                                    partitions=("serve", "idle")), "", Phase.UNKNOWN,
+                          jobs=tuple(jobs)) for name, used, jobs in nodes)
+
+
+def idle_job(job_id: int, started: float) -> SlurmJob:
+    return SlurmJob(job_id, "train", "idle", "RUNNING", nodes=("n",), start_time=started, gpus=4)
+
+
+def test_reclaim_steers_to_the_node_whose_idle_jobs_lose_least() -> None:
+    """No free GPUs anywhere: the replica job is sent (--nodelist) to the node whose idle jobs
+    started last (least work lost), as long as what it can free covers the replica: the second
+    reclaim of the tick goes to the other node."""
+    from dataclasses import replace
+
+    cfg = config()
+    base = obs(cfg, [], demand=150.0)
+    nodes = placement(("old", 8, [idle_job(1, T0 - 7200), idle_job(2, T0 - 7200)]),
+                      ("new", 8, [idle_job(3, T0 - 60)]))  # its other 4 GPUs: not preemptible
+    actions = plan_jobs(replace(base, placement_nodes=nodes), cfg, T0)
+    assert [(a.node, a.details.get("nodelist")) for a in actions] == [("jm#0", "new"), ("jm#1", "old")]
+    assert "steered to new" in actions[0].reason
+
+
+def test_free_gpus_need_no_steering() -> None:
+    """A node with the replica's GPUs free: Slurm places the job there itself, no --nodelist."""
+    from dataclasses import replace
+
+    cfg = config()
+    nodes = placement(("busy", 8, [idle_job(1, T0 - 60), idle_job(2, T0 - 60)]), ("half", 4, []))
+    actions = plan_jobs(replace(obs(cfg, BOTH[:1], demand=150.0), placement_nodes=nodes), cfg, T0)
+    assert [(a.node, a.details.get("nodelist")) for a in actions] == [("jm#1", None)]
