@@ -55,8 +55,12 @@ def default_job_submit_lua() -> Path | None:
 
 
 def pick_base_port(span: int = sandboxconf.PORT_SPAN) -> int:
+    """A free block of `span` ports, aligned to a multiple of 32 no smaller than the span, so
+    two sandboxes' blocks never overlap: a sandbox binds its last ports (replica jobs) only
+    late, and a block that merely looked free at pick time could otherwise take them."""
+    step = -(-span // 32) * 32
     for _ in range(200):
-        base = random.randrange(20000, 60000 - span, 32)
+        base = random.randrange(20000, 60000 - span, step)
         if all(procs.port_free(base + i) for i in range(span)):
             return base
     raise RuntimeError("sandbox: no free block of ports found")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -159,3 +160,16 @@ def test_the_topology_config_has_two_replicas_on_gpu5_and_one_over_gpu6_7() -> N
     for i, name in enumerate(["gpu5-0", "gpu5-1", "gpu6-0"]):
         assert f"    server {name} 127.0.0.1:{30024 + i}\n" in haproxy
     assert cfg.paths.journal == "/tmp/sb/journal-topology.jsonl"
+
+
+def test_two_sandboxes_port_blocks_never_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks are aligned to a step no smaller than the span: a block picked while another
+    sandbox's last ports (bound late, by replica jobs) were still free cannot take them."""
+    from slurm_idle.testing import procs, sandbox, sandboxconf
+
+    monkeypatch.setattr(procs, "port_free", lambda port: True)
+    span = sandboxconf.PORT_SPAN
+    bases = {sandbox.pick_base_port() for _ in range(300)}
+    ordered = sorted(bases)
+    assert len(ordered) > 1
+    assert all(b - a >= span for a, b in itertools.pairwise(ordered))
