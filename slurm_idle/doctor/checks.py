@@ -63,7 +63,7 @@ class SiteFacts:
     partitions: tuple[PartitionInfo, ...] | None = None
     nodes: tuple[SlurmNode, ...] | None = None
     submit: SubmitProbe | None = None
-    replicas: Mapping[str, ReplicaLoad] | None = None  # node -> load, from the metrics source
+    replicas: Mapping[str, ReplicaLoad] | None = None  # replica name -> load, from the metrics source
     engines: tuple[EngineFacts, ...] = ()
     paths: tuple[tuple[str, str, str | None], ...] = ()  # (config key, path, problem)
     router_states: Mapping[str, str] | None = None  # replica -> in/out/missing/unknown (routers)
@@ -329,8 +329,8 @@ def check_metrics(facts: SiteFacts, config: Config) -> list[Check]:
         return [Check(name, "fail", f"{source} at {where} did not answer: "
                       f"{facts.errors.get('replicas', 'not read')}")]
     phases = {n.name: derive_phase(n, config.slurm.tag).phase for n in facts.nodes or ()}
-    serving = [r.node for m in config.models for r in m.replicas
-               if takes_traffic(phases.get(r.node, Phase.UNKNOWN))]
+    serving = [r.name for m in config.models for r in m.replicas
+               if all(takes_traffic(phases.get(n, Phase.UNKNOWN)) for n in r.nodes)]
     blind = [n for n in serving if n not in facts.replicas or not facts.replicas[n].known]
     if blind:
         return [Check(name, "fail",

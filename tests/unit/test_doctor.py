@@ -243,6 +243,28 @@ def test_metrics_missing_for_a_serving_replica_fails() -> None:
     assert unreachable.status == "fail" and "connection refused" in unreachable.detail
 
 
+def test_metrics_of_two_replicas_on_one_node_are_checked_each() -> None:
+    """Two replicas on gpu2: the one without fresh series fails the check by its name, even
+    though its neighbour on the same node has series (keyed by node, one hid the other)."""
+    from slurm_idle.doctor.gather import loads_by_replica
+
+    two = parse_config("""
+engine: {kind: command, start_command: 'true', stop_command: 'true'}
+models:
+  - {name: m, gpus_per_replica: 4, nodes: 'gpu[1-4]', replicas_per_node: 2,
+     url: 'http://{node}:{port}', ports: [8000, 8001]}
+""")
+    pairs = [("m", r) for r in two.models[0].replicas]
+    loads = [ReplicaLoad("m", r.node, url=r.url, known=not r.url.endswith(":8001") or r.node != "gpu2")
+             for _, r in pairs]
+    replicas = loads_by_replica(pairs, reversed(loads))  # the healthy neighbour read last
+    check = check_metrics(facts_22(replicas=replicas), two)[0]
+    blind = next(r.name for _, r in pairs if r.node == "gpu2" and r.url.endswith(":8001"))
+    assert check.status == "fail" and blind in check.detail, check.detail
+    healthy = loads_by_replica(pairs, [replace(x, known=True) for x in loads])
+    assert check_metrics(facts_22(replicas=healthy), two)[0].status == "ok"
+
+
 def test_engine_command_missing_fails() -> None:
     """A start/stop command whose program is not installed is a failure."""
     cfg = parse_config("engine: {kind: command, start_command: 'env A=1 /nonexistent/vllm-up {node}', "
