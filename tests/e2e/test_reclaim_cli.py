@@ -52,6 +52,21 @@ def test_reclaim_requeues_and_the_job_resumes(sandbox: Any, tmp_path: Path) -> N
     cli(sb, "tick")  # adopt every node into serving
     for node in ("gpu2", "gpu3", "gpu4"):
         cli(sb, "pin", node)  # keep the job on gpu1
+    # ... and off the 8-GPU topology nodes (not in this config's pool, so plain idle): their
+    # higher Slurm Weight did not keep the job off gpu5 when gpu1 was not free yet at the
+    # scheduling pass (seen on 24.11), nor would it keep the requeued job waiting for gpu1.
+    closed = ",".join(getattr(sb, "all_nodes", sb.nodes)[len(sb.nodes):])
+    if closed:
+        sb.run(["scontrol", "update", f"nodename={closed}", "state=DRAIN",
+                "reason=test_reclaim_cli: the job stays on gpu1"])
+    try:
+        _play_reclaim(sb, tmp_path)
+    finally:
+        if closed:
+            sb.run(["scontrol", "update", f"nodename={closed}", "state=RESUME"])
+
+
+def _play_reclaim(sb: Any, tmp_path: Path) -> None:
     cli(sb, "lend", "gpu1")
     spec = yaml.safe_load(DEMO_SPEC.read_text())
     spec["params"]["steps"] = STEPS
