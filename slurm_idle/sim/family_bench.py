@@ -122,15 +122,9 @@ def markdown(rows: Sequence[Row], described: Sequence[Member] = ()) -> str:
 
 def plot(path: str | Path, rows: Sequence[Row]) -> None:
     """Harvest ratio against violation share, one point per trace, a panel per set."""
-    try:
-        import matplotlib
+    from slurm_idle.sim.output import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError(
-            "--plot needs matplotlib: pip install 'slurm-idle[plot]' (or pip install matplotlib)"
-        ) from None
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True, squeeze=False)
     colours = {"slurm-idle": "tab:blue", "reactive": "tab:red", "night-window": "tab:gray",
                "oracle": "tab:green"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from slurm_idle.errors import ConfigError
 from slurm_idle.sim.engine import FleetModel, SimParams, SimResult
@@ -31,15 +32,8 @@ def write_timeline(path: str | Path, trace: Trace, result: SimResult) -> None:
         raise ConfigError(f"{path}: cannot write the timeline: {exc.strerror}") from None
 
 
-def plot_run(
-    path: str | Path,
-    trace: Trace,
-    fleet: Sequence[FleetModel],
-    params: SimParams,
-    result: SimResult,
-    policy: str,
-) -> None:
-    """Load, needed and serving replicas, and lent GPUs over time, one panel per model."""
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend, or ConfigError naming the extra."""
     try:
         import matplotlib
 
@@ -49,6 +43,19 @@ def plot_run(
         raise ConfigError(
             "--plot needs matplotlib: pip install 'slurm-idle[plot]' (or pip install matplotlib)"
         ) from None
+    return plt
+
+
+def plot_run(
+    path: str | Path,
+    trace: Trace,
+    fleet: Sequence[FleetModel],
+    params: SimParams,
+    result: SimResult,
+    policy: str,
+) -> None:
+    """Load, needed and serving replicas, and lent GPUs over time, one panel per model."""
+    plt = pyplot()
     from slurm_idle.sim.engine import Simulation
 
     need = Simulation(trace, fleet, params).need
