@@ -11,10 +11,15 @@ Health is the same for all: `GET /health` 200, awake per `GET /is_sleeping` (dev
 `vllm:num_requests_waiting` (a queued request is as much in flight as a running one).
 HTTP, commands, docker client and the clock are injected so tests replace them, not patch them.
 
-`start` and `stop` take an optional `timeout_s`: the time the caller (a tick, whose cron
-successor is locked out while it runs) can still give. Each kind waits at most that long, or its
-own configured timeout if shorter, and raises `EngineDeadline` when the caller's time, not its
-own timeout, ran out: the operation may still be under way and is asked again later.
+Every call is one request or command, bounded by its own timeout: nothing here waits for a
+state. `start` and `stop` signal (a command, `docker start`/`stop`, `POST /wake_up`/`/sleep`)
+and take an optional `timeout_s`, the time the caller (a tick, whose cron successor is locked
+out while it runs) can still give: the call is cut to it and raises `EngineDeadline` when the
+caller's time, not its own timeout, ran out (the operation may still be under way and is asked
+again later). The driver (transitions.py) does the waiting, through its one poll loop under the
+tick's deadline: for no request in flight (`is_idle`, and first, on a server too old to keep
+in-flight requests through a stop, `stop_drops_requests`), for the stop to take effect
+(`released`) and for the replica to serve (`health`).
 """
 
 from __future__ import annotations
@@ -22,8 +27,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -39,10 +42,8 @@ from slurm_idle.logs import get_logger
 
 log = get_logger(__name__)
 
-Clock = Callable[[], float]
 #: Replies of /health, /metrics, /v1/models, /sleep are small; a bigger body is cut here.
 MAX_BODY_BYTES = 8 * 1024 * 1024
-Sleep = Callable[[float], None]
 
 
 class EngineDeadline(EngineError):
@@ -253,16 +254,22 @@ class HttpProbe:
 
 @runtime_checkable
 class Engine(Protocol):
-    """Start/stop one replica and read its health; start and stop are idempotent.
+    """Start/stop one replica and read its state; start and stop are idempotent signals.
 
-    `timeout_s` bounds the call's waits (see the module docstring). `in_flight` counts the
-    requests running *and* waiting (stopping would drop either); None when the replica is down
-    or its metrics unreadable. The fake in `slurm_idle.testing.fakes` implements it too.
+    `timeout_s` bounds the call (see the module docstring); none of them waits for a state,
+    the caller polls `released` (the stop took effect) and `health` (serving again).
+    `in_flight` counts the requests running *and* waiting (stopping would drop either); None
+    when the replica is down or its metrics unreadable. The fake in `slurm_idle.testing.fakes`
+    implements it too.
     """
 
     def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
 
     def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
+
+    def released(self, replica: ReplicaConfig) -> bool: ...
+
+    def stop_drops_requests(self, replica: ReplicaConfig) -> str | None: ...
 
     def health(self, replica: ReplicaConfig) -> EngineHealth: ...
 
@@ -276,14 +283,11 @@ EngineControl = Engine
 
 
 class _HttpHealth:
-    """health(), identify(), in_flight() and the old-vLLM drain shared by every engine kind."""
+    """health(), identify(), in_flight() and the old-vLLM check shared by every engine kind."""
 
     probe: HttpProbe
     model: str
     config: EngineConfig
-    clock: Clock = staticmethod(time.monotonic)
-    sleep: Sleep = staticmethod(time.sleep)
-    drain_poll_s: float = 0.5
 
     def identify(self, replica: ReplicaConfig) -> Identity:
         """Whether the endpoint is this model's engine (see HttpProbe.identify)."""
@@ -303,31 +307,17 @@ class _HttpHealth:
     def version(self, replica: ReplicaConfig) -> str | None:
         return self.probe.version(replica)
 
-    def drain_if_old(self, replica: ReplicaConfig, given_s: float | None) -> float | None:
-        """Before a stop or sleep: when the server's vLLM lacks what this engine kind relies on
-        to keep in-flight requests (`mode=wait` < 0.17, `--shutdown-timeout` < 0.18) or does
-        not say its version, wait until nothing is in flight, up to engine.drain_timeout_s.
-        The caller's time running out first is an EngineDeadline (asked again next tick); the
-        drain window running out is not: the stop goes ahead, as RETIRING's own drain does.
-        Returns the caller's time left for the stop itself (unchanged when nothing waited)."""
+    def stop_drops_requests(self, replica: ReplicaConfig) -> str | None:
+        """Why a stop (or sleep) now would drop the requests in flight: the server's vLLM
+        lacks what this engine kind relies on to keep them (`mode=wait` < 0.17,
+        `--shutdown-timeout` < 0.18) or does not say its version. None when it keeps them; the
+        driver then stops at once, else it first waits for `is_idle`, up to
+        engine.drain_timeout_s (as RETIRING's own drain does)."""
         feature = relied_on(self.config)
         version = self.version(replica)
-        if supports(version, feature) or wait_until_idle(self, replica, 0.0, self.clock, self.sleep):
-            return given_s  # nothing in flight (or a server that is down): nothing to drain
-        started = self.clock()
-        limit, cut = _limit(self.config.drain_timeout_s, given_s)
-        drained = wait_until_idle(self, replica, limit, self.clock, self.sleep, self.drain_poll_s)
-        left = None if given_s is None else max(0.0, given_s - (self.clock() - started))
-        if drained:
-            return left
-        if cut:
-            raise EngineDeadline(
-                f"{replica.node}: vLLM {version or '(version unknown)'} lacks {feature.name}: "
-                "requests still in flight at the tick's deadline; the next tick drains on")
-        log.warning("%s: vLLM %s lacks %s and requests are still in flight after the %.0f s "
-                    "drain window; stopping anyway", replica.node, version or "(version unknown)",
-                    feature.name, limit)
-        return left
+        if supports(version, feature):
+            return None
+        return f"vLLM {version or '(version unknown)'} lacks {feature.name}"
 
     def in_flight(self, replica: ReplicaConfig) -> float | None:
         """Requests running or waiting now; None when the replica is down or its metrics
@@ -395,8 +385,11 @@ class CommandEngine(_HttpHealth):
         # Always run: an admin stop command is idempotent, and a hung server whose /health
         # no longer answers still has to be stopped (a down server has nothing to drain).
         assert self.config.stop_command
-        left = self.drain_if_old(replica, timeout_s)
-        self._shell("stop", self.config.stop_command, replica, self.config.stop_timeout_s + 30, left)
+        self._shell("stop", self.config.stop_command, replica, self.config.stop_timeout_s + 30, timeout_s)
+
+    def released(self, replica: ReplicaConfig) -> bool:
+        """The stop command's exit is the stop: once it returned, the replica is stopped."""
+        return True
 
 
 def container_name(
@@ -407,6 +400,10 @@ def container_name(
     safe_model = re.sub(r"[^a-zA-Z0-9_.-]", "-", model)
     return (template.replace("{node}", node).replace("{model}", safe_model)
             .replace("{index}", str(index)).replace("{port}", "" if port is None else str(port)))
+
+
+#: Container states in which the replica still holds its GPUs.
+_HOLDING = frozenset({"running", "restarting", "paused"})
 
 
 class DockerEngine(_HttpHealth):
@@ -487,9 +484,8 @@ class DockerEngine(_HttpHealth):
         import docker
 
         container = self.container(replica)
-        if container.status not in {"running", "restarting", "paused"}:
+        if container.status not in _HOLDING:
             return
-        timeout_s = self.drain_if_old(replica, timeout_s)
         # SIGTERM, then SIGKILL after the grace: the server's clean exit. The grace is cut to
         # the caller's time left, so a stop never holds the tick past its deadline; in-flight
         # requests were already drained while RETIRING, and the kernel frees the GPUs either way.
@@ -499,42 +495,24 @@ class DockerEngine(_HttpHealth):
         except docker.errors.DockerException as exc:
             raise EngineError(f"{replica.node}: cannot stop {container.name}: {exc}") from None
 
+    def released(self, replica: ReplicaConfig) -> bool:
+        """The container no longer runs (`docker stop` returns once it exited)."""
+        return str(self.container(replica).status) not in _HOLDING
+
 
 class HttpSleepEngine(_HttpHealth):
     """vLLM sleep mode: the server keeps running, its weights leave the GPUs while lent."""
 
-    def __init__(
-        self,
-        config: EngineConfig,
-        http: HttpClient | None = None,
-        clock: Clock = time.monotonic,
-        sleep: Sleep = time.sleep,
-        poll_s: float = 0.2,
-        model: str = "",
-    ) -> None:
+    def __init__(self, config: EngineConfig, http: HttpClient | None = None, model: str = "") -> None:
         self.config = config
         self.model = model
         self.http = http or UrllibClient()
         self.probe = HttpProbe(self.http, config.http_timeout_s)
-        self.clock = clock
-        self.sleep = sleep
-        self.poll_s = poll_s
 
-    def _post(self, replica: ReplicaConfig, path: str, timeout: float) -> None:
-        resp = self.http.request("POST", _endpoint(replica, path), timeout)
-        if resp.status != 200:
-            detail = resp.body.decode(errors="replace").strip()[:200]
-            hint = " (is the server run with VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode?)" \
-                if resp.status == 404 else ""
-            raise EngineError(f"{replica.node}: POST {path} answered {resp.status} {detail}{hint}")
-
-    def _left(self, end: float | None) -> float | None:
-        return None if end is None else max(0.0, end - self.clock())
-
-    def _post_within(self, replica: ReplicaConfig, path: str, own_s: float, end: float | None) -> None:
-        limit, cut = _limit(own_s, self._left(end))
+    def _post(self, replica: ReplicaConfig, path: str, own_s: float, given_s: float | None) -> None:
+        limit, cut = _limit(own_s, given_s)
         try:
-            self._post(replica, path, limit)
+            resp = self.http.request("POST", _endpoint(replica, path), limit)
         except HttpTimeout:
             if cut:
                 # vLLM carries on with a request whose client went away: the next tick finds
@@ -544,25 +522,13 @@ class HttpSleepEngine(_HttpHealth):
                     f"time left ({limit:g} s); the next tick checks and asks again"
                 ) from None
             raise
-
-    def _await_sleeping(
-        self, replica: ReplicaConfig, want: bool, own_s: float, end: float | None = None
-    ) -> None:
-        timeout_s, cut = _limit(own_s, self._left(end))
-        deadline = self.clock() + timeout_s
-        state = "asleep" if want else "awake"
-        while True:
-            if self.probe.is_sleeping(replica) is want:
-                return
-            if self.clock() >= deadline:
-                if cut:
-                    raise EngineDeadline(f"{replica.node}: not {state} yet at the tick's deadline; "
-                                         "the next tick checks again")
-                raise EngineError(f"{replica.node}: not {state} after {timeout_s:g} s")
-            self.sleep(min(self.poll_s, max(0.0, deadline - self.clock())))
+        if resp.status != 200:
+            detail = resp.body.decode(errors="replace").strip()[:200]
+            hint = " (is the server run with VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode?)" \
+                if resp.status == 404 else ""
+            raise EngineError(f"{replica.node}: POST {path} answered {resp.status} {detail}{hint}")
 
     def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
-        end = None if timeout_s is None else self.clock() + timeout_s
         health = self.health(replica)
         if health.serving:
             return
@@ -571,11 +537,9 @@ class HttpSleepEngine(_HttpHealth):
                 f"{replica.node}: vLLM at {replica.url} is not running; the http-sleep engine "
                 "only wakes a running server (start it, or use engine kind command/docker)"
             )
-        self._post_within(replica, "/wake_up", self.config.start_timeout_s, end)
-        self._await_sleeping(replica, False, self.config.start_timeout_s, end)
+        self._post(replica, "/wake_up", self.config.start_timeout_s, timeout_s)
 
     def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
-        end = None if timeout_s is None else self.clock() + timeout_s
         health = self.health(replica)
         if health.up and health.awake is False:
             return  # already asleep: the weights have left the GPUs
@@ -588,11 +552,13 @@ class HttpSleepEngine(_HttpHealth):
                 "cannot confirm it released the GPUs, not lending"
             )
         # mode=wait lets in-flight requests finish (vLLM's default, abort, would drop them);
-        # a server older than 0.17 ignores it, so it is drained by in-flight count first.
-        self.drain_if_old(replica, self._left(end))
+        # a server older than 0.17 ignores it: the driver drains it by in-flight count first.
         timeout = self.config.drain_timeout_s + self.config.stop_timeout_s
-        self._post_within(replica, f"/sleep?level={self.config.sleep_level}&mode=wait", timeout, end)
-        self._await_sleeping(replica, True, self.config.stop_timeout_s, end)
+        self._post(replica, f"/sleep?level={self.config.sleep_level}&mode=wait", timeout, timeout_s)
+
+    def released(self, replica: ReplicaConfig) -> bool:
+        """The server says it is asleep: its weights have left the GPUs."""
+        return self.probe.is_sleeping(replica) is True
 
 
 def make_engine(
@@ -611,7 +577,7 @@ def make_engine(
     return HttpSleepEngine(config, http=http, model=model)
 
 
-# --- waiting helpers for the agent ---------------------------------------------------------
+# --- what the driver polls ------------------------------------------------------------------
 
 
 class Drainable(Protocol):
@@ -626,40 +592,3 @@ def is_idle(engine: Drainable, replica: ReplicaConfig) -> bool:
     """No request in flight, running or waiting (or the replica is down: it can drop none)."""
     running = engine.in_flight(replica)
     return running == 0 or (running is None and not engine.health(replica).up)
-
-
-def wait_until_idle(
-    engine: Drainable,
-    replica: ReplicaConfig,
-    timeout_s: float,
-    clock: Clock = time.monotonic,
-    sleep: Sleep = time.sleep,
-    poll_s: float = 1.0,
-) -> bool:
-    """True once the replica has no request in flight, running or waiting (or is down: it can
-    drop none); False at timeout."""
-    deadline = clock() + timeout_s
-    while True:
-        if is_idle(engine, replica):
-            return True
-        if clock() >= deadline:
-            return False
-        sleep(min(poll_s, max(deadline - clock(), 0.0)))
-
-
-def wait_until_serving(
-    engine: Drainable,
-    replica: ReplicaConfig,
-    timeout_s: float,
-    clock: Clock = time.monotonic,
-    sleep: Sleep = time.sleep,
-    poll_s: float = 1.0,
-) -> bool:
-    """True once /health is 200 and the engine is not asleep; False at timeout."""
-    deadline = clock() + timeout_s
-    while True:
-        if engine.health(replica).serving:
-            return True
-        if clock() >= deadline:
-            return False
-        sleep(min(poll_s, max(deadline - clock(), 0.0)))

@@ -11,8 +11,9 @@ and applies its `effect`. Every step is idempotent
 (draining a drained node, stopping a stopped engine, resuming a resumed node are no-ops), and
 the phase is written into Slurm before the slow part of the next step starts, so a tick killed
 at any point leaves a node whose Reason says where to carry on. Waiting steps (in-flight
-requests, jobs leaving the node, engine health) poll until the tick's deadline, and so do
-engine starts and stops (each gets the tick's time left, at least MIN_ENGINE_CALL_S): what is
+requests, jobs leaving the node, an engine's stop taking effect, engine health) poll in the
+one loop `_poll_until` until the tick's deadline; the engines only signal (each start or stop
+one call, given the tick's time left, at least MIN_ENGINE_CALL_S) and never wait. What is
 not done by then stays in its phase with a journaled why (`CarryOver`) for the next tick, which
 re-issues the stop (LENDING) or re-checks health and re-issues the start (STARTING). A phase
 older than its timeout is reported as stuck and its step retried. So a tick, and the lock
@@ -407,16 +408,58 @@ class NodeDriver:
         method = getattr(self.engine_for(model), op)
         method(replica, timeout_s=max(MIN_ENGINE_CALL_S, deadline - self.clock()))
 
+    def _drain_for_stop(self, view: GroupView, model: str, replica: ReplicaConfig, deadline: float) -> None:
+        """Before a stop or sleep that would drop the requests in flight (a vLLM too old to
+        keep them, or one that does not say its version): wait until nothing is in flight, up
+        to engine.drain_timeout_s after LENDING began. The tick's deadline first is a CarryOver
+        (the next tick drains on); the drain window first is not: the stop goes ahead, as
+        RETIRING's own drain does."""
+        from slurm_idle.engine import is_idle
+
+        engine = self.engine_for(model)
+        why = engine.stop_drops_requests(replica)
+        if why is None or is_idle(engine, replica):
+            return  # nothing in flight (or a server that is down): nothing to drain
+        drain_s = self.config.engine_for(model).drain_timeout_s
+        since = view.phase_since if view.phase_since is not None else self.clock()
+        window_end = since + drain_s
+        if self._poll_until(min(deadline, window_end), lambda: is_idle(engine, replica)):
+            return
+        if self.clock() < window_end:
+            raise CarryOver(f"{replica.name}: {why}: requests still in flight at the tick's "
+                            "deadline; stays lending, the next tick drains on")
+        log.warning("%s: %s and requests are still in flight after the %.0f s drain window; "
+                    "stopping anyway", replica.name, why, drain_s)
+
     def _stop_engine_and_resume(self, view: GroupView, edge: Edge, deadline: float) -> None:
         from slurm_idle.engine import EngineDeadline
 
         self._still_ours(view)
-        for model, replica in self._replicas(view):
+        # A quick stop (an emulator's, well under a second) still completes in the tick that
+        # asked, as the engine calls themselves do (MIN_ENGINE_CALL_S).
+        deadline = max(deadline, self.clock() + MIN_ENGINE_CALL_S)
+        replicas = self._replicas(view)
+        for model, replica in replicas:
+            self._drain_for_stop(view, model, replica, deadline)
             try:
                 self._call_engine("stop", model, replica, deadline)
             except EngineDeadline as exc:
                 raise CarryOver(f"{exc}; stays lending, carried over to the next tick, which "
                                 "re-issues the stop") from None
+        stopping = {r.name: (m, r) for m, r in replicas}
+
+        def released() -> bool:
+            for name, (model, replica) in list(stopping.items()):
+                if self.engine_for(model).released(replica):
+                    del stopping[name]
+            return not stopping
+
+        # The stop is a signal (a sleep request, a container stop): the GPUs are free only once
+        # the engine says so, and only then may the nodes be RESUMEd.
+        if not self._poll_until(deadline, released):
+            raise CarryOver(f"replica(s) {', '.join(stopping)}: not stopped (or asleep) yet at the "
+                            "tick's deadline; stays lending, the next tick re-issues the stop "
+                            "and checks again")
         # Stopping can take minutes: an admin who drained a node meanwhile keeps the group (the
         # RESUME below would clear their drain and reason).
         self._still_ours(view, fresh=True)

@@ -226,6 +226,14 @@ class FakeEngine:
         self.log.append(("stop", replica.name))
         self.up[replica.name] = False
 
+    def released(self, replica: ReplicaConfig) -> bool:
+        """Stopped at once: released as soon as it is not up."""
+        return not self.up.get(replica.name)
+
+    def stop_drops_requests(self, replica: ReplicaConfig) -> str | None:
+        """A fake engine's stop keeps its requests (a current vLLM's would)."""
+        return None
+
     def in_flight(self, replica: ReplicaConfig) -> float | None:
         """Running plus waiting, like the real engines (a waiting request is dropped too)."""
         if not self.up.get(replica.name):

@@ -17,11 +17,11 @@ from slurm_idle.engine import (
     CommandEngine,
     DockerEngine,
     HttpSleepEngine,
+    is_idle,
     make_engine,
-    wait_until_idle,
-    wait_until_serving,
 )
 from slurm_idle.errors import EngineError
+from slurm_idle.testing.procs import wait_for
 
 pytestmark = pytest.mark.sandbox
 
@@ -34,23 +34,23 @@ def test_command_engine_stops_and_starts_emulator(sandbox: Any) -> None:
     assert isinstance(engine, CommandEngine)
     replica = config.replica("gpu4")
     assert replica is not None
-    assert wait_until_serving(engine, replica, 30)
+    wait_for(lambda: engine.health(replica).serving, 30, "serving")
     try:
         engine.stop(replica)
         engine.stop(replica)  # already stopped: harmless
         health = engine.health(replica)
         assert not health.up and health.error
         assert engine.in_flight(replica) is None
-        assert wait_until_idle(engine, replica, 1)  # a stopped replica drops nothing
+        assert engine.released(replica) and is_idle(engine, replica)  # drops nothing
         t0 = time.monotonic()
         engine.start(replica)
-        assert wait_until_serving(engine, replica, 30, poll_s=0.2)
+        wait_for(lambda: engine.health(replica).serving, 30, "serving", interval_s=0.2)
         print(f"emulator start -> serving in {time.monotonic() - t0:.2f}s")
         engine.start(replica)  # serving: a no-op
         assert engine.in_flight(replica) is not None
     finally:
         engine.start(replica)
-        wait_until_serving(engine, replica, 30)
+        wait_for(lambda: engine.health(replica).serving, 30, "serving")
 
 
 def test_http_sleep_engine_sleeps_and_wakes_emulator(sandbox: Any) -> None:
@@ -62,10 +62,12 @@ def test_http_sleep_engine_sleeps_and_wakes_emulator(sandbox: Any) -> None:
     assert engine.health(replica).serving
     try:
         engine.stop(replica)
+        wait_for(lambda: engine.released(replica), 10, "asleep")
         health = engine.health(replica)
         assert health.up and health.awake is False and not health.serving
         engine.stop(replica)  # asleep already: no second request needed
         engine.start(replica)
+        wait_for(lambda: engine.health(replica).serving, 10, "awake")
         health = engine.health(replica)
         assert health.serving and health.awake is True
         assert health.running is not None
@@ -107,7 +109,7 @@ def test_docker_engine_stops_and_starts_container(sandbox: Any, docker_client: A
         t0 = time.monotonic()
         engine.stop(replica)
         took = time.monotonic() - t0
-        assert engine.status(replica) == "exited" and took < 5
+        assert engine.status(replica) == "exited" and engine.released(replica) and took < 5
         engine.stop(replica)  # stopped already: a no-op
         engine.start(replica)
         assert engine.status(replica) == "running"

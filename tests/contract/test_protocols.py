@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from slurm_idle.config import Config, EngineConfig, ReplicaConfig, load_config, parse_config
-from slurm_idle.engine import Engine, EngineHealth, HttpSleepEngine, Identity, wait_until_serving
+from slurm_idle.engine import Engine, EngineHealth, HttpSleepEngine, Identity
 from slurm_idle.errors import MetricsUnavailable, RouterError
 from slurm_idle.metrics import MetricsSource
 from slurm_idle.model import ModelLoad, ReplicaLoad
@@ -206,12 +206,15 @@ def test_engine_in_flight_counts_waiting_requests(engine: EngineCase) -> None:
 
 
 def test_engine_stop_and_start_are_idempotent(engine: EngineCase) -> None:
-    """stop: no longer serving (twice: harmless); start: serving again (twice: harmless)."""
+    """stop: released, no longer serving (twice: harmless); start: serving again (twice:
+    harmless). Each call only signals: the caller polls for the state."""
     engine.engine.stop(engine.replica, timeout_s=10)
+    settle(lambda: engine.engine.released(engine.replica), "stop taken effect")
     engine.engine.stop(engine.replica, timeout_s=10)
+    assert engine.engine.released(engine.replica)
     assert not engine.engine.health(engine.replica).serving
     engine.engine.start(engine.replica, timeout_s=10)
-    assert wait_until_serving(engine.engine, engine.replica, 20, poll_s=0.2)
+    settle(lambda: engine.engine.health(engine.replica).serving, "serving again")
     engine.engine.start(engine.replica, timeout_s=10)
     assert engine.engine.health(engine.replica).serving
 

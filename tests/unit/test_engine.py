@@ -1,4 +1,5 @@
-"""Engine control: health/sleep parsing against an in-process HTTP server, commands, waiting."""
+"""Engine control: health/sleep parsing against an in-process HTTP server, commands, and the
+probes the driver polls (each call one bounded request: the engine never waits itself)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,10 @@ from slurm_idle.engine import (
     UrllibClient,
     container_name,
     format_command,
+    is_idle,
     make_engine,
     parse_is_sleeping,
     parse_metrics,
-    wait_until_idle,
-    wait_until_serving,
 )
 from slurm_idle.errors import CommandError, EngineError
 
@@ -228,6 +228,7 @@ def test_sleep_stop_posts_wait_mode(vllm: tuple[FakeVllm, ReplicaConfig]) -> Non
     state, replica = vllm
     engine = sleep_engine()
     engine.stop(replica)
+    assert engine.released(replica)
     engine.stop(replica)
     assert state.posts == ["/sleep?level=1&mode=wait"] and state.sleeping
 
@@ -335,11 +336,10 @@ def test_container_name_template() -> None:
 
 @dataclass
 class ScriptedEngine:
-    """in_flight/health answers follow a script, one entry per poll."""
+    """in_flight/health answers follow a script, one entry per call."""
 
     running: list[float | None]
     up: bool = True
-    serving_after: int = 0
     polls: int = 0
 
     def in_flight(self, replica: ReplicaConfig) -> float | None:
@@ -348,63 +348,26 @@ class ScriptedEngine:
         return value
 
     def health(self, replica: ReplicaConfig) -> EngineHealth:
-        self.polls += 1
-        return EngineHealth(up=self.up, awake=self.polls > self.serving_after)
-
-    def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
-
-    def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
+        return EngineHealth(up=self.up, awake=True)
 
 
 REPLICA = ReplicaConfig(node="gpu1", url="http://x")
 
 
-def test_wait_until_idle_returns_when_drained() -> None:
-    """Waiting ends as soon as no request runs."""
-    clock = FakeClock()
-    engine = ScriptedEngine(running=[3, 1, 0])
-    assert wait_until_idle(engine, REPLICA, 60, clock, clock.sleep)
-    assert clock.now == 2.0
+def test_is_idle_when_nothing_is_in_flight() -> None:
+    """Idle once no request runs or waits; requests in flight are not idle."""
+    assert is_idle(ScriptedEngine(running=[0]), REPLICA)
+    assert not is_idle(ScriptedEngine(running=[2]), REPLICA)
 
 
-def test_wait_until_idle_times_out() -> None:
-    """A replica that keeps running requests is reported not idle at the timeout."""
-    clock = FakeClock()
-    assert not wait_until_idle(ScriptedEngine(running=[2]), REPLICA, 5, clock, clock.sleep)
-    assert clock.now == 5.0
+def test_a_down_replica_is_idle() -> None:
+    """A replica that is down runs nothing: idle."""
+    assert is_idle(ScriptedEngine(running=[None], up=False), REPLICA)
 
 
-def test_wait_until_idle_down_replica_is_idle() -> None:
-    """A replica that is down runs nothing: idle at once."""
-    clock = FakeClock()
-    assert wait_until_idle(ScriptedEngine(running=[None], up=False), REPLICA, 5, clock, clock.sleep)
-    assert clock.now == 0.0
-
-
-def test_wait_until_idle_unknown_but_up_keeps_waiting() -> None:
+def test_unknown_in_flight_on_a_live_replica_is_not_idle() -> None:
     """Unreadable metrics on a live replica are not taken as idle."""
-    clock = FakeClock()
-    assert not wait_until_idle(ScriptedEngine(running=[None]), REPLICA, 3, clock, clock.sleep)
-
-
-def test_wait_until_serving() -> None:
-    """Waiting for serving ends when health says so, or fails at the timeout."""
-    clock = FakeClock()
-    assert wait_until_serving(ScriptedEngine(running=[0], serving_after=3), REPLICA, 60, clock, clock.sleep)
-    assert clock.now == 3.0
-    clock = FakeClock()
-    assert not wait_until_serving(ScriptedEngine(running=[0], up=False), REPLICA, 4, clock, clock.sleep)
+    assert not is_idle(ScriptedEngine(running=[None]), REPLICA)
 
 
 # --- waiting requests are in flight too ------------------------------------------------------------
@@ -450,8 +413,7 @@ def test_a_queued_request_keeps_the_replica_from_idling() -> None:
     http = RouteHttp({("GET", "/metrics"): HttpResponse(200, QUEUED), ("GET", "/health"): HttpResponse(200, b"")})
     engine = CommandEngine(command_config(), runner=Recorder(), http=http)
     assert engine.in_flight(REPLICA) == 3.0
-    clock = FakeClock()
-    assert not wait_until_idle(engine, REPLICA, 5, clock, clock.sleep)
+    assert not is_idle(engine, REPLICA)
 
 
 # --- start/stop bounded by the caller's time ----------------------------------------------------
@@ -487,31 +449,40 @@ def sleepy_routes() -> dict[tuple[str, str], Any]:
             ("GET", "/version"): HttpResponse(200, b'{"version": "0.18.0"}')}
 
 
-def test_sleep_stop_waits_no_longer_than_the_caller_gives() -> None:
-    """POST /sleep and the wait for asleep share the caller's time (not drain+stop = 180 s)."""
-    clock = FakeClock()
+def test_sleep_stop_is_one_request_bounded_by_the_callers_time() -> None:
+    """stop() is POST /sleep within the caller's time (not drain+stop = 180 s) and returns: it
+    does not wait for the server to be asleep (the driver polls `released`)."""
     http = RouteHttp(sleepy_routes())  # the server never reports asleep
     engine = HttpSleepEngine(EngineConfig(kind="http-sleep", drain_timeout_s=120, stop_timeout_s=60),
-                             http=http, clock=clock, sleep=clock.sleep)
-    with pytest.raises(EngineDeadline, match="next tick"):
-        engine.stop(REPLICA, timeout_s=3)
-    assert clock.now <= 3.0
+                             http=http)
+    engine.stop(REPLICA, timeout_s=3)
     assert [t for m, p, t in http.calls if m == "POST"] == [3]
-    clock.now = 0.0
-    with pytest.raises(EngineError) as own:
-        engine.stop(REPLICA)
-    assert not isinstance(own.value, EngineDeadline) and clock.now == 60.0
+    assert [p for m, p, t in http.calls].count("/is_sleeping") == 1  # health's, no polling
+    assert not engine.released(REPLICA)
+    http.calls.clear()
+    engine.stop(REPLICA)
+    assert [t for m, p, t in http.calls if m == "POST"] == [180]
+
+
+def test_an_old_server_is_named_as_dropping_requests() -> None:
+    """A server older than what the engine kind relies on (or without a version) is named, so
+    the driver drains it by in-flight count before the stop; a current one is not."""
+    routes = sleepy_routes()
+    engine = HttpSleepEngine(EngineConfig(kind="http-sleep"), http=RouteHttp(routes))
+    assert engine.stop_drops_requests(REPLICA) is None
+    routes[("GET", "/version")] = HttpResponse(200, b'{"version": "0.16.0"}')
+    assert "0.16.0 lacks" in (engine.stop_drops_requests(REPLICA) or "")
+    routes[("GET", "/version")] = HttpResponse(404, b"")
+    assert "version unknown" in (engine.stop_drops_requests(REPLICA) or "")
 
 
 def test_an_unanswered_post_at_the_deadline_is_carried_over() -> None:
     """A wake_up/sleep the server has not answered by the caller's deadline may still be under
     way: EngineDeadline when the caller's time ran out, a plain error at the engine's own timeout."""
-    clock = FakeClock()
     routes = sleepy_routes()
     routes[("POST", "/wake_up")] = HttpTimeout("POST /wake_up: no answer")
     routes[("GET", "/is_sleeping")] = HttpResponse(200, b'{"is_sleeping": true}')
-    engine = HttpSleepEngine(EngineConfig(kind="http-sleep", start_timeout_s=60),
-                             http=RouteHttp(routes), clock=clock, sleep=clock.sleep)
+    engine = HttpSleepEngine(EngineConfig(kind="http-sleep", start_timeout_s=60), http=RouteHttp(routes))
     with pytest.raises(EngineDeadline):
         engine.start(REPLICA, timeout_s=5)
     with pytest.raises(HttpTimeout):

@@ -3,11 +3,13 @@ holding a reclaim up, and an admin's node Comment surviving a lend and a reclaim
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
-from slurm_idle.config import ReplicaConfig
-from slurm_idle.engine import EngineDeadline
+from slurm_idle.config import EngineConfig, ReplicaConfig
+from slurm_idle.engine import EngineDeadline, HttpSleepEngine
+from slurm_idle.httpdeadline import HttpResponse
 from slurm_idle.journal import Journal
 from slurm_idle.lifecycle import derive_phase, format_lent_comment, format_reason
 from slurm_idle.model import Action, ActionKind, Phase, SlurmJob
@@ -139,6 +141,113 @@ def test_engines_without_timeout_s_are_still_called(tmp_path: Path) -> None:
     set_phase(slurm, "gpu1", Phase.LENDING)
     agent.tick()
     assert ("stop", "gpu1") in engine.log
+    assert phases(agent)["gpu1"] is Phase.LENT
+
+
+# --- the driver waits for the engine, the engine never waits ---------------------------------------
+
+
+class StillAwake(FakeEngine):
+    """A FakeEngine whose stop is taken (one call) but whose GPUs are not released until told;
+    `old` names a vLLM too old to keep in-flight requests through a stop."""
+
+    def __init__(self, up: dict[str, bool], old: str | None = None) -> None:
+        super().__init__(up=up)
+        self.asleep: set[str] = set()
+        self.old = old
+
+    def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
+        self.log.append(("stop", replica.name))
+
+    def released(self, replica: ReplicaConfig) -> bool:
+        return replica.name in self.asleep
+
+    def stop_drops_requests(self, replica: ReplicaConfig) -> str | None:
+        return self.old
+
+
+def still_awake_agent(tmp_path: Path, old: str | None = None, **timeouts: float):
+    agent, slurm, _, _metrics, clock = make_agent(tmp_path, planner=continue_all, **timeouts)
+    engine = StillAwake({"gpu1": True, "gpu2": True, "gpu3": True}, old)
+    agent.engine_for = lambda model: engine
+    set_phase(slurm, "gpu1", Phase.LENDING, since=clock())
+    for n in ("gpu2", "gpu3"):
+        set_phase(slurm, n, Phase.SERVING)
+    return agent, slurm, engine, clock
+
+
+def test_a_stop_not_yet_taken_effect_keeps_the_node_lending(tmp_path: Path) -> None:
+    """The driver polls `released` until the tick's deadline: an engine not asleep yet keeps
+    its node LENDING (not resumed), carried over; once released, the next tick lends it."""
+    agent, slurm, engine, clock = still_awake_agent(tmp_path)
+    started = clock()
+    result = agent.tick()
+    assert clock() - started <= BUDGET + MIN_ENGINE_CALL_S
+    [step] = [s for s in result.steps if s.node == "gpu1"]
+    assert (step.to_phase, step.outcome) == (Phase.LENT, "waiting")
+    assert step.detail and "not stopped (or asleep) yet" in step.detail
+    assert ("resume", "gpu1") not in slurm.log and phases(agent)["gpu1"] is Phase.LENDING
+    engine.asleep.add("gpu1")
+    agent.tick()
+    assert phases(agent)["gpu1"] is Phase.LENT
+    assert engine.log.count(("stop", "gpu1")) == 2  # re-issued (idempotent), then released
+
+
+def test_an_old_server_is_drained_by_the_driver_before_its_stop(tmp_path: Path) -> None:
+    """A vLLM that would drop in-flight requests on a stop is not stopped while requests run:
+    the tick's deadline carries it over; past engine.drain_timeout_s (60 s, from LENDING's
+    start) the stop goes ahead anyway."""
+    agent, slurm, engine, clock = still_awake_agent(tmp_path, old="vLLM 0.16.0 lacks mode=wait")
+    engine.running["gpu1"] = 2
+    config = agent.config.model_copy(
+        update={"engine": agent.config.engine.model_copy(update={"drain_timeout_s": 60})})
+    driver = NodeDriver(config, slurm, agent.engine_for, clock, clock.sleep)
+    view = next(v for v in agent.observe().nodes if v.name == "gpu1")
+    action = Action(ActionKind.CONTINUE, "gpu1", "m", Phase.LENDING, Phase.LENT, "continue")
+    [step] = driver.drive(view, action, deadline=clock() - 10.0)  # no time left: MIN_ENGINE_CALL_S
+    assert step.outcome == "waiting" and "the next tick drains on" in (step.detail or "")
+    assert ("stop", "gpu1") not in engine.log
+    engine.asleep.add("gpu1")
+    [step] = driver.drive(view, action, deadline=clock() + 120)  # the drain window ends first
+    assert step.outcome == "ok" and ("stop", "gpu1") in engine.log
+    assert clock() >= (view.phase_since or 0) + 60
+
+
+class ClockedHttp:
+    """An HTTP client for every replica: each request takes `cost_s` of the fake clock; the
+    server answers /health and /version, never says it is asleep until `asleep` is set."""
+
+    def __init__(self, clock: Clock, cost_s: float = 1.0) -> None:
+        self.clock, self.cost_s, self.asleep, self.calls = clock, cost_s, False, 0
+
+    def request(self, method: str, url: str, timeout: float) -> HttpResponse:
+        self.calls += 1
+        self.clock.t += min(self.cost_s, timeout)
+        if url.endswith("/is_sleeping"):
+            return HttpResponse(200, json.dumps({"is_sleeping": self.asleep}).encode())
+        if url.endswith("/version"):
+            return HttpResponse(200, b'{"version": "0.18.0"}')
+        if method == "POST" or url.endswith("/health"):
+            return HttpResponse(200, b"")
+        return HttpResponse(404, b"")
+
+
+def test_the_sleep_engine_never_blocks_the_tick_past_its_deadline(tmp_path: Path) -> None:
+    """A real http-sleep engine on a server that never reports asleep (each request costing a
+    second): the tick ends at its deadline (plus MIN_ENGINE_CALL_S) with the node LENDING, not
+    after the engine's own stop_timeout_s of 600 s; asleep, the next tick lends it."""
+    agent, _slurm, _engine, clock = still_awake_agent(tmp_path)
+    http = ClockedHttp(clock)
+    engine = HttpSleepEngine(EngineConfig(kind="http-sleep", stop_timeout_s=600, drain_timeout_s=600),
+                             http=http)
+    agent.engine_for = lambda model: engine
+    started = clock()
+    result = agent.tick()
+    assert clock() - started <= BUDGET + MIN_ENGINE_CALL_S + 2 * http.cost_s
+    [step] = [s for s in result.steps if s.node == "gpu1"]
+    assert step.outcome == "waiting" and phases(agent)["gpu1"] is Phase.LENDING
+    http.asleep = True
+    agent.tick()
     assert phases(agent)["gpu1"] is Phase.LENT
 
 

@@ -111,14 +111,33 @@ def test_old_emulator_aborts_in_flight_requests_whatever_the_mode(
 @pytest.mark.parametrize("emulator", ["0.16.0", DEFAULT_VLLM_VERSION], indirect=True)
 def test_sleep_engine_keeps_in_flight_requests_on_any_version(
         emulator: tuple[ReplicaConfig, Emulator]) -> None:
-    """The http-sleep engine's stop loses no request: on 0.16 it drains by in-flight count
-    before POST /sleep (the fallback), on 0.18 the server's mode=wait does it."""
+    """A lend through the http-sleep engine loses no request: on 0.16 the driver drains by
+    in-flight count before POST /sleep (the fallback), on 0.18 the server's mode=wait does it."""
+    import time
+    from dataclasses import replace
+
+    from slurm_idle.config import parse_config
+    from slurm_idle.lifecycle import format_reason
+    from slurm_idle.model import Action, ActionKind, NodeView, Phase
+    from slurm_idle.testing.fakes import FakeSlurm
+    from slurm_idle.transitions import NodeDriver
+
     replica, emu = emulator
-    engine = HttpSleepEngine(EngineConfig(kind="http-sleep", drain_timeout_s=30, stop_timeout_s=10),
-                             poll_s=0.05)
-    engine.drain_poll_s = 0.05
+    config = parse_config(f"""
+engine: {{kind: http-sleep, drain_timeout_s: 30, stop_timeout_s: 10}}
+models: [{{name: m, nodes: gpu1, url: "{replica.url}"}}]
+""")
+    engine = HttpSleepEngine(config.engine_for("m"))
+    slurm = FakeSlurm.with_nodes(["gpu1"])
+    now = time.time()
+    node = slurm.node_map["gpu1"] = replace(slurm.node_map["gpu1"], flags=frozenset({"DRAIN"}),
+                                            reason=format_reason("slurm-idle", Phase.LENDING, now))
+    driver = NodeDriver(config, slurm, lambda model: engine, time.time, time.sleep)
     job = in_flight_completion(replica, emu)
-    engine.stop(replica, timeout_s=60)
+    view = NodeView(node=node, model="m", phase=Phase.LENDING, phase_since=now)
+    action = Action(ActionKind.CONTINUE, "gpu1", "m", Phase.LENDING, Phase.LENT, "lend")
+    [step] = driver.drive(view, action, deadline=time.time() + 60)
+    assert step.outcome == "ok", step
     job["_thread"].join(30)
     assert job["choices"][0]["finish_reason"] == "length"
     assert engine.health(replica).awake is False
@@ -149,8 +168,9 @@ def test_status_and_doctor_warn_of_an_old_serving_replica(emulator: tuple[Replic
 
 
 def test_command_engine_drains_an_old_server_before_its_stop_command() -> None:
-    """A vLLM without --shutdown-timeout (0.17) is drained by in-flight count, then stopped;
-    the stop command runs only once nothing is in flight."""
+    """A vLLM without --shutdown-timeout (0.17) is drained by in-flight count (by the driver,
+    under the tick's deadline), then stopped; the stop command runs only once nothing is in
+    flight."""
     from slurm_idle.commands import CompletedResult
     from slurm_idle.engine import CommandEngine, HttpResponse
 
@@ -173,10 +193,27 @@ def test_command_engine_drains_an_old_server_before_its_stop_command() -> None:
             events.append("stop")
             return CompletedResult(tuple(argv), 0, "", "")
 
+    from dataclasses import replace
+
+    from slurm_idle.config import parse_config
+    from slurm_idle.lifecycle import format_reason
+    from slurm_idle.model import Action, ActionKind, NodeView, Phase
+    from slurm_idle.testing.fakes import FakeSlurm
+    from slurm_idle.transitions import NodeDriver
+
+    config = parse_config("""
+engine: {kind: command, start_command: "true", stop_command: "true", drain_timeout_s: 60}
+models: [{name: m, nodes: gpu1, url: "http://x"}]
+""")
+    engine = CommandEngine(config.engine_for("m"), runner=Runner(), http=Http())
     now = [0.0]
-    engine = CommandEngine(EngineConfig(kind="command", start_command="true", stop_command="true",
-                                        drain_timeout_s=60), runner=Runner(), http=Http())
-    engine.clock = lambda: now[0]
-    engine.sleep = lambda s: now.__setitem__(0, now[0] + s)
-    engine.stop(ReplicaConfig(node="gpu1", url="http://x"), timeout_s=50)
+    slurm = FakeSlurm.with_nodes(["gpu1"])
+    node = slurm.node_map["gpu1"] = replace(slurm.node_map["gpu1"], flags=frozenset({"DRAIN"}),
+                                            reason=format_reason("slurm-idle", Phase.LENDING, 0.0))
+    driver = NodeDriver(config, slurm, lambda model: engine, lambda: now[0],
+                        lambda s: now.__setitem__(0, now[0] + s))
+    view = NodeView(node=node, model="m", phase=Phase.LENDING, phase_since=0.0)
+    action = Action(ActionKind.CONTINUE, "gpu1", "m", Phase.LENDING, Phase.LENT, "lend")
+    [step] = driver.drive(view, action, deadline=50.0)
+    assert step.outcome == "ok"
     assert events == ["2", "1", "0", "stop"]
