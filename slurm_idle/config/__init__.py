@@ -1,0 +1,188 @@
+"""The configuration file (etc/slurm-idle.yaml) as frozen pydantic models, with clear errors.
+
+One module per group of sections (base, adapters, models, sections); this one holds the whole
+`Config`, loading and error wording, and re-exports every model so `from slurm_idle.config
+import X` is the one import callers use.
+
+A typo in a config read by cron every minute must fail loudly and precisely, so every model
+forbids unknown keys and non-finite numbers (`1e400`, `.inf`), and `load_config` turns YAML
+and validation problems into a one-line `ConfigError` that names the file, line or dotted field
+path. A config *file* is held to what works on a real pool (see `FILE_CONTEXT`); the simulator
+builds the same models in code with values only it can use.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from slurm_idle import fleetspec
+from slurm_idle.config.adapters import EngineConfig, MetricsConfig, RouterConfig, SlurmConfig
+from slurm_idle.config.base import (
+    CONFIG_ENV,
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_REPLICA_URL,
+    FILE_CONTEXT,
+    LABEL_NAME_RE,
+    LABEL_VALUE_RE,
+    NODE_NAME_RE,
+    SLURM_NAME_RE,
+    _Strict,
+)
+from slurm_idle.config.models import ModelConfig, ReplicaConfig, ReplicaJobConfig
+from slurm_idle.config.sections import (
+    JobPolicyConfig,
+    PathsConfig,
+    PolicyConfig,
+    ReportConfig,
+    TimeoutsConfig,
+)
+from slurm_idle.errors import ConfigError
+from slurm_idle.yamlfile import parse_yaml, read_text
+
+__all__ = ['CONFIG_ENV', 'DEFAULT_CONFIG_PATH', 'DEFAULT_REPLICA_URL', 'FILE_CONTEXT', 'LABEL_NAME_RE', 'LABEL_VALUE_RE', 'NODE_NAME_RE', 'SLURM_NAME_RE', 'Config', 'EngineConfig', 'JobPolicyConfig', 'MetricsConfig', 'ModelConfig', 'PathsConfig', 'PolicyConfig', 'ReplicaConfig', 'ReplicaJobConfig', 'ReportConfig', 'RouterConfig', 'SlurmConfig', 'TimeoutsConfig', 'describe_validation_error', 'load_config', 'parse_config', 'resolve_config_path']
+
+
+class Config(_Strict):
+    """The whole etc/slurm-idle.yaml."""
+
+    slurm: SlurmConfig = SlurmConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    engine: EngineConfig | None = None
+    models: tuple[ModelConfig, ...] = Field(..., min_length=1)
+    policy: PolicyConfig = PolicyConfig()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    paths: PathsConfig = PathsConfig()
+    report: ReportConfig = ReportConfig()
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    job_policy: JobPolicyConfig = Field(default_factory=JobPolicyConfig)
+    # Derived once per Config (topology.lend_groups): the fleet's lend groups and node index.
+    _groups: Any = PrivateAttr(default=None)
+    _group_of: Any = PrivateAttr(default=None)
+
+    @field_validator("models")
+    @classmethod
+    def _names_unique(cls, value: tuple[ModelConfig, ...]) -> tuple[ModelConfig, ...]:
+        names = [m.name for m in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # model()/engine_for() would silently use the first one
+            raise ValueError(f"model {twice[0]!r} is listed twice: model names must be unique")
+        return value
+
+    @model_validator(mode="after")
+    def _replicas_fit_and_engines_known(self) -> Config:
+        fleetspec.check_topology(self.models, self.engine)
+        ports: dict[int, str] = {}
+        for i, model in enumerate(self.models):
+            if model.job is not None:
+                for port in range(model.job.port_base, model.job.port_base + model.job.replicas):
+                    if port in ports:
+                        raise ValueError(f"models.{i}.job.port_base: port {port} is also one of "
+                                         f"{ports[port]!r}'s replica jobs: give each model its range")
+                    ports[port] = model.name
+        for model in self.models:
+            if model.engine is None and self.engine is None:
+                raise ValueError(f"model {model.name!r} has no engine and there is no top-level engine")
+        return self
+
+    def engine_for(self, model: str) -> EngineConfig:
+        m = self.model(model)
+        engine = m.engine or self.engine
+        assert engine is not None  # guaranteed by validation
+        return engine
+
+    def router_for(self, model: str) -> RouterConfig:
+        return self.model(model).router or self.router
+
+    def model(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise ConfigError(f"no model named {name!r} in the config")
+
+    def model_of_node(self, node: str) -> ModelConfig | None:
+        """The model of the first replica on `node` (a node may carry replicas of several)."""
+        for m in self.models:
+            if any(node in r.nodes for r in m.replicas):
+                return m
+        return None
+
+    def replica(self, node: str) -> ReplicaConfig | None:
+        """The first replica headed on `node` (the only one in a one-replica-per-node pool)."""
+        for m in self.models:
+            for r in m.replicas:
+                if r.node == node:
+                    return r
+        return None
+
+    def replicas_on(self, node: str) -> list[tuple[str, ReplicaConfig]]:
+        """(model, replica) of every replica with a GPU on `node`."""
+        return [(m.name, r) for m in self.models for r in m.replicas if node in r.nodes]
+
+    @property
+    def pool_nodes(self) -> tuple[str, ...]:
+        """Every node that carries a replica, once, in config order."""
+        return tuple(dict.fromkeys(n for m in self.models for r in m.replicas for n in r.nodes))
+
+
+def resolve_config_path(path: str | None) -> str:
+    """--config, else $SLURM_IDLE_CONFIG, else the system path."""
+    return path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a config file, raising ConfigError with a one-line message."""
+    text = read_text(path, "config file", f" (use --config PATH or set ${CONFIG_ENV})")
+    return parse_config(text, source=str(Path(path)))
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    """Validate config text; errors name the source and the line or dotted field path."""
+    data = parse_yaml(text, source, "config file")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data, context=FILE_CONTEXT)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {describe_validation_error(exc)}") from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """The first error of a ValidationError as `dotted.path: message` (+ how many more).
+
+    An error on a container that only echoes an error inside it (`models` too short because
+    its one item failed) is not counted: the admin has one thing to fix, not two.
+    """
+    all_errors = exc.errors()
+    locs = [tuple(e["loc"]) for e in all_errors]
+    errors = [
+        e for e in all_errors
+        if not any(len(loc) > len(e["loc"]) and loc[: len(e["loc"])] == tuple(e["loc"]) for loc in locs)
+    ] or all_errors
+    first = errors[0]
+    path = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        message = f"unknown key {path!r}"
+    elif kind == "missing":
+        message = f"missing required key {path!r}"
+    elif kind == "value_error":  # our own validators: their message is the whole story
+        text = first["msg"].removeprefix("Value error, ")
+        # ...unless it quotes a hostile value at length: one line stays a readable line.
+        message = f"{path}: {text if len(text) <= 300 else text[:150] + ' ... ' + text[-100:]}"
+    else:
+        message = f"{path}: {first['msg']}"
+        if "input" in first and kind != "value_error":
+            got = repr(first["input"])  # bounded: the input may be any (large) structure
+            message += f" (got {got if len(got) <= 80 else got[:80] + '...'})"
+    more = len(errors) - 1
+    return message + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")

@@ -1,0 +1,137 @@
+"""The agent's own sections: `policy`, `timeouts`, `paths`, `report` and `job_policy`."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import (
+    Field,
+    field_validator,
+)
+
+from slurm_idle.config.base import (
+    _Strict,
+)
+from slurm_idle.errors import ConfigError
+
+
+class PolicyConfig(_Strict):
+    """Knobs of the planner (policy.py). Defaults are safe: service first."""
+
+    target_utilisation: float = Field(0.8, gt=0, le=1)
+    prompt_token_weight: float = Field(0.1, ge=0)
+    max_lent_fraction: float = Field(1.0, ge=0, le=1)
+    max_transitions_per_tick: int = Field(2, ge=1)
+    scale_down_window_s: int = Field(900, ge=0)
+    kv_cache_high: float = Field(0.9, gt=0, le=1)
+    ttft_p95_slo_s: float | None = Field(None, gt=0)
+    queue_waiting_threshold: float = Field(0.0, ge=0)
+    headroom_replicas: int = Field(0, ge=0)
+    learn_capacity: bool = False
+    forecast: bool = True
+    forecast_lead_s: float | None = Field(None, ge=0)  # default: grace + expected start + a tick
+    # A queue adds replicas only once it has lasted this long (its minimum over this span is
+    # above queue_waiting_threshold): one request waiting for a moment reclaims nothing.
+    queue_sustain_s: int = Field(60, ge=0)
+    lending_windows: tuple[str, ...] = ()  # e.g. ["20:00-08:00"]; empty = always
+    timezone: str = "UTC"
+    reclaim_on_unknown_metrics: bool = False
+    # Adaptive headroom (issue 15): the replicas a model needs are sized for its load's level
+    # and trend plus this many standard deviations of its minute-to-minute variability, all
+    # three estimated over the scale-down window (policy/capacity.py `adaptive_demand`). 0 turns
+    # it off. The same default holds from 1% to 10% noise because the margin scales with the
+    # noise measured, not with a fixed planning factor.
+    headroom_sigmas: float = Field(3.0, ge=0)
+    # `slurm-idle agent` (a long-running loop instead of cron): a full tick every
+    # tick_interval_s, and between ticks a fast check every fast_interval_s that only starts
+    # reclaims of models under queue / KV-cache / TTFT pressure (0: no fast check).
+    tick_interval_s: int = Field(60, ge=1)
+    fast_interval_s: int = Field(10, ge=0)
+    # Like Slurm's PreemptExemptTime: a lent node running a job younger than this is reclaimed
+    # last, only when no other lent node can be (service still comes first); 0 turns it off.
+    min_job_runtime_s: float = Field(0.0, ge=0)
+
+    @field_validator("lending_windows")
+    @classmethod
+    def _windows_parse(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from slurm_idle.policy.windows import parse_window  # the planner's own parser
+
+        for window in value:
+            try:
+                parse_window(window)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{value!r} is not a known time zone (e.g. Europe/Paris)") from None
+        return value
+
+
+class TimeoutsConfig(_Strict):
+    """How long a transition may take before it is reported as stuck and retried."""
+
+    retire_s: float = Field(300.0, gt=0)
+    lend_s: float = Field(300.0, gt=0)
+    reclaim_s: float = Field(600.0, gt=0)
+    start_s: float = Field(900.0, gt=0)
+    tick_budget_s: float = Field(50.0, gt=0)  # a cron tick gives up waiting after this
+
+
+class PathsConfig(_Strict):
+    """Files the agent writes: in directories only root (or the agent's user) can write, opened
+    without following symlinks (safefiles)."""
+
+    journal: str = "/var/lib/slurm-idle/journal.jsonl"
+    # In a 0700 directory of its own (created by the agent), never the world-writable /run/lock.
+    lock: str = "/run/slurm-idle/tick.lock"
+    textfile: str | None = None  # node_exporter textfile collector .prom file
+    # Prometheus file_sd_configs targets of the replica jobs (`placement: jobs`), rewritten
+    # each tick (filesd.py); None: not written.
+    file_sd: str | None = None
+
+
+class ReportConfig(_Strict):
+    """Money saved is priced at what the lent GPU-hours would cost elsewhere."""
+
+    price_per_gpu_hour: float = Field(2.0, ge=0)
+    currency: str = "USD"
+    # Work lost to a preemption = min(run, this) x GPUs; unset: the whole run (an upper bound).
+    checkpoint_interval_s: float | None = Field(None, gt=0)
+
+
+class JobPolicyConfig(_Strict):
+    """What a container job may ask of a node: checked at `submit` and again by the runner on
+    the node (a user can write their own batch script, but not the node's config).
+
+    The defaults are safe: no host network (it reaches Prometheus, the engines and every
+    loopback service), bind mounts and absolute log paths only under `mount_prefixes`, and no
+    job as root (a root container writes wherever its mounts point, e.g. the host's /etc).
+    """
+
+    mount_prefixes: tuple[str, ...] = ("/home", "/scratch", "/data", "/shared")
+    networks: tuple[Literal["none", "host"], ...] = ("none",)
+    allow_root: bool = False
+    # The container engine the runner uses: rootless podman (a per-user API socket, no daemon
+    # that is root on the node) or docker (its socket is root-equivalent: every researcher who
+    # can use it is root on the node; choose it only where the site accepts that).
+    runtime: Literal["podman", "docker"] = "podman"
+
+    @field_validator("mount_prefixes")
+    @classmethod
+    def _absolute_dirs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for prefix in value:
+            if not prefix.startswith("/") or prefix != os.path.normpath(prefix) or prefix == "/":
+                raise ValueError(
+                    f"mount prefix {prefix!r} must be an absolute, normalised directory other "
+                    "than / (e.g. /scratch)"
+                )
+        return value
