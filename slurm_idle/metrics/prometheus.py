@@ -14,17 +14,18 @@ restarted Prometheus or a new deployment reads as "no window yet" instead of a 2
 The forecast's inputs (each model's lead, the peaks 1 day / 7 days ago over the lead and over
 lead + scale-down window, `deriv` over the window) go through `metrics.forecast`, which calls
 the policy's `forecast_demand` exactly as the simulator does.
+
+This module sends the queries and maps their failures; the PromQL is built in `promql`, series
+are matched to replicas in `targets`, and answers read into loads in `promanswers`.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
 from time import monotonic
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import requests
 from prometheus_api_client.exceptions import PrometheusApiClientException
@@ -33,16 +34,23 @@ from slurm_idle.config import Config, ModelConfig, ReplicaConfig
 from slurm_idle.errors import MetricsUnavailable
 from slurm_idle.httpdeadline import DeadlineExceeded, call_within
 from slurm_idle.logs import get_logger
-from slurm_idle.metrics import demand_tokens_per_s, names
-from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S, Peak, forecast_leads, forecasts
-from slurm_idle.metrics.history import WINDOW_COVERAGE
+from slurm_idle.metrics import names
+from slurm_idle.metrics.forecast import forecast_leads
+from slurm_idle.metrics.promanswers import (
+    _Vector,
+    forecast_inputs,
+    model_load,
+    parse_vector,
+)
+from slurm_idle.metrics.promql import DAY_S, WEEK_S, Queries, queries_for, subquery_step
+from slurm_idle.metrics.targets import match_target, target_index, target_keys
 from slurm_idle.model import ModelLoad, ReplicaLoad
 
 log = get_logger(__name__)
 
-DAY_S = 86_400
-WEEK_S = 7 * DAY_S
-
+__all__ = ["DAY_S", "WEEK_S", "PrometheusClient", "PrometheusSource", "Queries", "connect",
+           "forecast_inputs", "forecast_leads", "match_target", "parse_vector", "queries_for",
+           "subquery_step", "target_index", "target_keys"]
 
 class PrometheusClient(Protocol):
     """The part of prometheus_api_client.PrometheusConnect we use (fakes implement just this)."""
@@ -63,283 +71,7 @@ def connect(url: str, timeout_s: float) -> PrometheusClient:
     return client
 
 
-# --- PromQL ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Queries:
-    """The PromQL of one tick, built from the config (pure, so tests can read it)."""
-
-    selector: str  # e.g. `{job="vllm"}` or ``
-    instance_label: str
-    rate_window_s: int
-    prompt_token_weight: float
-    staleness_s: float = 120.0
-    queue_sustain_s: int = 60  # the queue's minimum over this span is the queue signal
-
-    def _sel(self, extra: str = "") -> str:
-        inner = ",".join(p for p in (self.selector.strip("{}"), extra) if p)
-        return "{" + inner + "}" if inner else ""
-
-    def _rate(self, metric: str, offset_s: int = 0, valid: bool = False) -> str:
-        off = f" offset {offset_s}s" if offset_s else ""
-        expr = f"rate({metric}{self._sel()}[{self.rate_window_s}s]{off})"
-        return _valid(expr) if valid else expr
-
-    def _gauge(self, metric: str, valid: bool = False) -> str:
-        return _valid(f"{metric}{self._sel()}") if valid else f"{metric}{self._sel()}"
-
-    def _p95(self, hist: str, by: str, valid: bool = False) -> str:
-        return (
-            f"histogram_quantile(0.95, sum by (le, {by}) "
-            f"({self._rate(hist + '_bucket', valid=valid)}))"
-        )
-
-    # Per replica (grouped by the scrape target and the served model: a series of another
-    # model on the same target is not this replica's load, see PrometheusSource._by_node).
-    def replica(self) -> dict[str, str]:
-        i = f"{self.instance_label}, {names.MODEL_LABEL}"
-        awake = f'{names.SLEEP_STATE_LABEL}="{names.SLEEP_AWAKE}"'
-        return {
-            "running": f"sum by ({i}, {names.ENGINE_LABEL}) ({names.RUNNING}{self._sel()})",
-            "waiting": f"sum by ({i}) ({names.WAITING}{self._sel()})",
-            # `or` keeps the legacy gauge only for targets without the new one.
-            "kv": (
-                f"max by ({i}) ({names.KV_CACHE_USAGE}{self._sel()}) "
-                f"or max by ({i}) ({names.KV_CACHE_USAGE_LEGACY}{self._sel()})"
-            ),
-            # The next two list only the exceptions (asleep, stale), to keep answers small.
-            "asleep": f"max by ({i}) ({names.SLEEP_STATE}{self._sel(awake)}) < 0.5",
-            "prompt": f"sum by ({i}) ({self._rate(names.PROMPT_TOKENS)})",
-            "generation": f"sum by ({i}) ({self._rate(names.GENERATION_TOKENS)})",
-            "stale": (
-                f"time() - max by ({i}) (timestamp({names.RUNNING}{self._sel()})) > {self.staleness_s:g}"
-            ),
-            # `>= 0` drops NaN: replicas without requests in the window have no percentile.
-            "ttft": f"{self._p95(names.TTFT, i)} >= 0",
-            "queue": f"{self._p95(names.QUEUE_TIME, i)} >= 0",
-        }
-
-    def _subquery(self, expr: str, range_s: int) -> str:
-        return f"{expr}[{range_s}s:{subquery_step(range_s, self.rate_window_s)}s]"
-
-    def covered(self, points: float | None, range_s: int) -> bool:
-        """Whether a subquery over range_s had data at >= WINDOW_COVERAGE of its steps."""
-        expected = range_s // subquery_step(range_s, self.rate_window_s)
-        return points is not None and points >= WINDOW_COVERAGE * expected
-
-    def demand(self, offset_s: int = 0) -> str:
-        m = names.MODEL_LABEL
-        gen = self._rate(names.GENERATION_TOKENS, offset_s, valid=True)
-        prompt = self._rate(names.PROMPT_TOKENS, offset_s, valid=True)
-        return f"(sum by ({m}) ({gen}) + {self.prompt_token_weight!r} * sum by ({m}) ({prompt}))"
-
-    # Fleet-wide per model.
-    def model(self, window_s: int, leads: Collection[int] | None) -> dict[str, str]:
-        """The per-model queries; `leads`: the models' forecast lead times (None: no forecast)."""
-        m = names.MODEL_LABEL
-        # Every series passes `_valid` before it is summed: one NaN or negative series (a fake
-        # exporter on a lent node's port) must not poison a model's fleet-wide figures.
-        waiting = f"sum by ({m}) ({self._gauge(names.WAITING, valid=True)})"
-        q = {
-            "generation": f"sum by ({m}) ({self._rate(names.GENERATION_TOKENS, valid=True)})",
-            "prompt": f"sum by ({m}) ({self._rate(names.PROMPT_TOKENS, valid=True)})",
-            "running": f"sum by ({m}) ({self._gauge(names.RUNNING, valid=True)})",
-            "waiting": waiting,
-            "kv": (
-                f"max by ({m}) ({self._gauge(names.KV_CACHE_USAGE, valid=True)}) "
-                f"or max by ({m}) ({self._gauge(names.KV_CACHE_USAGE_LEGACY, valid=True)})"
-            ),
-            "ttft": self._p95(names.TTFT, m, valid=True),
-        }
-        if self.queue_sustain_s > 0:
-            # the queue now, and its minimum over the sustain span with the span's points
-            recent = self._subquery(waiting, self.queue_sustain_s)
-            q["waiting"] = " or ".join([
-                waiting,
-                _kind(f"min_over_time({recent})", "recent_min"),
-                _kind(f"count_over_time({recent})", "recent_points"),
-            ])
-        if window_s > 0:
-            # the window's points (`kind="points"`) say whether Prometheus holds all of it
-            demand = self._subquery(self.demand(), window_s)
-            points = _kind(f"count_over_time({demand})", "points")
-            # the adaptive headroom's inputs ride on the same query (capacity.Spread): the
-            # window's mean and slope, and the noise of the demand's 10-minute changes over an hour
-            changes = f"({self.demand()} - {self.demand(NOISE_LAG_S)})"
-            noise_sub = f"{changes}[{NOISE_SPAN_S}s:{subquery_step(NOISE_SPAN_S, self.rate_window_s)}s]"
-            q["demand_max"] = " or ".join([
-                f"max_over_time({demand})", points,
-                _kind(f"avg_over_time({demand})", "mean"),
-                _kind(f"deriv({demand})", "trend"),
-                _kind(f"stddev_over_time({noise_sub}) / {math.sqrt(2)!r}", "noise"),
-                _kind(f"count_over_time({noise_sub})", "noise_points"),
-            ])
-            q["waiting_max"] = f"max_over_time({self._subquery(waiting, window_s)})"
-            q["waiting_min"] = f"min_over_time({self._subquery(waiting, window_s)})"
-        if leads is not None:
-            q["forecast"] = self.forecast(leads, window_s)
-        return q
-
-    def forecast(self, leads: Collection[int], window_s: int) -> str:
-        """Every input of `policy.forecast_demand`, for every model, in one query.
-
-        Series are told apart by a `kind` label. Per offset (1d, 7d): `then_<o>`, the demand at
-        now-offset; for each distinct lead time L of the models, `ahead_<o>@L`, its peak over
-        the L seconds after that moment, and `later_<o>@L`, its peak over L + the scale-down
-        window (what `forecast_demand_tokens_per_s_max_window` needs). And `trend`: `deriv` of
-        the demand over the scale-down window, tokens/s per second. Models with different leads
-        (cold start vs sleep-mode wake) each read their own L; the query stays one per tick.
-        """
-        parts = []
-        for ago, tag in ((DAY_S, "1d"), (WEEK_S, "7d")):
-            parts.append(f'label_replace({self.demand(ago)}, "kind", "then_{tag}", "", "")')
-            for lead in sorted({max(int(v), 1) for v in leads}):
-                reaches = [("ahead", lead)] + ([("later", lead + window_s)] if window_s > 0 else [])
-                for name, span in reaches:
-                    step = subquery_step(span, self.rate_window_s)
-                    peak = (
-                        f"max_over_time({self.demand()}[{span}s:{step}s] offset {max(ago - span, 1)}s)"
-                    )
-                    parts.append(f'label_replace({peak}, "kind", "{name}_{tag}@{lead}", "", "")')
-        if window_s > 0:
-            step = subquery_step(window_s, self.rate_window_s)
-            trend = f"deriv({self.demand()}[{window_s}s:{step}s])"
-            parts.append(f'label_replace({trend}, "kind", "trend", "", "")')
-        return " or ".join(parts)
-
-
-def _valid(expr: str) -> str:
-    """Only the series of `expr` that are finite and not negative (`>= 0` drops NaN too)."""
-    return f"({expr} >= 0 < +Inf)"
-
-
-def _kind(expr: str, kind: str) -> str:
-    """expr with the label `kind` set, to send several answers in one query."""
-    return f'label_replace({expr}, "kind", "{kind}", "", "")'
-
-
-def subquery_step(range_s: int, rate_window_s: int) -> int:
-    """Resolution of a range subquery: ~10-30 points, never finer than half the rate window."""
-    return max(1, min(max(rate_window_s // 2, 1), max(range_s // 10, 1)))
-
-
-def queries_for(config: Config) -> Queries:
-    job = config.metrics.job_label
-    return Queries(
-        selector=f'{{job="{job}"}}' if job else "",
-        instance_label=config.metrics.instance_label,
-        rate_window_s=config.metrics.rate_window_s,
-        prompt_token_weight=config.policy.prompt_token_weight,
-        staleness_s=config.metrics.staleness_s,
-        queue_sustain_s=config.policy.queue_sustain_s,
-    )
-
-
-# --- mapping series to replicas ----------------------------------------------------------------
-
-
-#: `scheme://host[:port]` followed by a path, query, fragment or nothing: the shape of nearly
-#: every replica URL, read without urlsplit (10,000 replicas per tick); anything else -> urlsplit.
-_SIMPLE_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([A-Za-z0-9._-]+)(?::([0-9]{1,5}))?(?:[/?#]|$)")
-
-
-def _host_port(url: str) -> tuple[str, int, bool]:
-    """(lower-case host, port or the scheme's default, whether the URL names its port), exactly
-    as urlsplit reads them."""
-    simple = _SIMPLE_URL.match(url)
-    if simple is not None:
-        scheme, host, port_text = simple.groups()
-        port = int(port_text) if port_text else 0
-        if port <= 65535:
-            return host.lower(), port or (443 if scheme.lower() == "https" else 80), bool(port_text)
-    parts = urlsplit(url)
-    named = parts.port
-    default = 443 if parts.scheme == "https" else 80
-    return (parts.hostname or "").lower(), named or default, named is not None
-
-
-def target_keys(replica: ReplicaConfig) -> list[str]:
-    """The label values that identify a replica's series: host:port of its URL, its node name
-    (an `instance` relabelled to it), the short host:port; and, only for a URL without a port
-    (a proxy on the scheme's port, say), `host:*`: its host on any port.
-
-    A URL with an explicit port matches no other port: gpu01:8001 may be another vLLM on the
-    same node (another model, someone's test), whose load is not this replica's. Sites whose
-    Prometheus scrapes the replica on another port than its URL's relabel `instance` to the node
-    name (or set metrics.instance_label to a label holding it).
-    """
-    host, port, explicit = _host_port(replica.url)
-    keys = [f"{host}:{port}", replica.node.lower()]
-    short = host.split(".")[0]
-    named = short != host and not host.replace(".", "").isdigit()
-    if named:
-        keys.append(f"{short}:{port}")
-    if not explicit:
-        keys.append(f"{host}:*")
-        if named:
-            keys.append(f"{short}:*")
-    return keys
-
-
-def target_index(replicas: Sequence[tuple[str, ReplicaConfig]]) -> dict[str, str]:
-    """label value -> replica url (a replica's key: unique, where a node may run several);
-    earlier (more exact) keys win over later ones. A node name heading several replicas is
-    no replica's key: a series labelled only with it could be either's (it matches none, so
-    both read unknown and nothing is lent on it, rather than one's load counted as the other's)."""
-    index: dict[str, str] = {}
-    heads: dict[str, int] = {}
-    for _, replica in replicas:
-        heads[replica.node.lower()] = heads.get(replica.node.lower(), 0) + 1
-    all_keys = [
-        ([k for k in target_keys(replica) if heads.get(k, 0) < 2], replica.url)
-        for _, replica in replicas
-    ]
-    for rank in range(max((len(keys) for keys, _ in all_keys), default=0)):
-        for keys, node in all_keys:
-            if rank < len(keys):
-                index.setdefault(keys[rank], node)
-    return index
-
-
-def match_target(index: Mapping[str, str], value: str) -> str | None:
-    """The node whose replica a label value names (target_keys), or None."""
-    v = value.lower()
-    if v in index:
-        return index[v]
-    host, _, port = v.rpartition(":")
-    if host and port.isdigit():
-        short = host.split(".")[0]
-        return index.get(f"{short}:{port}") or index.get(f"{host}:*") or index.get(f"{short}:*")
-    return None
-
-
 # --- the source --------------------------------------------------------------------------------
-
-
-@dataclass
-class _Vector:
-    """One instant-query answer: the raw series list and the evaluation time."""
-
-    result: list[dict[str, Any]]
-    eval_ts: float | None
-
-    def values(self) -> Iterator[tuple[dict[str, str], float]]:
-        """(labels, value) per series; NaN kept (a percentile over no requests)."""
-        for item in self.result:
-            yield item["metric"], float(item["value"][1])
-
-
-def parse_vector(result: Any) -> _Vector:
-    """Check the shape of prometheus_api_client's `result` list; values are read lazily."""
-    if not isinstance(result, list):
-        raise TypeError(f"expected a list of series, got {type(result).__name__}")
-    eval_ts = float(result[-1]["value"][0]) if result else None
-    return _Vector(result, eval_ts)
-
-
-def _finite(v: float | None) -> float | None:
-    return None if v is None or math.isnan(v) or math.isinf(v) else v
 
 
 #: Signals summed when several series land on one replica (DP engines); for the others
@@ -614,91 +346,10 @@ class PrometheusSource:
                 key = f"{signal}:{labels['kind']}" if "kind" in labels else signal
                 by_model.setdefault(labels.get(names.MODEL_LABEL, ""), {})[key] = value
         return [
-            self._model_load(m.name, by_model.get(m.name, {}), None if leads is None else leads[m.name])
+            model_load(m.name, by_model.get(m.name, {}), None if leads is None else leads[m.name],
+                       policy, self.q)
             for m in models
         ]
-
-    def _model_load(self, model: str, v: dict[str, float], lead_s: int | None) -> ModelLoad:
-        gen, prompt = _finite(v.get("generation")), _finite(v.get("prompt"))
-        running = _finite(v.get("running"))
-        if gen is None or prompt is None or running is None:
-            return ModelLoad(model=model, known=False)
-        waiting = _finite(v.get("waiting")) or 0.0
-        policy = self.config.policy
-        demand_now = demand_tokens_per_s(gen, prompt, policy.prompt_token_weight)
-        window_s = policy.scale_down_window_s
-        windowed = window_s > 0
-        # Without (nearly) the whole window in Prometheus, "low for the whole window" is unknown.
-        covered = not windowed or self.q.covered(_finite(v.get("demand_max:points")), window_s)
-        # The queue's minimum over the sustain span, the present included (the subquery's last
-        # step may predate it); None unless Prometheus holds the span.
-        recent: float | None = waiting
-        if policy.queue_sustain_s > 0:
-            span_min = _finite(v.get("waiting:recent_min"))
-            points = _finite(v.get("waiting:recent_points"))
-            covered_span = self.q.covered(points, policy.queue_sustain_s)
-            recent = min(span_min, waiting) if span_min is not None and covered_span else None
-        forecast, forecast_window = (
-            forecast_inputs(v, demand_now, lead_s, window_s) if lead_s is not None else (None, None)
-        )
-        return ModelLoad(
-            model=model,
-            known=True,
-            prompt_tokens_per_s=prompt,
-            generation_tokens_per_s=gen,
-            running=running,
-            waiting=waiting,
-            waiting_min_recent=recent,
-            kv_cache_usage_max=_finite(v.get("kv")) or 0.0,
-            ttft_p95_s=_finite(v.get("ttft")),
-            demand_tokens_per_s_max_window=(
-                demand_now if not windowed
-                else _max_opt(_finite(v.get("demand_max")), demand_now) if covered else None
-            ),
-            waiting_max_window=(
-                waiting if not windowed
-                else _max_opt(_finite(v.get("waiting_max")), waiting) if covered else None
-            ),
-            waiting_min_window=(
-                waiting if not windowed else _finite(v.get("waiting_min")) if covered else None
-            ),
-            demand_tokens_per_s_mean_window=(
-                _finite(v.get("demand_max:mean")) if windowed and covered else None
-            ),
-            demand_trend_per_s_window=(
-                _finite(v.get("demand_max:trend")) if windowed and covered else None
-            ),
-            demand_noise_tokens_per_s=(
-                _finite(v.get("demand_max:noise"))
-                if windowed and self.q.covered(_finite(v.get("demand_max:noise_points")), NOISE_SPAN_S)
-                else None
-            ),
-            forecast_demand_tokens_per_s=forecast,
-            forecast_demand_tokens_per_s_max_window=forecast_window,
-        )
-
-
-def forecast_inputs(
-    v: Mapping[str, float], demand_now: float, lead_s: int, window_s: int
-) -> tuple[float | None, float | None]:
-    """(forecast over the lead, forecast over lead + scale-down window) from the `forecast:*`
-    series of one model (`then_<o>`, `ahead_<o>@<lead>`, `later_<o>@<lead>`, `trend`), through
-    `metrics.forecast.forecasts`, the simulator's arithmetic."""
-    peaks = [
-        Peak(
-            then,
-            ahead=_finite(v.get(f"forecast:ahead_{tag}@{lead_s}")),
-            later=_finite(v.get(f"forecast:later_{tag}@{lead_s}")),
-        )
-        for tag in ("1d", "7d")
-        if (then := _finite(v.get(f"forecast:then_{tag}"))) is not None
-    ]
-    return forecasts(demand_now, peaks, _finite(v.get("forecast:trend")), lead_s, window_s)
-
-
-def _max_opt(window: float | None, now: float) -> float | None:
-    # The window's max must cover the present too (the subquery's last step may predate it).
-    return None if window is None else max(window, now)
 
 
 def _api_error(text: str) -> str:
