@@ -1,0 +1,119 @@
+"""Control of one vLLM replica per node: start/stop (or wake/sleep) and health, three ways.
+
+The agent retires a replica before lending its node and brings it back on reclaim; how is
+site policy, chosen by `engine.kind`:
+- `command`: admin commands with `{node}`, `{url}`, `{model}`, `{port}`, `{index}` placeholders
+  (shell-quoted values; one call per replica, so a node with two replicas gets two);
+- `docker`: a named container per replica (`{index}`/`{port}` tell a node's replicas apart) via the docker SDK (`stop(timeout=stop_timeout_s)`);
+- `http-sleep`: vLLM sleep mode (`POST /sleep?level=N&mode=wait`, `POST /wake_up`), fastest.
+One module per kind (command, container, sleep), what they share in probe; this one holds the
+protocol, the factory and what the driver polls. Health is the same for all: `GET /health` 200, awake per `GET /is_sleeping` (dev mode) or the
+`vllm:engine_sleep_state` gauge, in-flight requests from `vllm:num_requests_running` plus
+`vllm:num_requests_waiting` (a queued request is as much in flight as a running one).
+HTTP, commands, docker client and the clock are injected so tests replace them, not patch them.
+
+Every call is one request or command, bounded by its own timeout: nothing here waits for a
+state. `start` and `stop` signal (a command, `docker start`/`stop`, `POST /wake_up`/`/sleep`)
+and take an optional `timeout_s`, the time the caller (a tick, whose cron successor is locked
+out while it runs) can still give: the call is cut to it and raises `EngineDeadline` when the
+caller's time, not its own timeout, ran out (the operation may still be under way and is asked
+again later). The driver (transitions.py) does the waiting, through its one poll loop under the
+tick's deadline: for no request in flight (`is_idle`, and first, on a server too old to keep
+in-flight requests through a stop, `stop_drops_requests`), for the stop to take effect
+(`released`) and for the replica to serve (`health`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from slurm_idle.commands import CommandRunner
+from slurm_idle.config import EngineConfig, ReplicaConfig
+from slurm_idle.engine.command import CommandEngine, format_command
+from slurm_idle.engine.container import DockerEngine, container_name
+from slurm_idle.engine.probe import (
+    MAX_BODY_BYTES,
+    EngineDeadline,
+    EngineHealth,
+    HttpProbe,
+    HttpTimeout,
+    Identity,
+    MetricsReading,
+    UrllibClient,
+    parse_is_sleeping,
+    parse_metrics,
+    parse_model_ids,
+)
+from slurm_idle.engine.sleep import HttpSleepEngine
+from slurm_idle.httpdeadline import HttpClient, HttpResponse
+
+__all__ = ["MAX_BODY_BYTES", "CommandEngine", "DockerEngine", "Drainable", "Engine", "EngineControl", "EngineDeadline",
+           "EngineHealth", "HttpProbe", "HttpResponse", "HttpSleepEngine", "HttpTimeout", "Identity", "MetricsReading",
+           "UrllibClient", "container_name", "format_command", "is_idle", "make_engine", "parse_is_sleeping",
+           "parse_metrics", "parse_model_ids"]
+
+
+# --- the protocol --------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Start/stop one replica and read its state; start and stop are idempotent signals.
+
+    `timeout_s` bounds the call (see the module docstring); none of them waits for a state,
+    the caller polls `released` (the stop took effect) and `health` (serving again).
+    `in_flight` counts the requests running *and* waiting (stopping would drop either); None
+    when the replica is down or its metrics unreadable. The fake in `slurm_idle.testing.fakes`
+    implements it too.
+    """
+
+    def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
+
+    def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None: ...
+
+    def released(self, replica: ReplicaConfig) -> bool: ...
+
+    def stop_drops_requests(self, replica: ReplicaConfig) -> str | None: ...
+
+    def health(self, replica: ReplicaConfig) -> EngineHealth: ...
+
+    def in_flight(self, replica: ReplicaConfig) -> float | None: ...
+
+    def identify(self, replica: ReplicaConfig) -> Identity: ...
+
+
+#: The protocol's earlier name, kept for callers outside the package.
+EngineControl = Engine
+
+
+def make_engine(
+    config: EngineConfig,
+    model: str = "",
+    *,
+    runner: CommandRunner | None = None,
+    http: HttpClient | None = None,
+    docker_client: Any = None,
+) -> Engine:
+    """The engine control `config.kind` names, for the replicas of `model`."""
+    if config.kind == "command":
+        return CommandEngine(config, model, runner=runner, http=http)
+    if config.kind == "docker":
+        return DockerEngine(config, model, client=docker_client, http=http)
+    return HttpSleepEngine(config, http=http, model=model)
+
+
+# --- what the driver polls ------------------------------------------------------------------
+
+
+class Drainable(Protocol):
+    """What waiting for a replica to drain reads: requests in flight and health."""
+
+    def health(self, replica: ReplicaConfig) -> EngineHealth: ...
+
+    def in_flight(self, replica: ReplicaConfig) -> float | None: ...
+
+
+def is_idle(engine: Drainable, replica: ReplicaConfig) -> bool:
+    """No request in flight, running or waiting (or the replica is down: it can drop none)."""
+    running = engine.in_flight(replica)
+    return running == 0 or (running is None and not engine.health(replica).up)
