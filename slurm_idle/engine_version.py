@@ -8,7 +8,8 @@ history, see docs/vllm-versions.md):
 - `--shutdown-timeout N` (SIGTERM drains in-flight requests for up to N s) exists from 0.18
   (PR #34730, re-landed as #36666); older servers, and newer ones at its default 0, abort them.
 When a replica's version lacks the feature its engine kind relies on, or cannot be read, the
-engine drains by in-flight count before it stops or sleeps the server (engine.py), and
+driver drains it by in-flight count before it stops or sleeps the server
+(`Engine.stop_drops_requests`, transitions.py), and
 `status`/`doctor` say so.
 """
 

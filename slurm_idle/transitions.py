@@ -70,7 +70,7 @@ from slurm_idle.powersave import needs_power_up, power_flags
 from slurm_idle.slurm.protocol import PoolSlurm
 from slurm_idle.topology import group_index
 
-if TYPE_CHECKING:  # imported where used (engine.py loads the HTTP and docker helpers)
+if TYPE_CHECKING:  # imported where used (the engine package loads the HTTP and docker helpers)
     from slurm_idle.engine import Engine
     from slurm_idle.router.sync import RouterSet
 
