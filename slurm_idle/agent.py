@@ -27,7 +27,7 @@ from slurm_idle.journal import JobRecord, Journal, StepOutcome, TickRecord
 from slurm_idle.lifecycle import PhaseInfo, derive_phase, takes_traffic
 from slurm_idle.lock import Holder, inspect, try_lock
 from slurm_idle.logs import get_logger
-from slurm_idle.metrics.serving import serving_model_load
+from slurm_idle.metrics.serving import loads_by_replica, serving_model_load
 from slurm_idle.model import (
     Action,
     ModelLoad,
@@ -136,17 +136,12 @@ def observe(
         # Per replica, never per node: two replicas on one node (or one spanning nodes) are
         # counted, or not, each on its own; a foreign one never takes its neighbour with it.
         counted = {r.name for _, r in serving if r.name not in foreign}
-        loads_by_key: dict[str, ReplicaLoad] = {}  # replica url (node, from fakes) -> load
+        found: list[ReplicaLoad] = []
         model_loads: tuple[ModelLoad, ...]
         try:
             probes = [(r.model, probe_config(r)) for r in placed]
-            for load in metrics.replica_loads([*replicas, *probes], budget_s=left(),
-                                              serving=counted | {r.name for r in job_serving}):
-                loads_by_key[load.url or load.node] = load
-                if load.node not in headed or len(headed[load.node]) == 1:
-                    # By node only where the node heads one replica: with two, a load found by
-                    # node name could be the other's (counted twice, or a foreign one counted).
-                    loads_by_key.setdefault(load.node, load)
+            found = list(metrics.replica_loads([*replicas, *probes], budget_s=left(),
+                                               serving=counted | {r.name for r in job_serving}))
             model_loads = tuple(metrics.model_loads(config.models, now, budget_s=left(),
                                                     serving=counted))
         except MetricsUnavailable as exc:
@@ -156,19 +151,20 @@ def observe(
         if fallen_back and getattr(metrics, "source", "") == "scrape":
             errors.append(f"{fallen_back}: planned on direct scrapes of the serving replicas "
                           "(nothing new is lent without Prometheus' history)")
+        of_replica = loads_by_replica(replicas, found)  # replica name -> load
+        by_url = {load.url: load for load in found if load.url}  # replica jobs' loads
         for model_name, replica in serving:
             if replica.name in foreign:  # its metrics are not a replica of ours: never counted
-                loads_by_key[replica.url] = ReplicaLoad(
+                of_replica[replica.name] = ReplicaLoad(
                     model=model_name, node=replica.node, url=replica.url, known=False, foreign=True
                 )
         counted_of: dict[str, list[ReplicaLoad | None]] = {}
         for model_name, replica in replicas:
             if replica.name in counted:
-                counted_of.setdefault(model_name, []).append(
-                    loads_by_key.get(replica.url) or loads_by_key.get(replica.node))
+                counted_of.setdefault(model_name, []).append(of_replica.get(replica.name))
         for r in job_serving:
-            counted_of.setdefault(r.model, []).append(loads_by_key.get(r.url))
-        replica_jobs = tuple(replace(r, load=loads_by_key.get(r.url)) if r.url else r
+            counted_of.setdefault(r.model, []).append(by_url.get(r.url))
+        replica_jobs = tuple(replace(r, load=by_url.get(r.url)) if r.url else r
                              for r in replica_jobs)
         weight = config.policy.prompt_token_weight
         model_loads = tuple(
@@ -186,7 +182,7 @@ def observe(
             info = infos[name]
             node_jobs = jobs_by_node.get(name)
             here = headed.get(name, [])
-            loads = _loads_of(here, loads_by_key)
+            loads = _loads_of(here, of_replica)
             views.append(
                 NodeView(
                     node=nodes[name],  # pool nodes Slurm does not know were left out above
@@ -259,17 +255,13 @@ def gres_mismatches(config: Config, nodes: dict[str, SlurmNode]) -> list[str]:
 def _loads_of(
     here: list[tuple[str, ReplicaConfig]], loads: dict[str, ReplicaLoad]
 ) -> tuple[ReplicaLoad, ...]:
-    """The loads of the replicas headed on one node, found by url (or, for the one replica of
-    a node, by node name), named after their replica when the node has several."""
-    if len(here) == 1:
-        _, replica = here[0]
-        load = loads.get(replica.url) or loads.get(replica.node)
-        return (load,) if load is not None else ()
+    """The loads of the replicas headed on one node (`loads`: by replica name, see
+    metrics.serving.loads_by_replica), named after their replica when the node has several."""
     out = []
     for _, replica in here:
-        load = loads.get(replica.url)
+        load = loads.get(replica.name)
         if load is not None:
-            out.append(replace(load, name=replica.name))
+            out.append(load if len(here) == 1 else replace(load, name=replica.name))
     return tuple(out)
 
 

@@ -14,15 +14,15 @@ import os
 import shlex
 import shutil
 import stat
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from slurm_idle.commands import CommandRunner
-from slurm_idle.config import Config, EngineConfig, ReplicaConfig
+from slurm_idle.config import Config, EngineConfig
 from slurm_idle.doctor.checks import EngineFacts, SiteFacts, SubmitProbe
 from slurm_idle.errors import CommandError, SlurmIdleError
-from slurm_idle.model import ReplicaLoad
+from slurm_idle.metrics.serving import loads_by_replica
 from slurm_idle.slurm.text import parse_show_config, parse_show_partitions
 
 #: A test job that does nothing; `--test-only` never queues it.
@@ -180,26 +180,3 @@ def gather(
     return SiteFacts(slurm_config=slurm_config, partitions=partitions, nodes=nodes, submit=submit,
                      replicas=replicas, engines=engines, paths=paths, errors=errors,
                      router_states=routed)
-
-
-def loads_by_replica(
-    replicas: Sequence[tuple[str, ReplicaConfig]], loads: Iterable[ReplicaLoad]
-) -> dict[str, ReplicaLoad]:
-    """replica name -> its load, found by url (by node name only where the node heads one
-    replica): keyed by node, two replicas on one 8-GPU node shared one entry and a replica
-    without fresh series hid behind its neighbour's."""
-    by_url: dict[str, ReplicaLoad] = {}
-    by_node: dict[str, ReplicaLoad] = {}
-    for load in loads:
-        if load.url:
-            by_url[load.url] = load
-        by_node.setdefault(load.node, load)
-    heads: dict[str, int] = {}
-    for _, r in replicas:
-        heads[r.node] = heads.get(r.node, 0) + 1
-    out: dict[str, ReplicaLoad] = {}
-    for _, r in replicas:
-        found = by_url.get(r.url) or (by_node.get(r.node) if heads[r.node] == 1 else None)
-        if found is not None:
-            out[r.name] = found
-    return out

@@ -12,9 +12,10 @@ checked finite and non-negative first), raised to the present where they are its
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from slurm_idle.config import ReplicaConfig
 from slurm_idle.model import ModelLoad, ReplicaLoad
 from slurm_idle.policy.capacity import demand_tokens_per_s
 
@@ -71,3 +72,28 @@ def serving_model_load(
             None if load.waiting_max_window is None else max(load.waiting_max_window, waiting)
         ),
     )
+
+
+def loads_by_replica(
+    replicas: Sequence[tuple[str, ReplicaConfig]], loads: Iterable[ReplicaLoad]
+) -> dict[str, ReplicaLoad]:
+    """replica name -> its load, found by url (by node name only where the node heads one
+    replica): keyed by node, two replicas on one 8-GPU node shared one entry and a replica
+    without fresh series hid behind its neighbour's (a load found by node name could be the
+    other's: counted twice, or a foreign one counted). The one rule of the agent's observe and
+    doctor's metrics check."""
+    by_url: dict[str, ReplicaLoad] = {}
+    by_node: dict[str, ReplicaLoad] = {}
+    for load in loads:
+        if load.url:
+            by_url[load.url] = load
+        by_node.setdefault(load.node, load)
+    heads: dict[str, int] = {}
+    for _, r in replicas:
+        heads[r.node] = heads.get(r.node, 0) + 1
+    out: dict[str, ReplicaLoad] = {}
+    for _, r in replicas:
+        found = by_url.get(r.url) or (by_node.get(r.node) if heads[r.node] == 1 else None)
+        if found is not None:
+            out[r.name] = found
+    return out

@@ -246,7 +246,7 @@ def test_metrics_missing_for_a_serving_replica_fails() -> None:
 def test_metrics_of_two_replicas_on_one_node_are_checked_each() -> None:
     """Two replicas on gpu2: the one without fresh series fails the check by its name, even
     though its neighbour on the same node has series (keyed by node, one hid the other)."""
-    from slurm_idle.doctor.gather import loads_by_replica
+    from slurm_idle.metrics.serving import loads_by_replica
 
     two = parse_config("""
 engine: {kind: command, start_command: 'true', stop_command: 'true'}
