@@ -22,7 +22,7 @@ from slurm_idle import filesd
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.jobdriver import JobDriver
-from slurm_idle.journal import JobRecord, Journal, StepOutcome, TickRecord
+from slurm_idle.journal import DuplicateJobRecord, JobRecord, Journal, StepOutcome, TickRecord
 from slurm_idle.lock import Holder, inspect, try_lock
 from slurm_idle.logs import get_logger
 from slurm_idle.model import (
@@ -264,8 +264,9 @@ class Agent:
         assert self.journal is not None
         self.journal.append(step.to_record())
 
-    def _journal_event(self, record: JobRecord | dict[str, Any]) -> None:
-        """What a reclaim did to one job (eviction.py: signalled, requeued, cancelled, error)."""
+    def _journal_event(self, record: JobRecord | DuplicateJobRecord) -> None:
+        """What a reclaim did to one job (eviction.py: signalled, requeued, cancelled, error),
+        or the duplicate replica jobs cancelled (jobdriver.py)."""
         assert self.journal is not None
         self.journal.append(record)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.journal import StepOutcome
+from slurm_idle.journal import DuplicateJobRecord, StepOutcome
 from slurm_idle.lifecycle import (
     JOB_LIFECYCLE,
     Edge,
@@ -70,20 +70,20 @@ class JobDriver:
     def __post_init__(self) -> None:
         self._jobs = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
 
-    def cancel_duplicates(self, replicas: Sequence[JobReplica]) -> list[dict[str, Any]]:
+    def cancel_duplicates(self, replicas: Sequence[JobReplica]) -> list[DuplicateJobRecord]:
         """Cancel every duplicate replica job (two jobs of ours for one replica: the lock should
         make it impossible; the running, then oldest, one is kept). Returns journal records."""
         records = []
         for r in replicas:
             if not r.duplicates:
                 continue
-            record: dict[str, Any] = {"event": "duplicate-replica-job", "ts": round(self.clock(), 3),
-                                      "replica": r.name, "model": r.model, "kept": r.job_id,
-                                      "cancelled": list(r.duplicates)}
+            error = None
             try:
                 self.slurm.cancel(list(r.duplicates))
             except SlurmIdleError as exc:
-                record["error"] = str(exc)
+                error = str(exc)
+            record = DuplicateJobRecord(ts=self.clock(), replica=r.name, model=r.model,
+                                        kept=r.job_id, cancelled=tuple(r.duplicates), error=error)
             log.warning("%s: cancelled duplicate replica job(s) %s (kept job %s)", r.name,
                         ", ".join(map(str, r.duplicates)), r.job_id)
             records.append(record)

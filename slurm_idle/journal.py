@@ -2,7 +2,7 @@
 
 `explain` and `report` read it back, so its shape is a stable interface, written down once
 here as the record dataclasses below: the writers (transitions.StepResult, agent ticks,
-eviction, router/sync.py, admin.py) build them, `Journal.append` writes their `to_json()`, and
+eviction, router/sync.py, admin.py, jobdriver.py) build them, `Journal.append` writes their `to_json()`, and
 readers get them back from `parse_record` / `Journal.typed()` (a record that is not ours, or
 malformed, is skipped there, so every reader skips the same ones).
 
@@ -28,6 +28,10 @@ malformed, is skipped there, so every reader skips the same ones).
   admin (an admin's pin or unpin, admin.py, AdminRecord):
     {"event": "admin", "time": ..., "ts": ..., "node": "gpu1", "command": "pin" | "unpin",
      "phase": "serving", "outcome": "ok" | "error", "detail": "..."}
+  duplicate-replica-job (two jobs of ours for one replica, the extra ones cancelled,
+  jobdriver.py, DuplicateJobRecord):
+    {"event": "duplicate-replica-job", "time": ..., "ts": ..., "replica": "m-0", "model": "m",
+     "kept": 41, "cancelled": [42], "error": "..." (only if the scancel failed)}
 """
 
 from __future__ import annotations
@@ -374,10 +378,46 @@ class AdminRecord:
                    detail=_str(rec.get("detail")), time=_opt_str(rec.get("time")))
 
 
-JournalRecord = TransitionRecord | TickRecord | JobRecord | RouterRecord | AdminRecord
+@dataclass(frozen=True)
+class DuplicateJobRecord:
+    """Two jobs of ours for one replica (`placement: jobs`): the one kept and the ones cancelled
+    (jobdriver.py)."""
 
-_KINDS: dict[str, Any] = {k.EVENT: k for k in
-                          (TransitionRecord, TickRecord, JobRecord, RouterRecord, AdminRecord)}
+    EVENT: ClassVar[str] = "duplicate-replica-job"
+
+    ts: float
+    replica: str
+    model: str
+    kept: int | None  # the replica's job (running, else the oldest)
+    cancelled: tuple[int, ...]
+    error: str | None = None  # the scancel failed
+    time: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        rec = _head(self.EVENT, self.ts, self.time)
+        rec.update({"replica": self.replica, "model": self.model, "kept": self.kept,
+                    "cancelled": list(self.cancelled)})
+        if self.error is not None:
+            rec["error"] = self.error
+        return rec
+
+    @classmethod
+    def from_json(cls, rec: Mapping[str, Any]) -> DuplicateJobRecord | None:
+        replica, cancelled = rec.get("replica"), rec.get("cancelled")
+        if not isinstance(replica, str) or not isinstance(cancelled, list):
+            return None
+        kept = rec.get("kept")
+        return cls(ts=_num(rec.get("ts")), replica=replica, model=_str(rec.get("model")),
+                   kept=kept if isinstance(kept, int) and not isinstance(kept, bool) else None,
+                   cancelled=tuple(j for j in cancelled if isinstance(j, int) and not isinstance(j, bool)),
+                   error=_opt_str(rec.get("error")), time=_opt_str(rec.get("time")))
+
+
+JournalRecord = (TransitionRecord | TickRecord | JobRecord | RouterRecord | AdminRecord
+                 | DuplicateJobRecord)
+
+_KINDS: dict[str, Any] = {k.EVENT: k for k in (TransitionRecord, TickRecord, JobRecord,
+                                               RouterRecord, AdminRecord, DuplicateJobRecord)}
 
 
 def parse_record(rec: Mapping[str, Any]) -> JournalRecord | None:

@@ -13,6 +13,7 @@ import pytest
 
 from slurm_idle.agent import Agent
 from slurm_idle.config import Config, parse_config
+from slurm_idle.journal import DuplicateJobRecord
 from slurm_idle.model import ModelLoad, Phase, ReplicaLoad, SlurmJob
 from slurm_idle.policy.planner import assess, plan
 from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
@@ -199,6 +200,8 @@ def test_a_duplicate_replica_job_is_cancelled(tmp_path: Path) -> None:
     assert any("duplicate replica job(s) 99" in e for e in obs.errors)
     agent.tick()
     assert 99 not in {j.job_id for j in slurm.job_list} and first in slurm.job_list
+    [record] = [r for r in agent.journal.typed() if isinstance(r, DuplicateJobRecord)]
+    assert (record.kept, record.cancelled, record.error) == (first.job_id, (99,), None)
 
 
 def test_a_replica_job_pending_too_long_is_stuck_with_slurms_reason(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 from slurm_idle import journal as journal_module
 from slurm_idle.journal import (
     AdminRecord,
+    DuplicateJobRecord,
     JobAction,
     JobRecord,
     Journal,
@@ -50,6 +51,9 @@ RECORDS: list[JournalRecord] = [
                  outcome=RouterOutcome.OK, duration_s=0.02, replica="gpu5:8001"),
     AdminRecord(ts=T0, node="gpu1", command="pin", phase="serving", outcome=StepOutcome.OK,
                 detail="pinned"),
+    DuplicateJobRecord(ts=T0, replica="m-0", model="m", kept=41, cancelled=(42, 43)),
+    DuplicateJobRecord(ts=T0, replica="m-1", model="m", kept=44, cancelled=(45,),
+                       error="scancel: Invalid job id"),
 ]
 
 
