@@ -40,7 +40,7 @@ from slurm_idle.transitions import NodeDriver, StepResult
 if TYPE_CHECKING:  # imported where used: a tick that needs no engine loads none
     from slurm_idle.engine import Engine, Identity
     from slurm_idle.metrics import MetricsSource
-    from slurm_idle.router.sync import RouterSet
+    from slurm_idle.router import PoolRouters
 
 log = get_logger(__name__)
 
@@ -132,7 +132,7 @@ class Agent:
     on_tick: Callable[[TickResult], None] | None = None  # e.g. the textfile writer
     max_workers: int = MAX_ACTION_WORKERS  # nodes acted on at once
     journal_empty: bool = True  # journal passes without action or error (the fast check: no)
-    router: RouterSet | None = None  # None: no router is told
+    router: PoolRouters | None = None  # None: no router is told
 
     def __post_init__(self) -> None:
         if self.journal is None:

@@ -72,7 +72,7 @@ from slurm_idle.topology import group_index
 
 if TYPE_CHECKING:  # imported where used (the engine package loads the HTTP and docker helpers)
     from slurm_idle.engine import Engine
-    from slurm_idle.router.sync import RouterSet
+    from slurm_idle.router import PoolRouters
 
 T = TypeVar("T")
 
@@ -182,7 +182,7 @@ class NodeDriver:
     sleep: Callable[[float], None]
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
     on_event: Callable[[JobRecord], None] = field(default=lambda record: None)
-    router: RouterSet | None = None  # None: no router is told
+    router: PoolRouters | None = None  # None: no router is told
 
     def __post_init__(self) -> None:
         self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)

@@ -1,7 +1,8 @@
 """The request router in front of the replicas: told first when a replica leaves, last when
 it comes back (issue 14).
 
-One small protocol, one module per kind (`haproxy`, `file`, `command`, `none`). Each adapter
+One small protocol per seam: `Router` (one router), `PoolRouters` (the routers of a pool as
+the core calls them, `router.sync.RouterSet`); one module per kind (`haproxy`, `file`, `command`, `none`). Each adapter
 takes a `RouterTarget` (one replica) and answers `state()` from the router itself, so a tick
 reconciles what the router really does with the phases in Slurm instead of assuming it.
 """
@@ -10,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from slurm_idle.config import Config, RouterConfig
 from slurm_idle.errors import ConfigError
+
+if TYPE_CHECKING:
+    from slurm_idle.model import Observation
 
 #: What `state()` says of a replica: taking new requests, held out, not known to the router,
 #: or the router cannot tell (none, a command router without `state_command`, an error).
@@ -82,6 +86,31 @@ class Router(Protocol):
     def add(self, target: RouterTarget) -> None: ...
 
     def state(self, targets: Sequence[RouterTarget]) -> dict[str, str]: ...
+
+
+@runtime_checkable
+class PoolRouters(Protocol):
+    """The routers of a pool as the tick and the drivers use them (`router.sync.RouterSet`;
+    the fake: `slurm_idle.testing.fake_router.FakeRouterSet`). A replica is named by its
+    replica name (a node: its first replica). `remove`, `add`, `call_target` and `warm_up`
+    raise RouterError when the router could not be told; `reconcile` makes every router match
+    the observed phases and returns what it changed; `states` reads what the routers do now
+    (`unknown` where they cannot tell); `take_errors` counts the failed calls
+    since it was last asked."""
+
+    def remove(self, replica: str, reason: str) -> None: ...
+
+    def add(self, replica: str, reason: str) -> None: ...
+
+    def warm_up(self, replica: str) -> None: ...
+
+    def call_target(self, op: str, target: RouterTarget, reason: str) -> None: ...
+
+    def states(self, keys: Sequence[str], extra: Sequence[RouterTarget] = ()) -> dict[str, str]: ...
+
+    def reconcile(self, obs: Observation) -> list[dict[str, Any]]: ...
+
+    def take_errors(self) -> int: ...
 
 
 def fill(template: str, target: RouterTarget) -> str:

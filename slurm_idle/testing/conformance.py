@@ -16,11 +16,12 @@ if TYPE_CHECKING:
     from slurm_idle.metrics.fallback import FallbackSource
     from slurm_idle.metrics.prometheus import PrometheusSource
     from slurm_idle.metrics.scrape import ScrapeSource
-    from slurm_idle.router import Router
+    from slurm_idle.router import PoolRouters, Router
     from slurm_idle.router.command import CommandRouter
     from slurm_idle.router.file import FileRouter
     from slurm_idle.router.haproxy import HaproxyRouter
     from slurm_idle.router.none import NoRouter
+    from slurm_idle.router.sync import RouterSet
     from slurm_idle.slurm.cli_backend import CliBackend
     from slurm_idle.slurm.protocol import (
         ClusterReader,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
         SlurmBackend,
     )
     from slurm_idle.slurm.pyslurm_backend import PyslurmBackend
-    from slurm_idle.testing.fake_router import FakeRouter
+    from slurm_idle.testing.fake_router import FakeRouter, FakeRouterSet
     from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
 
 
@@ -70,3 +71,9 @@ def _router(fake: FakeRouter, haproxy: HaproxyRouter, file: FileRouter, command:
     router = command
     router = none
     del router
+
+
+def _router_set(fake: FakeRouterSet, real: RouterSet) -> None:
+    routers: PoolRouters = fake
+    routers = real
+    del routers

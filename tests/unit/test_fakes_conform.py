@@ -4,10 +4,13 @@ fakes without mypy), and answer with the real adapters' types."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from slurm_idle.config import ReplicaConfig
 from slurm_idle.engine import Engine, EngineHealth, Identity
+from slurm_idle.errors import RouterError
 from slurm_idle.metrics import MetricsSource
 from slurm_idle.slurm.protocol import ClusterReader, JobControl, NodeWriter, PoolSlurm, SlurmBackend
 from slurm_idle.testing import conformance
@@ -27,6 +30,23 @@ def test_fake_engine_and_metrics_are_the_protocols() -> None:
     assert isinstance(engine, Engine) and isinstance(FakeMetrics(), MetricsSource)
     assert isinstance(engine.health(replica), EngineHealth)
     assert isinstance(engine.identify(replica), Identity)
+
+
+def test_the_router_sets_are_pool_routers(tmp_path: Path) -> None:
+    """FakeRouterSet and the real RouterSet both have every method the core calls on a pool's
+    routers; the fake records the calls and fails the ones it is told to."""
+    from slurm_idle.router import PoolRouters
+    from slurm_idle.router.sync import RouterSet
+    from slurm_idle.testing.fake_router import FakeRouterSet
+    from tests.unit.test_agent import make_config
+
+    fake = FakeRouterSet(fail_on={"remove"})
+    assert isinstance(fake, PoolRouters) and isinstance(RouterSet(make_config(tmp_path)), PoolRouters)
+    fake.add("gpu1", "back")
+    with pytest.raises(RouterError):
+        fake.remove("gpu1", "idle")
+    assert fake.log == [("add", "gpu1", "back"), ("remove", "gpu1", "idle")]
+    assert fake.take_errors() == 1 and fake.take_errors() == 0
 
 
 def test_conformance_module_imports_nothing_at_run_time() -> None:

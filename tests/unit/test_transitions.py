@@ -251,6 +251,25 @@ def test_the_sleep_engine_never_blocks_the_tick_past_its_deadline(tmp_path: Path
     assert phases(agent)["gpu1"] is Phase.LENT
 
 
+def test_a_router_that_cannot_be_told_keeps_the_group_serving(tmp_path: Path) -> None:
+    """Retiring tells the router first (PoolRouters): a failed remove leaves the node SERVING,
+    unmarked, for the next tick; a router told keeps the node's requests off it first."""
+    from slurm_idle.testing.fake_router import FakeRouterSet
+
+    agent, slurm, _engine, _, _ = make_agent(tmp_path)
+    set_phase(slurm, "gpu1", Phase.SERVING)
+    routers = FakeRouterSet(fail_on={"remove"})
+    driver = NodeDriver(agent.config, slurm, agent.engine_for, agent.clock, agent.sleep, router=routers)
+    view = next(v for v in agent.observe().nodes if v.name == "gpu1")
+    action = Action(ActionKind.LEND, "gpu1", "m", Phase.SERVING, Phase.RETIRING, "idle")
+    [step] = driver.drive(view, action, deadline=agent.clock() + 5)
+    assert step.outcome == "error" and "router remove failed" in (step.error or "")
+    assert phases(agent)["gpu1"] is Phase.SERVING
+    routers.fail_on.clear()
+    steps = driver.drive(view, action, deadline=agent.clock() + 5)
+    assert steps[0].outcome == "ok" and routers.log[-1] == ("remove", "gpu1", "idle")
+
+
 # --- jobs that are not ours --------------------------------------------------------------------
 
 
