@@ -7,8 +7,8 @@ its downstream waiting (afterok waits for a successful end, not for the first ru
 failed step makes Slurm cancel everything downstream. The ids are recorded in a small state
 file (see `state_dir`), which `pipeline status` and `pipeline cancel` read to act on the DAG.
 
-Parsing and ordering (pipeline_spec, re-exported here) and status explanation are pure; submission goes through the narrow
-`Submitter` protocol (the Slurm adapter, or a fake in tests). Parameters, `matrix:` fan-out
+Parsing and ordering (pipeline_spec, re-exported here) and status explanation are pure;
+submission goes through the narrow `Submitter` protocol (the Slurm adapter, or a fake in tests). Parameters, `matrix:` fan-out
 and `outputs:` -> `/inputs/<step>` are expanded by pipeline_expand; `pipeline retry` lives in
 pipeline_retry (it resubmits the batch scripts this module records).
 """
