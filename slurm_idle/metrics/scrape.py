@@ -1,6 +1,7 @@
 """Engine load by scraping each replica's /metrics directly (sites without Prometheus).
 
-Rates need two readings of each counter. With `metrics.scrape_state` set, the previous tick's
+Rates need two readings of each counter. With `metrics.scrape_state` set (the file: scrape_state.py),
+the previous tick's
 scrape is kept in that JSON file, so rates span the time between ticks (smooth, one request per
 replica per tick) and the same file keeps a short per-model demand and queue history for the
 scale-down window and for `policy.queue_sustain_s` (has the queue lasted?). Without it, or when
@@ -25,31 +26,25 @@ The HTTP client, clock and sleep are injected.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 import urllib.error
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from slurm_idle import safefiles
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
-from slurm_idle.errors import MetricsUnavailable, SlurmIdleError
+from slurm_idle.errors import MetricsUnavailable
 from slurm_idle.httpdeadline import DeadlineClient, HttpResponse
 from slurm_idle.logs import get_logger
 from slurm_idle.metrics import demand_tokens_per_s
 from slurm_idle.metrics import history as kept
 from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S, forecast_leads, forecasts
-from slurm_idle.metrics.history import Reading
 from slurm_idle.metrics.parse import (
     EngineReading,
     EngineSnapshot,
-    Histogram,
     NotAMetricsPage,
     ServerReading,
     parse_page,
@@ -57,12 +52,16 @@ from slurm_idle.metrics.parse import (
     sum_engines,
     sum_histograms,
 )
+from slurm_idle.metrics.scrape_state import (
+    ScrapeState,
+)
 from slurm_idle.model import ModelLoad, ReplicaLoad
+
+__all__ = ["ScrapeState"]
 
 log = get_logger(__name__)
 
 MAX_PAGE_BYTES = 32 * 1024 * 1024
-STATE_VERSION = 1
 
 
 #: GET (url, timeout_s) -> response; raises OSError (urllib's errors are OSErrors) on no answer.
@@ -129,66 +128,6 @@ def read_server(
     second_t = clock()
     second = scrape(url, http, timeout_s)
     return read_engines(first, second, second_t - first_t)
-
-
-# --- state file ---------------------------------------------------------------------------------
-
-
-def _snap_to_json(s: EngineSnapshot) -> dict[str, Any]:
-    return asdict(s)
-
-
-def _snap_from_json(d: dict[str, Any]) -> EngineSnapshot:
-    def hist(h: Any) -> Histogram | None:
-        return Histogram(tuple((float(le), float(n)) for le, n in h["buckets"])) if h else None
-
-    return EngineSnapshot(**{**d, "ttft": hist(d.get("ttft")), "queue_time": hist(d.get("queue_time"))})
-
-
-@dataclass
-class ScrapeState:
-    """The previous scrape of each URL and a short per-model history of demand and queue."""
-
-    scrapes: dict[str, tuple[float, list[EngineSnapshot]]]
-    history: list[Reading]  # (t, model, demand tokens/s, waiting); None: unknown (history.py)
-
-    @classmethod
-    def load(cls, path: Path | None) -> ScrapeState:
-        if path is None:
-            return cls({}, [])
-        try:
-            doc = json.loads(safefiles.read_text(path) or "{}")
-            if doc.get("version") != STATE_VERSION:
-                return cls({}, [])
-            scrapes = {
-                url: (float(v["t"]), [_snap_from_json(e) for e in v["engines"]])
-                for url, v in doc["scrapes"].items()
-            }
-            history: list[Reading] = [
-                (float(t), str(m), None if d is None else float(d), None if w is None else float(w))
-                for t, m, d, w in doc["history"]
-            ]
-            return cls(scrapes, history)
-        except (OSError, ValueError, KeyError, TypeError):
-            return cls({}, [])  # a lost or corrupt state only costs one double scrape
-
-    def save(self, path: Path | None) -> None:
-        if path is None:
-            return
-        doc = {
-            "version": STATE_VERSION,
-            "scrapes": {
-                url: {"t": t, "engines": [_snap_to_json(e) for e in engines]}
-                for url, (t, engines) in self.scrapes.items()
-            },
-            "history": [list(h) for h in self.history],
-        }
-        # In a checked directory, never through a symlink; a temp name of its own (two writers
-        # never rename each other's file away); 0644: `status` as another user reads it.
-        try:
-            safefiles.atomic_write(path, json.dumps(doc), 0o644)
-        except (OSError, SlurmIdleError) as exc:  # costs one double scrape; never the tick
-            log.warning("cannot save the scrape state %s: %s", path, exc)
 
 
 # --- the source ---------------------------------------------------------------------------------
