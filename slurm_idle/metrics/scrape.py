@@ -1,9 +1,8 @@
 """Engine load by scraping each replica's /metrics directly (sites without Prometheus).
 
-Rates need two readings of each counter. With `metrics.scrape_state` set (the file: scrape_state.py),
-the previous tick's
-scrape is kept in that JSON file, so rates span the time between ticks (smooth, one request per
-replica per tick) and the same file keeps a short per-model demand and queue history for the
+Rates need two readings of each counter. With `metrics.scrape_state` set, the previous tick's
+scrape is kept in that JSON file (scrape_state.py), so rates span the time between ticks
+(smooth, one request per replica per tick) and the same file keeps a short per-model demand and queue history for the
 scale-down window and for `policy.queue_sustain_s` (has the queue lasted?). Without it, or when
 the kept scrape is older than `metrics.staleness_s`, each replica is scraped twice
 `metrics.scrape_interval_s` apart within the tick: rates are then noisy and the window fields
