@@ -6,6 +6,9 @@ eviction, router/sync.py, admin.py, jobdriver.py) build them, `Journal.append` w
 readers get them back from `parse_record` / `Journal.typed()` (a record that is not ours, or
 malformed, is skipped there, so every reader skips the same ones).
 
+Over 400 lines on purpose: the records are the journal's one written-down interface (each
+dataclass beside its JSON shape below); split apart, a writer and a reader could drift.
+
   transition (one per phase change the agent attempted, TransitionRecord):
     {"event": "transition", "time": "2026-12-02T10:00:00Z", "ts": 1796205600.0,
      "node": "gpu1", "model": "m", "action": "reclaim", "from": "lent", "to": "reclaiming",

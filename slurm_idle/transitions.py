@@ -25,9 +25,10 @@ it was on reclaim (`admin_comment`). Our marker stays first because `derive_phas
 node from a Comment that starts with our tag, so recovering the phase from Slurm is unchanged.
 
 Over 400 lines on purpose (for now): every effect and wait of the table works on the same
-per-tick state of `NodeDriver` (shared polls, evictor, what this tick drained or started), and
-topology/placement work in flight adds rows here; splitting it into effect modules is a
-follow-up once those have landed.
+per-tick state of `NodeDriver` (shared polls, evictor, what this tick drained or started, the
+one poll loop), so its methods stay one class; the engines' waits moved in here from
+engine.py (issue 12). Splitting it into effect modules is a follow-up once the placement work
+in flight has landed.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ Nothing here runs a command or opens a socket (gather.py does, once), so every v
 unit-tested on captured Slurm output of both releases. A part of the site that could not be
 read at all (scontrol missing, Prometheus down) is a `fail` of the checks that need it, named
 with the reading's own error, never a silent pass.
+
+A little over 400 lines on purpose: every check is a short pure function of the same
+`SiteFacts`, listed in the order `doctor` prints them; one file is that order.
 """
 
 from __future__ import annotations

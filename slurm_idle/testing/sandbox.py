@@ -13,6 +13,9 @@ replicas on gpu5, one over gpu[6-7]; their own config, `topology_config_path`; i
 CLI (sandbox_cli.py): python -m slurm_idle.testing.sandbox [--root DIR] [--base-port N]
      up | down | status [--json] | env | load RPS [--model M] | engine-start NODE [--index N]
      | engine-stop NODE [--index N]
+
+Over 400 lines for now (746): one class drives every daemon's start, readiness and teardown in
+order, and CI-flake fixes land here often; splitting it (per daemon) waits until those settle.
 """
 
 from __future__ import annotations
