@@ -69,7 +69,7 @@ def wake_all(sb: Any) -> None:
     for node in sb.nodes:
         poll(functools.partial(awake, node), 60, f"{node} healthy and awake")
         haproxy.add(RouterTarget(node, "m", sb.emulator_url(node), node, 0))
-    poll(lambda: set(sb.router_states().values()) == {"UP"}, 30, "every HAProxy server UP")
+    poll(lambda: set(sb.router_states().values()) == {"UP"}, 60, "every HAProxy server UP")
 
 
 def config_for(sb: Any, tmp_path: Path, engine: str, router: str) -> Path:
