@@ -37,6 +37,7 @@ from slurm_idle.lifecycle import (
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Action, ActionKind, JobReplica, Phase, SlurmJob
 from slurm_idle.replicajobs import format_comment, render_script, submit_args
+from slurm_idle.router import PoolRouters
 from slurm_idle.router.sync import job_target
 from slurm_idle.transitions import POLL_S, CarryOver, SharedPoll, StepResult
 
@@ -65,7 +66,7 @@ class JobDriver:
     sleep: Callable[[float], None]
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
     read_file: Callable[[str], str] = field(default=lambda path: Path(path).read_text())
-    router: Any = None  # slurm_idle.router.sync.RouterSet, or None: no router is told
+    router: PoolRouters | None = None  # None: no router is told
 
     def __post_init__(self) -> None:
         self._jobs = SharedPoll(self.slurm.jobs, POLL_S, self.clock)

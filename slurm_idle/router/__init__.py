@@ -92,10 +92,10 @@ class Router(Protocol):
 class PoolRouters(Protocol):
     """The routers of a pool as the tick and the drivers use them (`router.sync.RouterSet`;
     the fake: `slurm_idle.testing.fake_router.FakeRouterSet`). A replica is named by its
-    replica name (a node: its first replica). `remove`, `add`, `call_target` and `warm_up`
-    raise RouterError when the router could not be told; `reconcile` makes every router match
-    the observed phases and returns what it changed; `states` reads what the routers do now
-    (`unknown` where they cannot tell); `take_errors` counts the failed calls
+    replica name (a node: its first replica). `remove`, `add`, `call_target`, `warm_up` and
+    `warm_up_target` raise RouterError when the router could not be told; `reconcile` makes
+    every router match the observed phases and returns what it changed; `states` reads what the
+    routers do now (`unknown` where they cannot tell); `take_errors` counts the failed calls
     since it was last asked."""
 
     def remove(self, replica: str, reason: str) -> None: ...
@@ -103,6 +103,8 @@ class PoolRouters(Protocol):
     def add(self, replica: str, reason: str) -> None: ...
 
     def warm_up(self, replica: str) -> None: ...
+
+    def warm_up_target(self, target: RouterTarget) -> None: ...
 
     def call_target(self, op: str, target: RouterTarget, reason: str) -> None: ...
 

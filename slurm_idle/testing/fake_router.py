@@ -73,6 +73,9 @@ class FakeRouterSet:
     def warm_up(self, replica: str) -> None:
         self._call("warm_up", replica)
 
+    def warm_up_target(self, target: RouterTarget) -> None:
+        self._call("warm_up", target.name)
+
     def call_target(self, op: str, target: RouterTarget, reason: str) -> None:
         self._call(op, target.name, reason)
 
