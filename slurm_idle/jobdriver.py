@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
@@ -37,9 +37,11 @@ from slurm_idle.lifecycle import (
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Action, ActionKind, JobReplica, Phase, SlurmJob
 from slurm_idle.replicajobs import format_comment, render_script, submit_args
-from slurm_idle.router import PoolRouters
 from slurm_idle.router.sync import job_target
 from slurm_idle.transitions import POLL_S, CarryOver, SharedPoll, StepResult
+
+if TYPE_CHECKING:
+    from slurm_idle.router import PoolRouters
 
 log = get_logger(__name__)
 
