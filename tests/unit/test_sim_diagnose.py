@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from slurm_idle.sim import FleetModel, SimParams, Simulation
@@ -78,3 +82,12 @@ def test_held_back_replicas_split_into_ahead_hysteresis_and_margin() -> None:
     assert b.held_gpu_h["hysteresis"] == pytest.approx(15 / 60)  # 15 window minutes x 1 replica
     assert b.held_gpu_h["margin"] == pytest.approx((40 - 15) / 60)
     assert sum(b.minutes_by_class.values()) == 0
+
+
+def test_the_diagnosis_script_refuses_held_out_seeds() -> None:
+    """bench-sim-diagnose is for tuning: an odd (held-out) seed exits 2 before any simulation."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench-sim-diagnose"
+    res = subprocess.run([sys.executable, str(script), "--seeds", "2,3"], check=False,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "held-out" in res.stderr
