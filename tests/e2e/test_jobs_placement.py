@@ -23,6 +23,10 @@ from slurm_idle.testing.waiting import poll
 pytestmark = pytest.mark.sandbox
 
 HIGH_RPS, LOW_RPS = 20.0, 0.5
+#: Upper bound for each phase change. Alone these take 10-40 s; CI runs two Slurm lanes side by
+#: side on 2 cores, where a tick (a Python start, squeue/sacct calls, a Slurm scheduling pass)
+#: can take many times longer. The reclaim time is measured and printed, never asserted here.
+SETTLE_S = 300.0
 IDLE_JOB = """#!/bin/bash
 #SBATCH -p idle
 #SBATCH --gres=gpu:4
@@ -63,13 +67,17 @@ def replicas(sb: Any) -> dict[str, dict[str, Any]]:
     return {row["name"]: row for row in json.loads(r.stdout)["replicas"]}
 
 
-def tick_until(sb: Any, want: dict[str, str], timeout_s: float) -> dict[str, dict[str, Any]]:
-    """Tick (as cron would, back to back) until the replicas' phases are `want`."""
+def tick_until(sb: Any, want: dict[str, str] | list[str], timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Tick (as cron would, back to back) until the replicas' phases are `want` (a dict by
+    replica, or a list of phases in any order: which replica the policy lends is its choice)."""
     end = time.monotonic() + timeout_s
     while True:
         tick(sb)
         rows = replicas(sb)
-        if {n: rows[n]["phase"] for n in want} == want:
+        if isinstance(want, dict):
+            if {n: rows[n]["phase"] for n in want} == want:
+                return rows
+        elif sorted(r["phase"] for r in rows.values()) == sorted(want):
             return rows
         assert time.monotonic() < end, f"replicas never reached {want}: {rows}"
         time.sleep(1)
@@ -93,14 +101,15 @@ def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     """One replica job lent GPU-granularly and taken back by Slurm's own preemption."""
     sb = jobs_mode
     r0, r1 = f"{sandboxconf.JOBS_MODEL}#0", f"{sandboxconf.JOBS_MODEL}#1"
-    rows = tick_until(sb, {r0: "serving", r1: "serving"}, 90)
+    rows = tick_until(sb, {r0: "serving", r1: "serving"}, SETTLE_S)
     assert all(rows[n]["placement"] == "jobs" and rows[n]["job_id"] for n in (r0, r1))
     assert rows[r0]["nodes"] == rows[r1]["nodes"] == [sandboxconf.JOBS_NODE]
     ports = {str(rows[n]["port"]) for n in (r0, r1)}
 
     # Low load: one replica job is cancelled, the other keeps serving on the same node.
     sb.load_jobs(LOW_RPS)
-    rows = tick_until(sb, {r0: "serving", r1: "lent"}, 120)
+    rows = tick_until(sb, ["lent", "serving"], SETTLE_S)
+    r0, r1 = sorted((r0, r1), key=lambda n: rows[n]["phase"] != "serving")  # r0 serves, r1 lent
     assert rows[r1]["job_id"] is None
     serving_job = rows[r0]["job_id"]
     sd = json.loads(sb.layout.jobs_targets.read_text())
@@ -111,10 +120,10 @@ def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     script = tmp_path / "idle.sh"
     script.write_text(IDLE_JOB.format(node=sandboxconf.JOBS_NODE, out=out))
     idle = int(sb.run(["sbatch", "--parsable", str(script)], check=True).stdout.strip().split(";")[0])
-    poll(lambda: job_fields(sb, idle).get("JobState") == "RUNNING", 30, "idle job running on gpu8")
+    poll(lambda: job_fields(sb, idle).get("JobState") == "RUNNING", 90, "idle job running on gpu8")
     assert job_fields(sb, serving_job).get("JobState") == "RUNNING"
     log = Path(str(out).replace("%j", str(idle)))
-    poll(lambda: log.exists() and "start" in log.read_text(), 15, "idle job started")
+    poll(lambda: log.exists() and "start" in log.read_text(), 60, "idle job started")
     # ... on the GPUs the cancelled replica freed: none of the serving replica's (as each
     # process saw them from Slurm: CUDA_VISIBLE_DEVICES).
     idle_gpus = set(log.read_text().split("gpus=")[1].split()[0].split(","))
@@ -125,7 +134,7 @@ def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     # High load: the replica job is submitted, Slurm preempts the idle job, the replica serves.
     sb.load_jobs(HIGH_RPS)
     t0 = time.monotonic()
-    rows = tick_until(sb, {r0: "serving", r1: "serving"}, 120)
+    rows = tick_until(sb, {r0: "serving", r1: "serving"}, SETTLE_S)
     reclaim_s = time.monotonic() - t0
     print(f"MEASURE jobs-mode reclaim (load rise -> serving, ticks back to back): {reclaim_s:.1f}s")
     states = sb.run(["sacct", "-j", str(idle), "-X", "-D", "-n", "-o", "State"]).stdout.split()
@@ -138,7 +147,7 @@ def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     assert "got SIGTERM" in text and "DUE TO PREEMPTION" in text, text
     assert text.index("got SIGTERM") < text.index("DUE TO PREEMPTION"), text
     # Prometheus' targets follow the replica jobs (file_sd, rewritten each tick).
-    poll(lambda: {t.split(":")[1] for t in prometheus_targets(sb)} == ports, 30,
+    poll(lambda: {t.split(":")[1] for t in prometheus_targets(sb)} == ports, 90,
          "Prometheus scraping both replica jobs")
     # `report`: the replica jobs' (inference) GPU-hours from sacct beside the lent ones.
     r = sb.run(["slurm-idle", "--config", str(sb.layout.jobs_config_path), "report", "--json"])
