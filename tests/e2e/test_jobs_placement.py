@@ -98,8 +98,18 @@ def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     assert rows[r0]["nodes"] == rows[r1]["nodes"] == [sandboxconf.JOBS_NODE]
     ports = {str(rows[n]["port"]) for n in (r0, r1)}
 
-    # Low load: one replica job is cancelled, the other keeps serving on the same node.
+    # Low load: one replica job is cancelled, the other keeps serving on the same node. Which
+    # one the planner lends depends on their load (the least busy, then the highest index).
     sb.load_jobs(LOW_RPS)
+    end = time.monotonic() + 120
+    while True:
+        rows = replicas(sb)
+        if any(row["phase"] == "lent" for row in rows.values()):
+            break
+        assert time.monotonic() < end, f"no replica lent: {rows}"
+        tick(sb)
+    if rows[r0]["phase"] == "lent":
+        r0, r1 = r1, r0  # r0: the one serving on, r1: the lent one
     rows = tick_until(sb, {r0: "serving", r1: "lent"}, 120)
     assert rows[r1]["job_id"] is None
     serving_job = rows[r0]["job_id"]
@@ -128,6 +138,14 @@ def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     rows = tick_until(sb, {r0: "serving", r1: "serving"}, 120)
     reclaim_s = time.monotonic() - t0
     print(f"MEASURE jobs-mode reclaim (load rise -> serving, ticks back to back): {reclaim_s:.1f}s")
+    # Steered to gpu8 (its idle job loses the least work) by --prefer (slurm.prefer_feature,
+    # replicajobs.steer_args), never a hard --nodelist; Slurm's queue delay printed for simulate.
+    job = json.loads(sb.run(["squeue", "--json", "--jobs", str(rows[r1]["job_id"])],
+                            check=True).stdout)["jobs"][0]
+    assert job.get("prefer") == sandboxconf.JOBS_NODE and not job.get("required_nodes"), job
+    fields = job_fields(sb, rows[r1]["job_id"])
+    print(f"MEASURE jobs-mode replica job SubmitTime {fields['SubmitTime']} StartTime "
+          f"{fields['StartTime']} (sbatch -> running, GraceTime {sandboxconf.GRACE_TIME_S}s included)")
     states = sb.run(["sacct", "-j", str(idle), "-X", "-D", "-n", "-o", "State"]).stdout.split()
     assert "PREEMPTED" in states, states
     assert not {"FAILED", "CANCELLED"} & set(states), states
