@@ -45,6 +45,10 @@ def jobs_mode(sandbox: Any) -> Iterator[Any]:
     finally:
         ids = sandbox.run(["squeue", "-h", "-w", sandboxconf.JOBS_NODE, "-o", "%A"]).stdout.split()
         ids += sandbox.run(["squeue", "-h", "-p", sandboxconf.JOBS_PARTITION, "-o", "%A"]).stdout.split()
+        # ... and the idle jobs asked for gpu8 (a preempted one waits PENDING, on no node: it
+        # would take the GPUs the next module's lend frees before that module's own idle job).
+        asked = sandbox.run(["squeue", "-h", "-o", "%A %n"]).stdout.splitlines()
+        ids += [line.split()[0] for line in asked if sandboxconf.JOBS_NODE in line.split()[1:]]
         if ids:
             sandbox.run(["scancel", *sorted(set(ids))])
         sandbox.load_jobs(0.0)

@@ -163,7 +163,11 @@ def test_tick_killed_during_lend_and_reclaim(jobs_mode: Any, tmp_path: Path) -> 
     script = tmp_path / "idle.sh"
     script.write_text(IDLE_JOB.format(node=sandboxconf.JOBS_NODE, out=out))
     idle = int(sb.run(["sbatch", "--parsable", str(script)], check=True).stdout.strip().split(";")[0])
-    poll(lambda: job_fields(sb, idle).get("JobState") == "RUNNING", 60, "idle job running on gpu8")
+    try:
+        poll(lambda: job_fields(sb, idle).get("JobState") == "RUNNING", 90, "idle job running on gpu8")
+    except AssertionError as exc:
+        queue = sb.run(["squeue", "-o", "%A %P %T %R %n %k"]).stdout
+        raise AssertionError(f"{exc}; squeue:\n{queue}") from None
     inv.idle_job = idle
 
     sb.load_jobs(HIGH_RPS)
