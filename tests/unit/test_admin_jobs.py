@@ -93,3 +93,13 @@ def test_pin_of_a_lent_replica_reclaims_it_pinned(tmp_path: Path) -> None:
     assert any(" pinned model=jm" in a for a in submits[-1])
     replica = agent.observe().replica_jobs[1]
     assert replica.pinned and replica.phase is Phase.SERVING
+
+
+def test_status_shows_a_pinned_replica(tmp_path: Path) -> None:
+    """`status --json` replica rows carry `pinned`; the table marks the phase with '*'."""
+    from slurm_idle.status import replica_rows
+
+    agent, _ = serving_both(tmp_path)
+    admin.pin(agent, "jm#0")
+    rows = {r["name"]: r for r in replica_rows(agent.observe(), agent.config)}
+    assert rows["jm#0"]["pinned"] is True and rows["jm#1"]["pinned"] is False
