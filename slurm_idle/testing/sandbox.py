@@ -54,13 +54,28 @@ def default_job_submit_lua() -> Path | None:
     return p if p.is_file() else None
 
 
+def ephemeral_port_floor(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The lowest port the kernel hands to outgoing connections (32768 by default)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def pick_base_port(span: int = sandboxconf.PORT_SPAN) -> int:
     """A free block of `span` ports, aligned to a multiple of 32 no smaller than the span, so
     two sandboxes' blocks never overlap: a sandbox binds its last ports (replica jobs) only
-    late, and a block that merely looked free at pick time could otherwise take them."""
+    late, and a block that merely looked free at pick time could otherwise take them.
+
+    Below the kernel's ephemeral range: an emulator restarted after a lend rebinds its port,
+    and any outgoing connection on the machine (the other CI lane's clients) may hold it by
+    then as its local port, or connect to itself on it (TCP self-connect), which a client
+    then sees as a server that closed the connection."""
     step = -(-span // 32) * 32
+    top = min(ephemeral_port_floor(), 60000) - span
+    low = 20000 if top - 20000 >= 16 * step else 10000
     for _ in range(200):
-        base = random.randrange(20000, 60000 - span, step)
+        base = random.randrange(low, top, step)
         if all(procs.port_free(base + i) for i in range(span)):
             return base
     raise RuntimeError("sandbox: no free block of ports found")

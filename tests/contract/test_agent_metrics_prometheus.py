@@ -178,10 +178,17 @@ def test_alert_rules_load_and_fire_on_a_sick_agent(stack: dict[str, Any]) -> Non
         tick_error=False, floors={MODEL: 2},
     )
     prom = stack["prom"]
-    groups = get_json(f"{prom}/api/v1/rules")["data"]["groups"]
-    rules = {r["name"]: r for g in groups for r in g["rules"]}
-    assert {"SlurmIdleTickStale", "SlurmIdleReclaimTooSlow", "SlurmIdleServingBelowFloor",
-            "SlurmIdleTickErrors"} <= set(rules)
+    shipped = {"SlurmIdleTickStale", "SlurmIdleReclaimTooSlow", "SlurmIdleServingBelowFloor",
+               "SlurmIdleTickErrors"}
+
+    def loaded() -> set[str] | None:
+        # Prometheus answers on its port before it has read its rule files (and answers 503
+        # until its TSDB is ready): under load the first reads see no rules yet.
+        groups = get_json(f"{prom}/api/v1/rules")["data"]["groups"]
+        names = {r["name"] for g in groups for r in g["rules"]}
+        return names if shipped <= names else None
+
+    wait(loaded, 40, f"rules {sorted(shipped)} loaded")
     expected = {"SlurmIdleTickStale", "SlurmIdleReclaimTooSlow", "SlurmIdleServingBelowFloor",
                 "SlurmIdleServingBelowNeed"}
 

@@ -33,6 +33,7 @@ from tests.e2e.test_jobs_placement import (  # noqa: F401  (jobs_mode is a fixtu
     HIGH_RPS,
     IDLE_JOB,
     LOW_RPS,
+    SETTLE_S,
     job_fields,
     jobs_mode,
     tick,
@@ -45,7 +46,7 @@ KILLS_PER_PHASE = 10
 #: A kill lands this long after the tick starts: short ones hit its observe, longer ones its
 #: comment writes, scancel, sbatch and waits (a reclaim tick waits up to tick_budget_s).
 DELAY_S = (0.8, 4.0)
-PHASE_CAP_S = 240.0  # generous: CI runs two lanes side by side on 2 cores
+PHASE_CAP_S = 240.0  # then clean ticks finish (SETTLE_S): CI runs two lanes on 2 cores
 LIFECYCLE = {"serving", "retiring", "lending", "lent", "reclaiming", "starting"}
 GONE = {"FAILED", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
 
@@ -155,17 +156,17 @@ def test_tick_killed_during_lend_and_reclaim(jobs_mode: Any, tmp_path: Path) -> 
     rng = random.Random(seed)
     t_start = time.monotonic()
     names = [f"{sandboxconf.JOBS_MODEL}#{i}" for i in range(sandboxconf.JOBS_REPLICAS)]
-    rows = tick_until(sb, dict.fromkeys(names, "serving"), 120)
+    rows = tick_until(sb, dict.fromkeys(names, "serving"), SETTLE_S)
     inv = Invariants(sb, {i: int(rows[n]["job_id"]) for i, n in enumerate(names)})
 
     sb.load_jobs(LOW_RPS)
     lend_kills = kill_until(sb, inv, rng, lambda jobs: len(jobs) == 1, "lend")
     if inv.lent is None:  # under heavy load: the kills ran out of time before the lend
-        poll(lambda: tick(sb) and inv.check("lend", full=False) and inv.lent is not None, 150,
+        poll(lambda: tick(sb) and inv.check("lend", full=False) and inv.lent is not None, SETTLE_S,
              "a replica lent")
     assert inv.lent is not None
     lent, keeper = names[inv.lent], names[1 - inv.lent]
-    tick_until(sb, {keeper: "serving", lent: "lent"}, 150)
+    tick_until(sb, {keeper: "serving", lent: "lent"}, SETTLE_S)
     inv.check("lend converged")
 
     # An idle-partition job takes the freed GPUs: the reclaim must preempt it.
@@ -174,7 +175,7 @@ def test_tick_killed_during_lend_and_reclaim(jobs_mode: Any, tmp_path: Path) -> 
     script.write_text(IDLE_JOB.format(node=sandboxconf.JOBS_NODE, out=out))
     idle = int(sb.run(["sbatch", "--parsable", str(script)], check=True).stdout.strip().split(";")[0])
     try:
-        poll(lambda: job_fields(sb, idle).get("JobState") == "RUNNING", 90, "idle job running on gpu8")
+        poll(lambda: job_fields(sb, idle).get("JobState") == "RUNNING", 120, "idle job running on gpu8")
     except AssertionError as exc:
         queue = sb.run(["squeue", "-o", "%A %P %T %R %n %k"]).stdout
         raise AssertionError(f"{exc}; squeue:\n{queue}") from None
@@ -186,7 +187,7 @@ def test_tick_killed_during_lend_and_reclaim(jobs_mode: Any, tmp_path: Path) -> 
         sb, inv, rng,
         lambda jobs: [(s, w) for _, s, w in jobs.get(lent_index, [])] == [("RUNNING", "serving")],
         "reclaim")
-    rows = tick_until(sb, dict.fromkeys(names, "serving"), 180)
+    rows = tick_until(sb, dict.fromkeys(names, "serving"), SETTLE_S)
     inv.check("reclaim converged")
     assert len(replica_jobs(sb)[lent_index]) == 1 and rows[lent]["job_id"]
     states = sacct_states(sb, idle)

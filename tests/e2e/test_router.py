@@ -42,6 +42,7 @@ def cli(sb: Any, config: Path, *args: str) -> Any:
 
 def wake_all(sb: Any) -> None:
     """Every emulator running and awake, every HAProxy server ready (a clean start)."""
+    import http.client
     import urllib.request
 
     from slurm_idle.config import RouterConfig
@@ -52,13 +53,23 @@ def wake_all(sb: Any) -> None:
     def healthy(node: str) -> bool:
         return bool(sb.status()["emulators"][node]["healthy"])
 
-    for node in sb.nodes:
+    def awake(node: str) -> bool:
+        # An emulator an earlier run stopped may still be exiting (it answers /health until its
+        # server closes): start it again and retry until one process answers the wake-up.
         sb.engine_start(node)
-        poll(functools.partial(healthy, node), 30, f"{node} healthy")
-        urllib.request.urlopen(urllib.request.Request(
-            f"{sb.emulator_url(node)}/wake_up", data=b"", method="POST"), timeout=5).read()
+        if not healthy(node):
+            return False
+        try:
+            urllib.request.urlopen(urllib.request.Request(
+                f"{sb.emulator_url(node)}/wake_up", data=b"", method="POST"), timeout=5).read()
+        except (OSError, http.client.HTTPException):
+            return False
+        return True
+
+    for node in sb.nodes:
+        poll(functools.partial(awake, node), 60, f"{node} healthy and awake")
         haproxy.add(RouterTarget(node, "m", sb.emulator_url(node), node, 0))
-    poll(lambda: set(sb.router_states().values()) == {"UP"}, 30, "every HAProxy server UP")
+    poll(lambda: set(sb.router_states().values()) == {"UP"}, 60, "every HAProxy server UP")
 
 
 def config_for(sb: Any, tmp_path: Path, engine: str, router: str) -> Path:

@@ -173,3 +173,22 @@ def test_two_sandboxes_port_blocks_never_overlap(monkeypatch: pytest.MonkeyPatch
     ordered = sorted(bases)
     assert len(ordered) > 1
     assert all(b - a >= span for a, b in itertools.pairwise(ordered))
+
+
+def test_port_blocks_stay_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    """Ports the sandbox rebinds late must not be ones the kernel lends to outgoing
+    connections (a CI lane's emulator port taken as a client's local port)."""
+    from slurm_idle.testing import procs, sandbox, sandboxconf
+
+    monkeypatch.setattr(procs, "port_free", lambda port: True)
+    assert sandbox.ephemeral_port_floor() >= 1024
+    rng = tmp_path / "range"
+    rng.write_text("24000\t60999\n")
+    assert sandbox.ephemeral_port_floor(rng) == 24000
+    monkeypatch.setattr(sandbox, "ephemeral_port_floor", lambda: 32768)
+    assert all(b + sandboxconf.PORT_SPAN <= 32768
+               for b in (sandbox.pick_base_port() for _ in range(300)))
+    monkeypatch.setattr(sandbox, "ephemeral_port_floor", lambda: 24000)
+    assert all(b + sandboxconf.PORT_SPAN <= 24000
+               for b in (sandbox.pick_base_port() for _ in range(300)))
