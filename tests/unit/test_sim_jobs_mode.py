@@ -74,3 +74,24 @@ models:
     assert parse_fleet("m=4:4:100", "jobs").placement == "jobs"
     with pytest.raises(ConfigError, match="no PER_NODE"):
         parse_fleet("m=4:4:100:2", "jobs")
+
+
+def test_cli_simulates_jobs_placement_and_refuses_bad_input() -> None:
+    """`simulate --placement jobs --queue-s N` runs (the --json shape unchanged); a PER_NODE
+    fleet in jobs placement and a negative queue are one line and exit 2."""
+    import json
+    import subprocess
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "slurm_idle.cli", "simulate", "--synthetic",
+                               "--days", "1", "--policy", "reactive", *args],
+                              check=False, capture_output=True, text=True, timeout=120)
+
+    done = run("--fleet", "m=4:4:2500", "--placement", "jobs", "--queue-s", "30", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["minutes"] == 1440
+    for bad in (["--fleet", "m=4:4:2500:2", "--placement", "jobs"],
+                ["--fleet", "m=4:4:2500", "--placement", "jobs", "--queue-s", "-1"]):
+        done = run(*bad)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
