@@ -43,27 +43,43 @@ from tests.e2e.test_jobs_placement import (  # noqa: F401  (jobs_mode is a fixtu
 pytestmark = pytest.mark.sandbox
 
 KILLS_PER_PHASE = 10
-#: A kill lands this long after the tick starts: short ones hit its observe, longer ones its
-#: comment writes, scancel, sbatch and waits (a reclaim tick waits up to tick_budget_s).
-DELAY_S = (0.8, 4.0)
 PHASE_CAP_S = 240.0  # then clean ticks finish (SETTLE_S): CI runs two lanes on 2 cores
 LIFECYCLE = {"serving", "retiring", "lending", "lent", "reclaiming", "starting"}
 GONE = {"FAILED", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
 
 
-def killed_tick(sb: Any, delay_s: float) -> bool:
-    """Start one tick and SIGKILL its process group after `delay_s`; False if it ended first."""
+def killed_tick(sb: Any, delay_s: float) -> tuple[bool, float]:
+    """Start one tick and SIGKILL its process group after `delay_s`: (killed, seconds it ran)."""
+    start = time.monotonic()
     proc = subprocess.Popen(
         ["slurm-idle", "--config", str(sb.layout.jobs_config_path), "tick", "--json"],
         env={**os.environ, **sb.env()}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)
     try:
         proc.wait(timeout=delay_s)
-        return False
+        return False, time.monotonic() - start
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        return True
+        return True, time.monotonic() - start
+
+
+class Delays:
+    """Seeded kill delays scaled to how long a tick takes here (a quiet tick is ~1.5 s on an idle
+    machine, several seconds under CI's load): two in three land inside a quiet tick's run, one
+    in three up to three times later, so ticks doing real work (a drain, an sbatch and the wait
+    for health) are cut at their later points too."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.tick_s = 3.0  # a quiet tick's duration, learnt from the ticks that finished
+
+    def next(self) -> float:
+        stretch = 1.1 if self.rng.random() < 2 / 3 else 3.0
+        return self.rng.uniform(0.3, max(0.6, self.tick_s * stretch))
+
+    def finished(self, took_s: float) -> None:
+        self.tick_s = (self.tick_s + took_s) / 2
 
 
 def replica_jobs(sb: Any) -> dict[int, list[tuple[str, str, str]]]:
@@ -133,13 +149,15 @@ def phase_of(jobs: list[tuple[str, str, str]]) -> str:
     return f"job {state}"
 
 
-def kill_until(sb: Any, inv: Invariants, rng: random.Random, done: Any, phase: str) -> int:
+def kill_until(sb: Any, inv: Invariants, delays: Delays, done: Any, phase: str) -> int:
     """Start ticks back to back, each SIGKILLed after a seeded random delay unless it ended
     first, until `done(jobs)` (squeue) after >= KILLS_PER_PHASE kills; checks after each.
     Returns the kills made."""
     kills, end = 0, time.monotonic() + PHASE_CAP_S
     while True:
-        killed = killed_tick(sb, rng.uniform(*DELAY_S))
+        killed, took_s = killed_tick(sb, delays.next())
+        if not killed:
+            delays.finished(took_s)
         kills += killed
         jobs = inv.check(f"{phase}, after kill {kills}", full=killed)
         if kills >= KILLS_PER_PHASE and done(jobs):
@@ -153,14 +171,14 @@ def test_tick_killed_during_lend_and_reclaim(jobs_mode: Any, tmp_path: Path) -> 
     replica lost, the idle job only ever preempted, and clean ticks converge."""
     sb = jobs_mode
     seed = int(os.environ.get("SLURM_IDLE_KILL_SEED", "17"))
-    rng = random.Random(seed)
+    delays = Delays(seed)
     t_start = time.monotonic()
     names = [f"{sandboxconf.JOBS_MODEL}#{i}" for i in range(sandboxconf.JOBS_REPLICAS)]
     rows = tick_until(sb, dict.fromkeys(names, "serving"), SETTLE_S)
     inv = Invariants(sb, {i: int(rows[n]["job_id"]) for i, n in enumerate(names)})
 
     sb.load_jobs(LOW_RPS)
-    lend_kills = kill_until(sb, inv, rng, lambda jobs: len(jobs) == 1, "lend")
+    lend_kills = kill_until(sb, inv, delays, lambda jobs: len(jobs) == 1, "lend")
     if inv.lent is None:  # under heavy load: the kills ran out of time before the lend
         poll(lambda: tick(sb) and inv.check("lend", full=False) and inv.lent is not None, SETTLE_S,
              "a replica lent")
@@ -184,7 +202,7 @@ def test_tick_killed_during_lend_and_reclaim(jobs_mode: Any, tmp_path: Path) -> 
     sb.load_jobs(HIGH_RPS)
     lent_index = inv.lent
     reclaim_kills = kill_until(
-        sb, inv, rng,
+        sb, inv, delays,
         lambda jobs: [(s, w) for _, s, w in jobs.get(lent_index, [])] == [("RUNNING", "serving")],
         "reclaim")
     rows = tick_until(sb, dict.fromkeys(names, "serving"), SETTLE_S)
