@@ -59,7 +59,7 @@ def test_cli_prints_the_documented_json() -> None:
     assert doc["tick_s"] >= 0 and doc["nodes"] == 20
 
 
-@pytest.mark.parametrize("script", ["bench-tick", "bench-sim", "make-trace"])
+@pytest.mark.parametrize("script", ["bench-tick", "bench-sim", "bench-sim-diagnose", "make-trace"])
 def test_scripts_import_their_own_tree(tmp_path: Path, script: str) -> None:
     """Run from anywhere, a script imports the slurm_idle next to it, not one found first on
     the path (another checkout sharing the venv; here a decoy on PYTHONPATH)."""
