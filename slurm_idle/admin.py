@@ -1,4 +1,5 @@
-"""An admin's commands on one pool node: `pin`, `unpin`, `lend`, `reclaim`.
+"""An admin's commands on one pool node: `pin`, `unpin`, `lend`, `reclaim` (on a jobs-placement
+replica, MODEL#INDEX, admin_jobs.py).
 
 Each checks its preconditions on a fresh observation, under the tick lock (a command never
 races a tick), then acts through the agent: `lend` and `reclaim` (and `pin` of a lent node,
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+from slurm_idle import admin_jobs
 from slurm_idle.agent import Agent
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.journal import AdminRecord, StepOutcome
@@ -116,6 +118,8 @@ def force(agent: Agent, node: str, kind: ActionKind, dry_run: bool = False) -> A
 
 
 def _force(agent: Agent, node: str, kind: ActionKind, dry_run: bool) -> AdminResult:
+    if admin_jobs.is_replica_name(node):  # MODEL#INDEX: a placement: jobs replica
+        return admin_jobs.force(agent, node, kind, dry_run)
     obs = agent.observe()
     view = node_view(obs, node)
     if view.phase is Phase.ADMIN:
@@ -156,6 +160,8 @@ def unpin(agent: Agent, node: str, dry_run: bool = False) -> AdminResult:
 
 
 def _set_pin(agent: Agent, node: str, pinned: bool, dry_run: bool) -> AdminResult:
+    if admin_jobs.is_replica_name(node):  # MODEL#INDEX: a placement: jobs replica
+        return admin_jobs.set_pin(agent, node, pinned, dry_run)
     command = "pin" if pinned else "unpin"
     obs = agent.observe()
     view = node_view(obs, node)

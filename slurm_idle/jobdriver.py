@@ -36,7 +36,7 @@ from slurm_idle.lifecycle import (
 )
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Action, ActionKind, JobReplica, Phase, SlurmJob
-from slurm_idle.replicajobs import format_comment, render_script, submit_args
+from slurm_idle.replicajobs import format_comment, render_script, steer_args, submit_args
 from slurm_idle.router.sync import job_target
 from slurm_idle.transitions import POLL_S, CarryOver, SharedPoll, StepResult
 
@@ -190,15 +190,25 @@ class JobDriver:
         model = self.config.model(r.model)
         now = self.clock()
         script = None if model.job is None or model.job.script is None else self.read_file(model.job.script)
-        steer = [f"--nodelist={nodelist}"] if nodelist else []
+        steer = steer_args(nodelist, self._slurm_version(), self.config.slurm.prefer_feature)
         job_id = self.slurm.submit(render_script(self.config, model, r.index, script),
-                                   [*submit_args(self.config, model, r.index, now), *steer])
+                                   [*submit_args(self.config, model, r.index, now, r.pinned), *steer])
         return _moved(r, Phase.RECLAIMING, now, job_id=job_id, job_state="PENDING")
 
     def _warm_up_and_serve(self, r: JobReplica, edge: Edge, deadline: float, nodelist: str) -> JobReplica:
         if self.router is not None and r.url:
             self.router.warm_up_target(job_target(r))
         return self._route_and_write(r, edge, "add", "healthy and warm: into the router")
+
+    def _slurm_version(self) -> str | None:
+        """The cluster's release for steer_args, only asked when `--prefer` could be used
+        (the CLI backend caches it); None if Slurm will not say: `--nodelist` then."""
+        if self.config.slurm.prefer_feature is None:
+            return None
+        try:
+            return str(self.slurm.version())
+        except SlurmIdleError:
+            return None
 
     def _router(self, op: str, r: JobReplica, reason: str) -> None:
         """Tell the router first (remove before retiring, add before serving); a failure keeps
@@ -209,7 +219,7 @@ class JobDriver:
     def _comment(self, r: JobReplica, phase: Phase, now: float) -> None:
         assert r.job_id is not None
         self.slurm.set_job_comment(r.job_id, format_comment(self.config.slurm.tag, phase, now,
-                                                            r.model, r.index, r.port))
+                                                            r.model, r.index, r.port, r.pinned))
 
     def _job(self, job_id: int | None) -> SlurmJob | None:
         if job_id is None:

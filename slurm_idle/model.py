@@ -271,6 +271,7 @@ class JobReplica:
     duplicates: tuple[int, ...] = ()
     gpus: int = 0
     load: ReplicaLoad | None = None
+    pinned: bool = False  # an admin's pin (in our Comment): never lent by the planner
 
     @property
     def name(self) -> str:

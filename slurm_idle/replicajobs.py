@@ -39,6 +39,9 @@ _PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 _RUNNING = frozenset({"RUNNING", "CONFIGURING", "RESIZING"})
 _ENDING = frozenset({"COMPLETING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED"})
 _COMMAND_FIELDS = ("port", "model", "index")
+#: `sbatch --prefer` (soft node features): Slurm 22.05's sbatch documents and honours it
+#: (tests/e2e/test_jobs_placement.py checks the job's `prefer` on 22.05 and 24.11).
+PREFER_SINCE = (22, 5)
 _URL_FIELDS = ("node", "port")
 
 
@@ -84,11 +87,14 @@ def job_name(tag: str, model: str, index: int) -> str:
     return f"{tag}-{safe}-{index}"
 
 
-def format_comment(tag: str, phase: Phase, since: float, model: str, index: int, port: int) -> str:
-    """Our Comment on a replica job; the model last, so any name reads back whole."""
+def format_comment(tag: str, phase: Phase, since: float, model: str, index: int, port: int,
+                   pinned: bool = False) -> str:
+    """Our Comment on a replica job; the model last, so any name reads back whole. `pinned`
+    (an admin's `slurm-idle pin MODEL#INDEX`): the planner never lends the replica."""
     if phase not in _WORDS:
         raise ValueError(f"phase {phase.value} is not written into a replica job's Comment")
-    return f"{tag}:{phase.value} since={iso(since)} index={index} port={port} model={model}"
+    flag = " pinned" if pinned else ""
+    return f"{tag}:{phase.value} since={iso(since)} index={index} port={port}{flag} model={model}"
 
 
 @dataclass(frozen=True)
@@ -98,19 +104,21 @@ class JobComment:
     index: int
     port: int
     model: str
+    pinned: bool = False
 
 
 def parse_comment(text: str, tag: str) -> JobComment | None:
     """Our Comment read back, or None for anything not in exactly the shape we write."""
-    m = re.fullmatch(re.escape(tag) + r":([a-z]+) (since=\S+) index=([0-9]{1,6}) port=([0-9]{1,5}) "
-                     r"model=(.+)", text.strip())
+    m = re.fullmatch(re.escape(tag) + r":([a-z]+) (since=\S+) index=([0-9]{1,6}) port=([0-9]{1,5})"
+                     r"( pinned)? model=(.+)", text.strip())
     if m is None:
         return None
     try:
         since = datetime.strptime(m.group(2), "since=%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return None
-    return JobComment(m.group(1), since, int(m.group(3)), int(m.group(4)), m.group(5))
+    return JobComment(m.group(1), since, int(m.group(3)), int(m.group(4)), m.group(6),
+                      m.group(5) is not None)
 
 
 def derive_job_phase(job: SlurmJob, comment: JobComment) -> Phase | None:
@@ -168,7 +176,7 @@ def replica_views(config: Config, jobs: Sequence[SlurmJob]) -> tuple[JobReplica,
             out.append(JobReplica(
                 model.name, index, port, phase, since, job.job_id, job.state, job.nodes, url,
                 job.state_reason if phase is Phase.RECLAIMING else "",
-                tuple(j.job_id for j, _, _ in mine[1:]), job.gpus))
+                tuple(j.job_id for j, _, _ in mine[1:]), job.gpus, pinned=comment.pinned))
     return tuple(out)
 
 
@@ -201,9 +209,33 @@ def render_script(config: Config, model: ModelConfig, index: int, script_text: s
     return "\n".join([*lines, env, f"exec srun --kill-on-bad-exit=1 {command}"]) + "\n"
 
 
-def submit_args(config: Config, model: ModelConfig, index: int, now: float) -> list[str]:
+def submit_args(config: Config, model: ModelConfig, index: int, now: float,
+                pinned: bool = False) -> list[str]:
     """sbatch options on the command line (the Comment has spaces: no #SBATCH quoting)."""
     tag = config.slurm.tag
+    comment = format_comment(tag, Phase.RECLAIMING, now, model.name, index, port_of(model, index),
+                             pinned)
     return [f"--partition={partition_of(config, model)}",
-            f"--job-name={job_name(tag, model.name, index)}",
-            f"--comment={format_comment(tag, Phase.RECLAIMING, now, model.name, index, port_of(model, index))}"]
+            f"--job-name={job_name(tag, model.name, index)}", f"--comment={comment}"]
+
+
+def steer_args(node: str, slurm_version: str | None, prefer_feature: str | None) -> list[str]:
+    """sbatch options that steer a replica job towards `node` (policy/jobs.py steer()).
+
+    `--nodelist` (hard: the job waits for that node) everywhere; with `slurm.prefer_feature`
+    (a feature naming each node) on Slurm >= 22.05 `--prefer`
+    instead, which Slurm treats as a wish: when that node cannot take the job, it goes where
+    Slurm can place it rather than pending behind the choice."""
+    if not node:
+        return []
+    if prefer_feature is not None and slurm_version is not None:
+        from slurm_idle.errors import SlurmIdleError
+        from slurm_idle.slurm.parse import major_minor
+
+        try:
+            new_enough = major_minor(slurm_version) >= PREFER_SINCE
+        except SlurmIdleError:
+            new_enough = False
+        if new_enough:
+            return [f"--prefer={prefer_feature.format(node=node)}"]
+    return [f"--nodelist={node}"]

@@ -83,6 +83,7 @@ def replica_rows(obs: Observation, config: Config) -> list[dict[str, Any]]:
             "job_state": j.job_state or None,
             "pending_reason": j.state_reason or None,
             "port": j.port,
+            "pinned": j.pinned,  # an admin's `slurm-idle pin MODEL#INDEX`
         })
     return rows
 
@@ -148,7 +149,8 @@ def render_status(
         lines.append(f"{'REPLICA':<24} {'PHASE':<11} {'JOB':<8} {'STATE':<10} {'NODES':<12} URL")
         for r in job_rows:
             state = (r["job_state"] or "-") + (f" ({r['pending_reason']})" if r["pending_reason"] else "")
-            lines.append(f"{r['name']:<24} {r['phase']:<11} {r['job_id'] or '-'!s:<8} {state:<10} "
+            phase = r["phase"] + ("*" if r.get("pinned") else "")
+            lines.append(f"{r['name']:<24} {phase:<11} {r['job_id'] or '-'!s:<8} {state:<10} "
                          f"{','.join(r['nodes']) or '-':<12} {r['url'] or '-'}")
     lines.append("")
     lines.append(f"{'MODEL':<28} {'SERVING':>7} {'NEEDED':>6}  LOAD")
@@ -159,7 +161,7 @@ def render_status(
         lines.append(f"{m['model']:<28} {m['serving']:>7} {needed:>6}  {load}")
         if m["reason"]:
             lines.append(f"{'':<28} {'':>7} {'':>6}  {m['reason']}")
-    if any(n["pinned"] for n in nodes):
+    if any(n["pinned"] for n in nodes) or any(r.get("pinned") for r in job_rows):
         lines.append("(* pinned: never lent)")
     for e in errors:
         lines.append(f"warning: {e}")

@@ -29,6 +29,13 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
 @click.option("--start-s", type=float, default=300.0, show_default=True, help="Replica cold start.")
 @click.option("--wake-s", type=float, default=None, help="Sleep-mode wake time (replaces --start-s).")
 @click.option("--grace-s", type=float, default=60.0, show_default=True, help="Job grace time at reclaim.")
+@click.option("--placement", type=click.Choice(["nodes", "jobs"]), default="nodes", show_default=True,
+              help="How the --fleet models run: `jobs` times each replica as a Slurm job "
+              "(reclaim = grace + queue + start, lend = drain + scancel; one replica per lend "
+              "unit). Models from a config keep their own placement.")
+@click.option("--queue-s", type=float, default=None,
+              help="placement jobs: Slurm's delay from sbatch to the replica job's start, "
+              "GraceTime aside (default: the sandbox's measured value, see README).")
 @click.option("--prompt-weight", type=float, default=0.1, show_default=True,
               help="Demand model: cost of a prompt token relative to a generated one (without "
               "--config the slurm-idle policy weighs prompts the same).")
@@ -56,7 +63,8 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_path: str | None,
-             policy: str, start_s: float, wake_s: float | None, grace_s: float, prompt_weight: float,
+             policy: str, start_s: float, wake_s: float | None, grace_s: float, placement: str,
+             queue_s: float | None, prompt_weight: float,
              utilisation: float, floor: int, tick_s: int, fast_s: int, night_lend: int | None,
              azure_model: str | None,
              synthetic: bool, days: int, seed: int, bursts_per_week: float, timeline: str | None,
@@ -81,7 +89,7 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
         config = load_config(explicit)  # asked for: a missing file is an error
     elif os.path.isfile(implicit):
         config = load_config(implicit)  # installed: the pool and knobs of this site
-    fleet = [parse_fleet(spec) for spec in fleets]
+    fleet = [parse_fleet(spec, placement) for spec in fleets]
     if not fleet and config is not None:
         fleet = fleet_from_config(config)
     if synthetic:
@@ -109,7 +117,8 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
         click.echo(f"slurm-idle: warning: trace model(s) {', '.join(unsimulated)} have no --fleet "
                    "entry: not simulated, not in the timeline", err=True)
     params = SimParams(start_s=start_s, wake_s=wake_s, grace_s=grace_s, prompt_weight=prompt_weight,
-                       utilisation=utilisation, floor=floor, tick_s=tick_s, fast_s=fast_s)
+                       utilisation=utilisation, floor=floor, tick_s=tick_s, fast_s=fast_s,
+                       **({} if queue_s is None else {"queue_s": queue_s}))
     result = run(load, fleet, params, policy,
                  policy_config=config.policy if config is not None else None, night_lend=night_lend)
     if timeline:

@@ -235,6 +235,7 @@ def lend(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
 
     The replica finishes its in-flight requests, the engine is stopped and the node RESUMEd
     into the idle partition. The planner may take it back at a later tick if load needs it.
+    A `placement: jobs` replica is named MODEL#INDEX: its job is cancelled after the drain.
     """
     _admin(ctx, "lend", node, dry_run, as_json)
 
@@ -245,7 +246,9 @@ def lend(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def reclaim(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
-    """Force NODE from lent back to serving (admin): jobs requeued, vLLM restarted."""
+    """Force NODE from lent back to serving (admin): jobs requeued, vLLM restarted.
+
+    MODEL#INDEX: a `placement: jobs` replica's job is submitted (Slurm preempts idle jobs)."""
     _admin(ctx, "reclaim", node, dry_run, as_json)
 
 
@@ -254,7 +257,9 @@ def reclaim(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
 @pass_ctx
 def pin(ctx: Context, node: str, dry_run: bool) -> None:
-    """Keep NODE serving: the planner never lends it. A lent NODE is reclaimed first."""
+    """Keep NODE serving: the planner never lends it. A lent NODE is reclaimed first.
+
+    MODEL#INDEX pins a `placement: jobs` replica (the pin is in its job's Comment)."""
     _admin(ctx, "pin", node, dry_run)
 
 
@@ -263,5 +268,5 @@ def pin(ctx: Context, node: str, dry_run: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
 @pass_ctx
 def unpin(ctx: Context, node: str, dry_run: bool) -> None:
-    """Release a pinned NODE back to the planner."""
+    """Release a pinned NODE (or MODEL#INDEX replica) back to the planner."""
     _admin(ctx, "unpin", node, dry_run)

@@ -41,6 +41,22 @@ class SlurmConfig(_Strict):
     # srun/salloc jobs (Slurm cannot requeue them) get it too, or SIGTERM, then are cancelled.
     default_job_signal: str | None = None
     bin_dir: str | None = None  # where sinfo/scontrol/... live, if not on PATH
+    # placement jobs: a node feature naming one node (`{node}`, e.g. Features=gpu01 in
+    # slurm.conf). With it, on Slurm >= 22.05 a steered replica job gets `--prefer=FEATURE`
+    # (soft: Slurm may still place it elsewhere) instead of `--nodelist=NODE` (hard).
+    prefer_feature: str | None = None
+
+    @field_validator("prefer_feature")
+    @classmethod
+    def _prefer_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                filled = value.format(node="n")
+            except (KeyError, IndexError, ValueError):
+                raise ValueError(f"prefer_feature {value!r}: the only placeholder is {{node}}") from None
+            if not filled or any(c.isspace() or c in ",&|[]*" for c in filled):
+                raise ValueError(f"prefer_feature {value!r} must be one feature name (e.g. \"{{node}}\")")
+        return value
 
     @field_validator("default_job_signal")
     @classmethod

@@ -87,7 +87,7 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[l
             touched.add(r.name)
     elif down is not None and not any(by[p] for p in _ARRIVING) and serving > down:
         budget = config.policy.max_transitions_per_tick
-        spare = sorted(by[Phase.SERVING],
+        spare = sorted((r for r in by[Phase.SERVING] if not r.pinned),  # an admin's pin
                        key=lambda r: (r.load.running if r.load else 0.0, -r.index))
         for r in spare[:min(budget, serving - down)]:
             actions.append(_act(ActionKind.LEND, r, Phase.RETIRING,

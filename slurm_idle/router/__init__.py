@@ -38,6 +38,9 @@ class RouterTarget:
     node: str
     port: int
     index: int = 0
+    # A replica job (placement jobs): where it runs changes with each job, so a router that
+    # keeps addresses (haproxy) is given this one on every add.
+    moves: bool = False
 
     @property
     def host(self) -> str:

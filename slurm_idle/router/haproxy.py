@@ -4,6 +4,12 @@
 already open finish; health checks go on), `state ready` puts it back, and `show servers
 state BACKEND` is read back each tick. The server name comes from a template (`{node}` by
 default), the backend from `router.backend`. The socket needs `level admin` in haproxy.cfg.
+
+A replica job (placement jobs) runs wherever Slurm put it: each has its own server slot,
+declared once in haproxy.cfg (`server-template` or one `server NAME 127.0.0.1:1 disabled` per
+replica index, named by `router.server`, e.g. "{model}-{index}"), and before `state ready`
+the slot gets the job's address (`set server B/S addr IP port PORT`); at retire it is drained
+like a node's, before the job is cancelled.
 """
 
 from __future__ import annotations
@@ -70,10 +76,12 @@ def parse_servers_state(text: str) -> dict[tuple[str, str], tuple[int, int]]:
 class HaproxyRouter:
     kind = "haproxy"
 
-    def __init__(self, config: RouterConfig, send: Send | None = None) -> None:
+    def __init__(self, config: RouterConfig, send: Send | None = None,
+                 resolve: Callable[[str], str] = socket.gethostbyname) -> None:
         assert config.admin_socket is not None  # the config validator requires it
         self.config = config
         self.send = send or unix_send(config.admin_socket, config.timeout_s)
+        self.resolve = resolve  # HAProxy's `addr` takes an IP address
 
     def names(self, target: RouterTarget) -> tuple[str, str]:
         return fill(self.config.backend, target), fill(self.config.server, target)
@@ -88,7 +96,23 @@ class HaproxyRouter:
         self._set(target, "drain")
 
     def add(self, target: RouterTarget) -> None:
+        if target.moves:
+            self._set_address(target)
         self._set(target, "ready")
+
+    def _set_address(self, target: RouterTarget) -> None:
+        """Point a replica job's server slot at where the job runs now."""
+        backend, server = self.names(target)
+        try:
+            ip = self.resolve(target.host)
+        except OSError as exc:
+            raise RouterError(f"haproxy: cannot resolve {target.host} for {backend}/{server}: "
+                              f"{exc}") from None
+        command = f"set server {backend}/{server} addr {ip} port {target.port}"
+        answer = self.send(command).strip()
+        # HAProxy says what changed ("IP changed from ...", "no need to change ..."), or why not.
+        if answer and "change" not in answer.lower():
+            raise RouterError(f"haproxy: {command}: {answer}")
 
     def state(self, targets: Sequence[RouterTarget]) -> dict[str, str]:
         servers: dict[tuple[str, str], tuple[int, int]] = {}

@@ -51,10 +51,11 @@ def desired(phase: Phase) -> str | None:
 
 
 def job_target(r: JobReplica) -> RouterTarget:
-    """A replica job as a router target: named `model#index`, on its head node (url and node
-    empty while it runs nowhere: routers know targets by name)."""
+    """A replica job as a router target: named `model#index`, `{index}` its replica index (two
+    replica jobs on one node stay apart: haproxy's `server: "{model}-{index}"`), on its head
+    node (url and node empty while it runs nowhere: routers know targets by name)."""
     return RouterTarget(name=r.name, model=r.model, url=r.url, node=r.nodes[0] if r.nodes else "",
-                        port=r.port)
+                        port=r.port, index=r.index, moves=True)
 
 
 Post = Callable[[str, bytes, float], int]

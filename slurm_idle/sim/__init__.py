@@ -37,9 +37,10 @@ _FLEET = re.compile(
 )
 
 
-def parse_fleet(spec: str) -> FleetModel:
+def parse_fleet(spec: str, placement: str = "nodes") -> FleetModel:
     """`MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S[:PER_NODE]`, e.g. `llama-70b=16:4:2500`, or
-    `llama-70b=16:4:2500:2` for two replicas per (8-GPU) node."""
+    `llama-70b=16:4:2500:2` for two replicas per (8-GPU) node. `placement` jobs: replica jobs
+    (GPU-granular: no PER_NODE)."""
     match = _FLEET.match(spec.strip())
     if not match:
         raise ConfigError(
@@ -48,8 +49,11 @@ def parse_fleet(spec: str) -> FleetModel:
         )
     fleet = FleetModel(
         match["model"].strip(), int(match["replicas"]), int(match["gpus"]), float(match["tps"]),
-        int(match["per"] or 1),
+        int(match["per"] or 1), placement,
     )
+    if placement == "jobs" and fleet.per_node != 1:
+        raise ConfigError(f"--fleet {spec!r}: placement jobs lends each replica on its own "
+                          "(no PER_NODE)")
     if fleet.replicas < 1 or fleet.gpus_per_replica < 1 or fleet.tokens_per_s <= 0 or fleet.per_node < 1:
         raise ConfigError(f"--fleet {spec!r}: replicas, GPUs, tokens/s and per-node must be positive")
     if fleet.replicas % fleet.per_node:
@@ -71,6 +75,10 @@ def fleet_from_config(config: Config) -> list[FleetModel]:
             sizes.setdefault(model, Counter())[sum(1 for r in g.replicas if r.model == model)] += 1
     out = []
     for m in config.models:
+        if m.placement == "jobs" and m.job is not None:  # each replica job its own lend unit
+            out.append(FleetModel(m.name, m.job.replicas, m.job_gpus_per_replica,
+                                  m.tokens_per_s_per_replica, 1, "jobs"))
+            continue
         if not m.replicas:
             continue
         per_node = sizes[m.name].most_common(1)[0][0] if m.name in sizes else 1

@@ -31,6 +31,7 @@ from typing import Protocol
 from slurm_idle.lifecycle import Ready, check_transition, forward_edge, next_phase, takes_traffic
 from slurm_idle.model import Action, ActionKind, Phase
 from slurm_idle.policy.capacity import demand_tokens_per_s, replicas_for
+from slurm_idle.sim.jobs_mode import CANCEL_S, QUEUE_S, job_phase_latency
 from slurm_idle.traces import Trace
 
 
@@ -43,6 +44,8 @@ class FleetModel:
     gpus_per_replica: int
     tokens_per_s: float
     per_node: int = 1  # replicas per node: a node (one lend group) is lent only whole
+    # `jobs`: each replica a Slurm job, its phases timed by sim/jobs_mode.py (per_node 1)
+    placement: str = "nodes"
 
     @property
     def nodes(self) -> int:
@@ -65,6 +68,10 @@ class SimParams:
     utilisation: float = 0.8
     floor: int = 1
     checkpoint_s: float = 1800.0  # idle jobs checkpoint this often; a preemption loses the rest
+    # placement: jobs (sim/jobs_mode.py): Slurm's sbatch -> start delay (GraceTime aside), and
+    # scancel -> the job gone
+    queue_s: float = QUEUE_S
+    cancel_s: float = CANCEL_S
     # The planner's cadence (slurm-idle policy only): a full tick every tick_s, and between
     # ticks a fast check (policy.fast_plan) every fast_s (0: none). Whole minutes: the
     # simulation's resolution; sub-minute cadences are measured on the sandbox (tests/e2e).
@@ -78,6 +85,8 @@ class SimParams:
             raise ConfigError("the simulated drain must take 0-60 s (one tick at most)")
         if self.start_s < 0 or self.grace_s < 0 or (self.wake_s is not None and self.wake_s < 0):
             raise ConfigError("--start-s, --wake-s and --grace-s must be >= 0")
+        if self.queue_s < 0 or self.cancel_s < 0:
+            raise ConfigError("--queue-s and the cancel time must be >= 0")
         if not 0 < self.utilisation <= 1 or self.prompt_weight < 0 or self.floor < 0:
             raise ConfigError("utilisation must be in (0, 1], prompt weight and floor >= 0")
         if self.tick_s < 60 or self.tick_s % 60 or self.fast_s < 0 or self.fast_s % 60:
@@ -264,13 +273,20 @@ class Simulation:
         if node is None or node.phase is not action.from_phase:
             return False
         check_transition(node.phase, action.to_phase)
-        if action.kind is ActionKind.CONTINUE and now - node.since < self.params.latency(node.phase):
+        if action.kind is ActionKind.CONTINUE and now - node.since < self.latency(node):
             return False
         if node.phase is Phase.LENT and action.to_phase is Phase.RECLAIMING:
             self._preempt(node, now)
         self._enter(node, action.to_phase, now)
         self._carry_on(node, now)
         return True
+
+    def latency(self, node: SimNode) -> float:
+        """How long the node's transitional phase lasts: a `placement: jobs` replica's by the
+        job lifecycle (sim/jobs_mode.py), else the node lifecycle's (SimParams.latency)."""
+        if self.fleet[node.model].placement == "jobs":
+            return job_phase_latency(self.params, node.phase)
+        return self.params.latency(node.phase)
 
     def _preempt(self, node: SimNode, now: float) -> None:
         self.preemptions += 1
@@ -284,7 +300,7 @@ class Simulation:
 
     def _carry_on(self, node: SimNode, now: float) -> None:
         nxt = next_phase(node.phase)
-        while nxt is not None and now - node.since >= self.params.latency(node.phase):
+        while nxt is not None and now - node.since >= self.latency(node):
             self._enter(node, nxt, now)
             nxt = next_phase(node.phase)
 

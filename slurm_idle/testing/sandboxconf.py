@@ -341,9 +341,10 @@ def slurm_conf(lay: Layout) -> str:
          "State=UNKNOWN"),
         (f"PartitionName=inference Nodes={every} PriorityTier=10 PreemptMode=OFF Default=NO "
          "MaxTime=INFINITE State=UP"),
+        # Features=gpu8: a feature naming the node, for `--prefer` steering (slurm.prefer_feature)
         (f"NodeName={JOBS_NODE} NodeHostname={lay.hostname} NodeAddr=127.0.0.1 "
          f"Port={lay.jobs_slurmd_port} Gres=gpu:{JOBS_NODE_GPUS} CPUs=8 RealMemory=16000 "
-         "State=UNKNOWN"),
+         f"Features={JOBS_NODE} State=UNKNOWN"),
         (f"PartitionName={JOBS_PARTITION} Nodes={JOBS_NODE} PriorityTier=10 PreemptMode=OFF "
          "Default=NO MaxTime=INFINITE State=UP"),
         (f"PartitionName=idle Nodes={every},{JOBS_NODE} PriorityTier=1 PreemptMode=REQUEUE "
@@ -538,6 +539,7 @@ def slurm_idle_jobs_config(lay: Layout, tokens_per_s_per_replica: float, capacit
                      "drain_timeout_s": 10, "start_timeout_s": 60, "stop_timeout_s": 15,
                      "http_timeout_s": 2}
     doc["router"] = {"kind": "none"}
+    doc["slurm"]["prefer_feature"] = "{node}"  # steering by --prefer (replicajobs.steer_args)
     # Short e2e runs: size for the present load and the window's maximum, not for a noise
     # estimate taken from a few minutes of a test's square-wave load.
     doc["policy"]["headroom_sigmas"] = 0

@@ -142,6 +142,21 @@ def test_haproxy_unknown_server_fails_and_reads_missing(haproxy: tuple[Any, int]
     assert router.state([ghost]) == {"gpu9": MISSING}
 
 
+def test_haproxy_points_a_replica_jobs_slot_at_the_job(
+        haproxy: tuple[Any, int], backends: dict[str, int], tmp_path: Path) -> None:
+    """A replica job (target.moves) runs where Slurm put it: add() sets its server slot's
+    address first (`set server B/S addr`), so requests reach the job, not the slot's old one."""
+    _, port = haproxy
+    router = make_router(RouterConfig(kind="haproxy", admin_socket=str(tmp_path / "admin.sock"),
+                                      server="gpu{index}"))
+    job = RouterTarget("m#1", "m", f"http://localhost:{backends['gpu2']}", "localhost",
+                       backends["gpu2"], index=1, moves=True)
+    router.remove(job)
+    router.add(job)  # slot gpu1 now points at the job (the gpu2 server here)
+    assert router.state([job]) == {"m#1": IN}
+    assert answers(port) == {"gpu2"}
+
+
 # --- nginx ---------------------------------------------------------------------------------
 
 

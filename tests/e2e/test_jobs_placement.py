@@ -49,6 +49,10 @@ def jobs_mode(sandbox: Any) -> Iterator[Any]:
     finally:
         ids = sandbox.run(["squeue", "-h", "-w", sandboxconf.JOBS_NODE, "-o", "%A"]).stdout.split()
         ids += sandbox.run(["squeue", "-h", "-p", sandboxconf.JOBS_PARTITION, "-o", "%A"]).stdout.split()
+        # ... and the idle jobs asked for gpu8 (a preempted one waits PENDING, on no node: it
+        # would take the GPUs the next module's lend frees before that module's own idle job).
+        asked = sandbox.run(["squeue", "-h", "-o", "%A %n"]).stdout.splitlines()
+        ids += [line.split()[0] for line in asked if sandboxconf.JOBS_NODE in line.split()[1:]]
         if ids:
             sandbox.run(["scancel", *sorted(set(ids))])
         sandbox.load_jobs(0.0)
@@ -106,7 +110,8 @@ def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     assert rows[r0]["nodes"] == rows[r1]["nodes"] == [sandboxconf.JOBS_NODE]
     ports = {str(rows[n]["port"]) for n in (r0, r1)}
 
-    # Low load: one replica job is cancelled, the other keeps serving on the same node.
+    # Low load: one replica job is cancelled, the other keeps serving on the same node. Which
+    # one the planner lends depends on their load (the least busy, then the highest index).
     sb.load_jobs(LOW_RPS)
     rows = tick_until(sb, ["lent", "serving"], SETTLE_S)
     r0, r1 = sorted((r0, r1), key=lambda n: rows[n]["phase"] != "serving")  # r0 serves, r1 lent
@@ -137,6 +142,14 @@ def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     rows = tick_until(sb, {r0: "serving", r1: "serving"}, SETTLE_S)
     reclaim_s = time.monotonic() - t0
     print(f"MEASURE jobs-mode reclaim (load rise -> serving, ticks back to back): {reclaim_s:.1f}s")
+    # Steered to gpu8 (its idle job loses the least work) by --prefer (slurm.prefer_feature,
+    # replicajobs.steer_args), never a hard --nodelist; Slurm's queue delay printed for simulate.
+    # (Slurm moves a satisfied --prefer into the job's Features when it starts the job.)
+    fields = job_fields(sb, rows[r1]["job_id"])
+    assert sandboxconf.JOBS_NODE in (fields.get("Prefer"), fields.get("Features")), fields
+    assert fields.get("ReqNodeList") == "(null)", fields
+    print(f"MEASURE jobs-mode replica job SubmitTime {fields['SubmitTime']} StartTime "
+          f"{fields['StartTime']} (sbatch -> running, GraceTime {sandboxconf.GRACE_TIME_S}s included)")
     states = sb.run(["sacct", "-j", str(idle), "-X", "-D", "-n", "-o", "State"]).stdout.split()
     assert "PREEMPTED" in states, states
     assert not {"FAILED", "CANCELLED"} & set(states), states

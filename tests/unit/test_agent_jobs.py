@@ -286,3 +286,50 @@ def test_a_steered_reclaim_submits_with_nodelist(tmp_path: Path) -> None:
     agent.tick()
     submits = [e for e in slurm.log if e[0] == "submit"]
     assert submits and all("--nodelist=gpu8" in e for e in submits)
+
+
+@pytest.mark.parametrize(("version", "feature", "want"), [
+    ("21.08.5", "{node}", "--nodelist=gpu8"),     # no --prefer before 22.05
+    ("24.11.5", None, "--nodelist=gpu8"),         # no feature naming the node: hard steering
+    ("24.11.5", "{node}", "--prefer=gpu8"),
+    ("22.05.8", "host-{node}", "--prefer=host-gpu8"),
+])
+def test_steering_argv_per_slurm_version(tmp_path: Path, version: str, feature: str | None,
+                                         want: str) -> None:
+    """A steered reclaim's sbatch argv: `--prefer=FEATURE` on Slurm >= 22.05 with
+    slurm.prefer_feature, `--nodelist=NODE` otherwise (never both)."""
+    agent, slurm, _, _ = make_agent(tmp_path, demand=150.0)
+    if feature is not None:
+        agent.config = agent.config.model_copy(update={"slurm": agent.config.slurm.model_copy(
+            update={"prefer_feature": feature})})
+    slurm.slurm_version = version
+    slurm.node_map["gpu8"] = replace(slurm.node_map["gpu8"], state="allocated", gpus_used=8,
+                                     partitions=("serve", "idle"))
+    slurm.job_list.append(SlurmJob(50, "train", "idle", "RUNNING", nodes=("gpu8",),
+                                   start_time=T0 - 60, gpus=8))
+    agent.tick()
+    submits = [e for e in slurm.log if e[0] == "submit"]
+    assert submits
+    assert {a for e in submits for a in e[1:] if a.startswith(("--prefer", "--nodelist"))} == {want}
+
+
+def test_steer_args_pure() -> None:
+    """steer_args: nothing without a node; an unreadable version keeps --nodelist."""
+    from slurm_idle.replicajobs import steer_args
+
+    assert steer_args("", "24.11.5", "{node}") == []
+    assert steer_args("gpu1", None, "{node}") == ["--nodelist=gpu1"]
+    assert steer_args("gpu1", "garbage", "{node}") == ["--nodelist=gpu1"]
+    assert steer_args("gpu1", "24.11.5", "{node}") == ["--prefer=gpu1"]
+
+
+def test_prefer_feature_is_one_feature_name() -> None:
+    """slurm.prefer_feature: {node} is the only placeholder, and it names one feature."""
+    from pydantic import ValidationError
+
+    from slurm_idle.config import SlurmConfig
+
+    assert SlurmConfig(prefer_feature="{node}").prefer_feature == "{node}"
+    for bad in ("{host}", "a,b", "x&{node}", ""):
+        with pytest.raises(ValidationError):
+            SlurmConfig(prefer_feature=bad)

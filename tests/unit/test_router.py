@@ -63,6 +63,28 @@ def test_haproxy_remove_drains_and_add_makes_ready() -> None:
     assert sent == ["set server vllm/gpu1 state drain", "set server vllm/gpu1 state ready"]
 
 
+def test_haproxy_gives_a_replica_jobs_slot_its_address_before_ready() -> None:
+    """A replica job's target (moves) gets `set server ... addr IP port P` before `state ready`
+    (the job runs wherever Slurm put it); an error answer to it fails the add."""
+    job = RouterTarget("jm#1", "jm", "http://gpu8:9101", "gpu8", 9101, index=1, moves=True)
+    cfg = RouterConfig(kind="haproxy", admin_socket="/x", server="{model}-{index}")
+    sent: list[str] = []
+
+    def send(command: str) -> str:
+        sent.append(command)
+        return "IP changed from '127.0.0.1' to '10.0.0.8' by 'stats socket command'" if "addr" in command else ""
+
+    HaproxyRouter(cfg, send=send, resolve={"gpu8": "10.0.0.8"}.__getitem__).add(job)
+    assert sent == ["set server vllm/jm-1 addr 10.0.0.8 port 9101", "set server vllm/jm-1 state ready"]
+    refused = HaproxyRouter(cfg, send=lambda c: "No such server.", resolve=lambda h: "10.0.0.8")
+    with pytest.raises(RouterError, match="No such server"):
+        refused.add(job)
+    # A node's replica (fixed address in haproxy.cfg) is only made ready.
+    router, sent = haproxy({})
+    router.add(target())
+    assert sent == ["set server vllm/gpu1 state ready"]
+
+
 def test_haproxy_error_text_is_a_failed_call() -> None:
     """HAProxy answers errors as text (rc is always 0): any answer to `set server` fails."""
     router, _ = haproxy({"set server vllm/gpu1 state drain": "No such server.\n"})
