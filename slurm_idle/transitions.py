@@ -17,7 +17,8 @@ one call, given the tick's time left, at least MIN_ENGINE_CALL_S) and never wait
 not done by then stays in its phase with a journaled why (`CarryOver`) for the next tick, which
 re-issues the stop (LENDING) or re-checks health and re-issues the start (STARTING). A phase
 older than its timeout is reported as stuck and its step retried. So a tick, and the lock
-every later cron tick needs, outlives its budget by little more than MIN_ENGINE_CALL_S.
+every later cron tick needs, outlives its budget by a few MIN_ENGINE_CALL_S at most (a stop
+is given at least that much, and an old vLLM's drain before it as much again, per replica).
 
 A node's Comment is shared with the admin. Only ours (`slurm-idle:`-tagged) is ever cleared; an
 admin's text found on a node we lend is kept after our marker (`lent_comment`) and put back as
