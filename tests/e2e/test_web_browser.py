@@ -155,7 +155,10 @@ def test_pool_jobs_and_a_reclaim_in_the_browser(
 
         def requeued() -> Any:
             browser.get(url + "/jobs")
-            r = browser.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job="{job_id}"]')
+            rows = browser.find_elements(By.CSS_SELECTOR, f'#jobs tr[data-job="{job_id}"]')
+            if not rows:  # between Slurm's requeue and the job's next listing (seen on 24.11)
+                return False
+            r = rows[0]
             got = (r.get_attribute("data-preemptions"), r.get_attribute("data-failures"))
             return got == ("1", "0") and r.get_attribute("data-state")
 

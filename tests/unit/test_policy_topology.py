@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from slurm_idle.config import Config, EngineConfig, ModelConfig, PolicyConfig, ReplicaConfig
 from slurm_idle.model import (
     ActionKind,
+    GroupView,
     ModelLoad,
     NodeView,
     Observation,
@@ -111,15 +112,21 @@ def fleets(draw: st.DrawFn) -> tuple[Observation, Config]:
     return Observation(now=NOW, nodes=tuple(views), models=model_loads), cfg
 
 
+def _out(g: GroupView, ld: ReplicaLoad | None) -> bool:
+    """A replica that counts for nothing: unhealthy, or asleep in a group that claims to serve.
+    Asleep in a group coming back (a tick killed mid-reclaim: one node still lent) is what a
+    reclaim's start wakes, so it is coming back."""
+    return ld is not None and (ld.healthy is False or (ld.sleeping and g.phase is Phase.SERVING))
+
+
 def _capacity(obs: Observation, cfg: Config, model: str, phases: set[Phase]) -> int:
-    """Replicas of `model` in groups now in `phases`, not asleep or unhealthy."""
+    """Replicas of `model` in groups now in `phases` that count (see `_out`)."""
     n = 0
     for g in group_views(obs, cfg):
         if g.phase not in phases:
             continue
         for r in g.group.replicas:
-            ld = g.load(r)
-            if r.model == model and not (ld is not None and (ld.sleeping or ld.healthy is False)):
+            if r.model == model and not _out(g, g.load(r)):
                 n += 1
     return n
 
