@@ -162,7 +162,13 @@ def test_pool_jobs_and_a_reclaim_in_the_browser(
             got = (r.get_attribute("data-preemptions"), r.get_attribute("data-failures"))
             return got == ("1", "0") and r.get_attribute("data-state")
 
-        state = poll(requeued, 60, "the job shown requeued with preemptions 1", interval_s=1.0)
+        try:
+            state = poll(requeued, 120, "the job shown requeued with preemptions 1", interval_s=1.0)
+        except AssertionError as exc:  # say what the API and Slurm saw
+            seen = [j for j in get_json(url + "/api/jobs")["jobs"] if j["job_id"] == job_id]
+            sacct = sb.run(["sacct", "-j", str(job_id), "-D", "-X", "-n", "-o",
+                            "JobID,State,Restarts,NodeList"]).stdout
+            raise AssertionError(f"{exc}; /api/jobs: {seen}; sacct: {sacct!r}") from None
         assert state in {"PENDING", "REQUEUED", "RUNNING"}
         browser.save_screenshot(str(tmp_path / "jobs-after-reclaim.png"))
         api = next(j for j in get_json(url + "/api/jobs")["jobs"] if j["job_id"] == job_id)
