@@ -109,6 +109,13 @@ def test_pool_jobs_and_a_reclaim_in_the_browser(
     cli(sb, env, "tick")
     for node in ("gpu2", "gpu3", "gpu4"):
         cli(sb, env, "pin", node)
+    # The job must run on gpu1 (the node the reclaim takes back), not on the 8-GPU topology
+    # nodes, plain idle nodes outside this config's pool: on 24.11 it ran to completion on gpu5
+    # (sacct), their higher Weight notwithstanding. Closed for the test, as in test_reclaim_cli.
+    closed = ",".join(getattr(sb, "all_nodes", sb.nodes)[len(sb.nodes):])
+    if closed:
+        sb.run(["scontrol", "update", f"nodename={closed}", "state=DRAIN",
+                "reason=test_web_browser: the job stays on gpu1"])
     cli(sb, env, "lend", "gpu1")
     spec = yaml.safe_load(DEMO_SPEC.read_text())
     spec["params"]["steps"] = 60
@@ -179,6 +186,8 @@ def test_pool_jobs_and_a_reclaim_in_the_browser(
         assert {n["name"]: n["phase"] for n in pool["nodes"]}["gpu1"] == "serving"
         assert pool["lent_gpu_hours"]["week"] is not None
     finally:
+        if closed:
+            sb.run(["scontrol", "update", f"nodename={closed}", "state=RESUME"])
         sb.run(["scancel", str(job_id)])
         cli(sb, env, "pipeline", "cancel", "--json", "webdag")
         for node in ("gpu2", "gpu3", "gpu4"):
