@@ -99,6 +99,20 @@ def _run(agent: Agent, action: Action, obs: Observation) -> list[StepResult]:
     return steps
 
 
+def _pin_by_reclaim(agent: Agent, name: str, action: Action, obs: Observation,
+                    dry_run: bool) -> AdminResult:
+    """Pinning a lent node or replica: reclaim it, `obs` already showing it pinned (so the
+    reclaim's planner never lends it again). Shared by node and replica-job pins."""
+    if dry_run:
+        return AdminResult("pin", name, True, action,
+                           message=f"would reclaim {name} and keep it serving")
+    steps = _run(agent, action, obs)
+    result = AdminResult("pin", name, False, action, steps)
+    if any(s.outcome is StepOutcome.ERROR for s in steps):
+        raise AdminFailed(f"pin {name}: reclaiming it failed: {steps[-1].error}", result)
+    return result
+
+
 def _count_transitions(agent: Agent, steps: list[StepResult]) -> None:
     """Admin transitions count in the agent's metrics too (alerts watch the counter)."""
     path = agent.config.paths.textfile
@@ -183,15 +197,8 @@ def _set_pin(agent: Agent, node: str, pinned: bool, dry_run: bool) -> AdminResul
         # Pinning a lent node means: bring it back now and keep it.
         pinned_view = replace(view, pinned=True)
         action = action_for_admin(pinned_view, ActionKind.RECLAIM, f"admin: slurm-idle pin {node}")
-        if dry_run:
-            return AdminResult(command, node, True, action,
-                               message=f"would reclaim {node} and keep it serving")
-        steps = _run(agent, action, replace(obs, nodes=tuple(
-            pinned_view if v.name == node else v for v in obs.nodes)))
-        result = AdminResult(command, node, False, action, steps)
-        if any(s.outcome is StepOutcome.ERROR for s in steps):
-            raise AdminFailed(f"pin {node}: reclaiming it failed: {steps[-1].error}", result)
-        return result
+        return _pin_by_reclaim(agent, node, action, replace(obs, nodes=tuple(
+            pinned_view if v.name == node else v for v in obs.nodes)), dry_run)
     raise SlurmIdleError(f"{node} is {view.phase.value}; cannot pin it now")
 
 

@@ -73,7 +73,7 @@ def force(agent: Agent, name: str, kind: ActionKind, dry_run: bool) -> AdminResu
 def set_pin(agent: Agent, name: str, pinned: bool, dry_run: bool) -> AdminResult:
     """`pin` / `unpin` of a replica: its job's Comment rewritten, or (pin of a lent replica)
     the replica reclaimed with the pin in its new job's Comment."""
-    from slurm_idle.admin import AdminFailed, AdminResult, _run
+    from slurm_idle.admin import AdminResult, _pin_by_reclaim
 
     command = "pin" if pinned else "unpin"
     obs = agent.observe()
@@ -97,15 +97,8 @@ def set_pin(agent: Agent, name: str, pinned: bool, dry_run: bool) -> AdminResult
     if r.phase is Phase.LENT:
         kept = replace(r, pinned=True)
         action = _action(kept, ActionKind.RECLAIM, f"admin: slurm-idle pin {name}")
-        if dry_run:
-            return AdminResult(command, name, True, action,
-                               message=f"would reclaim {name} and keep it serving")
-        steps = _run(agent, action, replace(obs, replica_jobs=tuple(
-            kept if x.name == name else x for x in obs.replica_jobs)))
-        result = AdminResult(command, name, False, action, steps)
-        if any(s.outcome is StepOutcome.ERROR for s in steps):
-            raise AdminFailed(f"pin {name}: reclaiming it failed: {steps[-1].error}", result)
-        return result
+        return _pin_by_reclaim(agent, name, action, replace(obs, replica_jobs=tuple(
+            kept if x.name == name else x for x in obs.replica_jobs)), dry_run)
     raise SlurmIdleError(f"{name} is {r.phase.value}; cannot pin it now (pin it once it is "
                          "lent: that reclaims it)")
 
