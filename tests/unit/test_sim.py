@@ -348,3 +348,20 @@ def test_fast_checks_between_sparse_ticks_cut_violations() -> None:
     assert fast.slo_violation_minutes < sparse.slo_violation_minutes
     with pytest.raises(ConfigError, match="whole number of minutes"):
         SimParams(tick_s=30)
+
+
+def test_level_oracle_knows_the_level_not_the_noise() -> None:
+    """The bound of scripts/bench-sim-bound: it sizes for the centred level times (1 + sigmas x
+    the trace's relative noise). Without a margin minute noise leaves it short; a margin of
+    4 sigma nearly never, for less harvest and within the oracle's bound (short minutes are
+    how the bare one can lend more than the oracle)."""
+    from slurm_idle.sim.baselines import LevelOracle, centred_means, relative_noise
+
+    assert centred_means([1.0, 2.0, 3.0, 4.0, 5.0], 1) == [1.5, 2.0, 3.0, 4.0, 4.5]
+    assert relative_noise([0.9, 1.1, 0.9, 1.1], [1.0] * 4) == pytest.approx(0.1)
+    assert relative_noise([1.0, 2.0], [0.0, 0.0]) == 0.0
+    trace = synthetic_trace(days=2, seed=4)
+    bare = Simulation(trace, FLEET, SimParams()).run(LevelOracle(sigmas=0.0))
+    wide = Simulation(trace, FLEET, SimParams()).run(LevelOracle(sigmas=4.0))
+    assert bare.slo_violation_minutes > 5 * max(1, wide.slo_violation_minutes)
+    assert wide.harvested_gpu_hours < min(bare.harvested_gpu_hours, wide.oracle_gpu_hours)
