@@ -7,7 +7,7 @@
   just early enough. Its harvest is the physical limit (Simulation.oracle_bound).
 - `level-oracle` (a bound for scripts/bench-sim-bound, not a yardstick in the tables): knows
   the load's *level* at every minute ahead, but not its minute-to-minute noise.
-All three only see the fleet and the trace; their decisions are plain LEND/RECLAIM actions
+All of them only see the fleet and the trace; their decisions are plain LEND/RECLAIM actions
 that the engine applies with the same latencies as the real planner's. They count in nodes
 (`Simulation.need_nodes`): with several replicas per node only whole nodes are lent.
 """
