@@ -350,6 +350,50 @@ def test_fast_checks_between_sparse_ticks_cut_violations() -> None:
         SimParams(tick_s=30)
 
 
+
+def test_level_oracle_plans_for_the_level_ahead_in_whole_nodes() -> None:
+    """Without a margin, the level oracle serves the centred level: a minute before a rise
+    already needs more (the window reaches ahead), replicas count in whole nodes of two, and
+    the floor holds where the level needs less."""
+    from slurm_idle.sim.baselines import LevelOracle
+
+    trace = Trace(start=0.0, minutes=20, series={
+        "m": Series((1.6,) * 10 + (4.0,) * 10, (0.0,) * 20, (1.0,) * 20)})
+    fleet = [FleetModel("m", 6, 1, 1.0, per_node=2)]
+    oracle = LevelOracle(sigmas=0.0, noise="trace", half_width=2)
+    # levels 1.6 .. 1.6, 2.08, 2.56, 3.04, 3.52, 4.0 ..: replicas at 80% 2, 3, 4, 4, 5, 5
+    assert oracle.needs(Simulation(trace, fleet, SimParams()))["m"] == [1] * 8 + [2, 2, 2] + [3] * 9
+    floored = LevelOracle(sigmas=0.0, noise="trace", half_width=2)
+    assert floored.needs(Simulation(trace, fleet, SimParams(floor=3)))["m"][:8] == [2] * 8
+
+
+def test_level_oracle_plans_each_simulation_and_holds_the_noise_figure_asked() -> None:
+    """One instance run on two simulations plans each from its own trace; the hourly noise
+    figure keeps no margin in a calm hour where the whole-trace figure does; keyword-only
+    fields, and an unknown noise figure is refused."""
+    from slurm_idle.sim.baselines import LevelOracle
+
+    oracle = LevelOracle(sigmas=3.0)
+    first, second = synthetic_trace(days=1, seed=4), synthetic_trace(days=1, seed=5)
+    assert oracle.needs(Simulation(first, FLEET, SimParams())) == LevelOracle(sigmas=3.0).needs(
+        Simulation(first, FLEET, SimParams()))
+    assert oracle.needs(Simulation(second, FLEET, SimParams())) == LevelOracle(sigmas=3.0).needs(
+        Simulation(second, FLEET, SimParams()))
+    rng = random.Random(2)
+    calm_then_noisy = [1000.0] * 200 + [1000.0 * (1 + 0.2 * rng.gauss(0, 1)) for _ in range(200)]
+    trace = Trace(start=0.0, minutes=400, series={
+        "m": Series(tuple(calm_then_noisy), (0.0,) * 400, (1.0,) * 400)})
+    fleet = [FleetModel("m", 40, 1, 100.0)]
+    hour = LevelOracle(sigmas=3.0).needs(Simulation(trace, fleet, SimParams()))["m"]
+    whole = LevelOracle(sigmas=3.0, noise="trace").needs(Simulation(trace, fleet, SimParams()))["m"]
+    assert hour[100:190] == [13] * 90  # 1000 / 80 tok/s, no noise in the last hour
+    assert min(whole[100:190]) > 13
+    with pytest.raises(TypeError):
+        LevelOracle(3.0)  # type: ignore[misc]
+    with pytest.raises(ValueError, match="hour, trace"):
+        LevelOracle(noise="day")
+
+
 def test_level_oracle_knows_the_level_not_the_noise() -> None:
     """The bound of scripts/bench-sim-bound: it sizes for the centred level times (1 + sigmas x
     the trace's relative noise). Without a margin minute noise leaves it short; a margin of
