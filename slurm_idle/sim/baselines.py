@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S
 from slurm_idle.model import Action, ActionKind, Phase
-from slurm_idle.policy.capacity import replicas_for
+from slurm_idle.policy.capacity import TICK_S, horizon_factor, replicas_for
 from slurm_idle.policy.windows import in_windows
 from slurm_idle.sim.engine import SimNode, Simulation
 from slurm_idle.sim.planner_driver import _noises
@@ -197,13 +197,17 @@ class LevelOracle(Oracle):
     minutes around it: ramps, plateaus, weekends, level shifts, bursts and flash crowds as
     they will come) and holds `sigmas` x a noise figure above it, lending and reclaiming just
     in time like the oracle (reclaim latency respected). It does not know each minute's noise.
-    The figure (`noise`): "hour", the planner's own estimate at that minute (the standard
-    deviation of the last hour's 10-minute changes / sqrt 2, as the simulator feeds
-    `policy.plan()`; the whole-trace figure until the hour is on record), or "trace", one
-    relative figure for the whole trace. With "hour" the difference to `slurm-idle` is what
-    knowing the level ahead is worth; where this misses a goal at every margin tried, a better
-    level or trend estimate alone will not meet it. Not a bound on every rule: a margin that
-    follows other signals could do better. Measured by scripts/bench-sim-bound.
+    The figure (`noise`): "hour", the planner's own margin as the simulator feeds it to
+    `policy.plan()` (the standard deviation of the last hour's 10-minute changes / sqrt 2,
+    x `capacity.horizon_factor` of the reclaim lead), as it stood when the reclaim for that
+    minute had to start (a reclaim earlier), so it does not see a jump before it happens; or
+    "trace", one relative figure for the whole trace (known in advance). Until the hour is on
+    record (the first ~70 minutes) "hour" uses the whole-trace figure. Other differences to
+    `slurm-idle` remain: the planner's base is max(seasonal forecast, fitted level + rising
+    trend over the lead) and it lends only after a 15-minute window. Where this misses a goal
+    at every margin tried, a better level or trend estimate alone will not meet it. Not a bound
+    on every rule: a margin that follows other signals could do better. Measured by
+    scripts/bench-sim-bound.
     """
 
     sigmas: float = 3.0
@@ -231,10 +235,15 @@ class LevelOracle(Oracle):
         whole = relative_noise(demand, level)
         hourly = (_noises(demand, NOISE_LAG_S // 60, NOISE_SPAN_S // 60) if self.noise == "hour"
                   else [None] * len(demand))
+        # the planner's lead (grace + start + a tick, whole minutes) and its margin's widening
+        lead_min = math.ceil((p.grace_s + p.engine_start_s + TICK_S) / 60)
+        widen = horizon_factor(60.0 * lead_min) if self.noise == "hour" else 1.0
+        before = p.reclaim_minutes + 1  # the figure when a reclaim for minute m had to start
         floor = min(p.floor, f.replicas)
         out = []
-        for m, h in zip(level, hourly, strict=True):
-            planned = m + self.sigmas * (h if h is not None else whole * m)
+        for i, m in enumerate(level):
+            h = hourly[max(0, i - before)]
+            planned = m + self.sigmas * (widen * h if h is not None else whole * m)
             replicas = min(f.replicas, max(floor, replicas_for(planned, f.tokens_per_s, p.utilisation)))
             out.append(-(-replicas // f.per_node))
         return out

@@ -388,6 +388,19 @@ def test_level_oracle_plans_each_simulation_and_holds_the_noise_figure_asked() -
     whole = LevelOracle(sigmas=3.0, noise="trace").needs(Simulation(trace, fleet, SimParams()))["m"]
     assert hour[100:190] == [13] * 90  # 1000 / 80 tok/s, no noise in the last hour
     assert min(whole[100:190]) > 13
+    # In the noisy part: the planner's figure as it stood a reclaim before the minute (16
+    # minutes of grace + start, +1), widened as the planner widens it for a 15-minute start
+    # (lead 17 minutes: x1.5)
+    from slurm_idle.policy.capacity import replicas_for
+    from slurm_idle.sim.baselines import centred_means
+    from slurm_idle.sim.planner_driver import _noises
+
+    slow = SimParams(start_s=900.0)
+    planned = LevelOracle(sigmas=3.0).needs(Simulation(trace, fleet, slow))["m"]
+    level, noise = centred_means(calm_then_noisy, 7), _noises(calm_then_noisy, 10, 60)
+    expected = [min(40, max(1, replicas_for(level[m] + 3 * 1.5 * (noise[m - 17] or 0.0), 100.0, 0.8)))
+                for m in range(280, 400)]
+    assert planned[280:400] == expected
     with pytest.raises(TypeError):
         LevelOracle(3.0)  # type: ignore[misc]
     with pytest.raises(ValueError, match="hour, trace"):
@@ -395,8 +408,9 @@ def test_level_oracle_plans_each_simulation_and_holds_the_noise_figure_asked() -
 
 
 def test_level_oracle_knows_the_level_not_the_noise() -> None:
-    """The bound of scripts/bench-sim-bound: it sizes for the centred level times (1 + sigmas x
-    the trace's relative noise). Without a margin minute noise leaves it short; a margin of
+    """The reference of scripts/bench-sim-bound: it sizes for the centred level plus sigmas x a
+    noise figure (the planner's hourly one by default). Without a margin minute noise leaves it
+    short; a margin of
     4 sigma nearly never, for less harvest and within the oracle's bound (short minutes are
     how the bare one can lend more than the oracle)."""
     from slurm_idle.sim.baselines import LevelOracle, centred_means, relative_noise
