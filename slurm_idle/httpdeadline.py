@@ -33,6 +33,12 @@ class DeadlineExceeded(TimeoutError):
     """The call did not finish within its total deadline."""
 
 
+class Disconnected(ConnectionError):
+    """The server closed or reset the connection before answering: no answer at all, so an
+    idempotent request may be sent again (a server that got it and then dropped the socket
+    will get it twice)."""
+
+
 def _open(url: str, timeout_s: float) -> http.client.HTTPConnection:
     parts = urlsplit(url)
     host = parts.hostname or ""
@@ -111,6 +117,10 @@ def request(
         if isinstance(errors[0], TimeoutError):
             # The socket's own timeout (the same deadline) fired a moment before the join did.
             raise DeadlineExceeded(f"{method} {url}: no complete answer within {timeout_s:g} s")
+        if isinstance(errors[0], ConnectionResetError | ConnectionAbortedError | BrokenPipeError):
+            # http.client.RemoteDisconnected ("Remote end closed connection without response")
+            # is a ConnectionResetError too
+            raise Disconnected(f"{method} {url}: {errors[0]}") from None
         if isinstance(errors[0], OSError | http.client.HTTPException):
             raise OSError(f"{method} {url}: {errors[0]}") from None
         raise errors[0]

@@ -35,6 +35,7 @@ from slurm_idle.engine.probe import (
     MAX_BODY_BYTES,
     EngineDeadline,
     EngineHealth,
+    HttpDisconnected,
     HttpProbe,
     HttpTimeout,
     Identity,
@@ -48,7 +49,7 @@ from slurm_idle.engine.sleep import HttpSleepEngine
 from slurm_idle.httpdeadline import HttpClient, HttpResponse
 
 __all__ = ["MAX_BODY_BYTES", "CommandEngine", "DockerEngine", "Drainable", "Engine", "EngineControl", "EngineDeadline",
-           "EngineHealth", "HttpProbe", "HttpResponse", "HttpSleepEngine", "HttpTimeout", "Identity", "MetricsReading",
+           "EngineHealth", "HttpDisconnected", "HttpProbe", "HttpResponse", "HttpSleepEngine", "HttpTimeout", "Identity", "MetricsReading",
            "UrllibClient", "container_name", "format_command", "is_idle", "make_engine", "parse_is_sleeping",
            "parse_metrics", "parse_model_ids"]
 

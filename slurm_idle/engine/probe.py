@@ -30,6 +30,10 @@ class HttpTimeout(EngineError):
     """An HTTP request got no answer within its timeout (the server may still be working on it)."""
 
 
+class HttpDisconnected(EngineError):
+    """The server dropped the connection before any answer (httpdeadline.Disconnected)."""
+
+
 def _limit(own_s: float, given_s: float | None) -> tuple[float, bool]:
     """How long a call may wait: its own timeout, or the caller's time if that is shorter.
     The flag says the caller's time set it, so running out is an EngineDeadline."""
@@ -54,6 +58,8 @@ class UrllibClient:
             return self.client.request(method, url, timeout)
         except httpdeadline.DeadlineExceeded:
             raise HttpTimeout(f"{method} {url}: no answer within {timeout:g} s") from None
+        except httpdeadline.Disconnected as exc:
+            raise HttpDisconnected(str(exc)) from None
         except OSError as exc:
             raise EngineError(str(exc)) from None
 

@@ -4,9 +4,12 @@ the server keeps running, its weights leave the GPUs while lent.
 
 from __future__ import annotations
 
+import time
+
 from slurm_idle.config import EngineConfig, ReplicaConfig
 from slurm_idle.engine.probe import (
     EngineDeadline,
+    HttpDisconnected,
     HttpProbe,
     HttpTimeout,
     UrllibClient,
@@ -16,6 +19,9 @@ from slurm_idle.engine.probe import (
 )
 from slurm_idle.errors import EngineError
 from slurm_idle.httpdeadline import HttpClient
+
+#: Pause before asking a /wake_up whose connection was dropped once more.
+WAKE_RETRY_PAUSE_S = 0.5
 
 
 class HttpSleepEngine(_HttpHealth):
@@ -55,7 +61,18 @@ class HttpSleepEngine(_HttpHealth):
                 f"{replica.node}: vLLM at {replica.url} is not running; the http-sleep engine "
                 "only wakes a running server (start it, or use engine kind command/docker)"
             )
-        self._post(replica, "/wake_up", self.config.start_timeout_s, timeout_s)
+        began = time.monotonic()
+        try:
+            self._post(replica, "/wake_up", self.config.start_timeout_s, timeout_s)
+        except HttpDisconnected:
+            # /wake_up is idempotent (waking an awake server does nothing) and this one got no
+            # answer at all: asked once more, within what is left of the caller's time, so one
+            # dropped connection does not leave a reclaim waiting for the next tick.
+            time.sleep(WAKE_RETRY_PAUSE_S)
+            left = None if timeout_s is None else timeout_s - (time.monotonic() - began)
+            if left is not None and left <= 0:
+                raise
+            self._post(replica, "/wake_up", self.config.start_timeout_s, left)
 
     def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
         health = self.health(replica)

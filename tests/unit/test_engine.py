@@ -19,6 +19,7 @@ from slurm_idle.engine import (
     DockerEngine,
     EngineDeadline,
     EngineHealth,
+    HttpDisconnected,
     HttpResponse,
     HttpSleepEngine,
     HttpTimeout,
@@ -487,6 +488,68 @@ def test_an_unanswered_post_at_the_deadline_is_carried_over() -> None:
         engine.start(REPLICA, timeout_s=5)
     with pytest.raises(HttpTimeout):
         engine.start(REPLICA)
+
+
+class DroppingHttp(RouteHttp):
+    """RouteHttp whose POST /wake_up drops the connection `drops` times, then answers."""
+
+    def __init__(self, routes: dict[tuple[str, str], Any], drops: int) -> None:
+        super().__init__(routes)
+        self.drops = drops
+
+    def request(self, method: str, url: str, timeout: float) -> HttpResponse:
+        if url.endswith("/wake_up") and self.drops > 0:
+            self.drops -= 1
+            self.calls.append((method, "/wake_up", timeout))
+            raise HttpDisconnected(f"{method} {url}: Remote end closed connection without response")
+        return super().request(method, url, timeout)
+
+
+def test_a_wake_up_dropped_before_any_answer_is_asked_once_more() -> None:
+    """A reclaim's /wake_up whose connection the server dropped unanswered is sent once more
+    (it is idempotent): one drop, the start succeeds with two POSTs; two drops, the error
+    stands; a wake_up that timed out is not repeated (the server may still be working on it)."""
+    routes = sleepy_routes()
+    routes[("GET", "/is_sleeping")] = HttpResponse(200, b'{"is_sleeping": true}')
+    config = EngineConfig(kind="http-sleep", start_timeout_s=60)
+    once = DroppingHttp(routes, drops=1)
+    HttpSleepEngine(config, http=once).start(REPLICA, timeout_s=30)
+    assert [c[:2] for c in once.calls].count(("POST", "/wake_up")) == 2
+    twice = DroppingHttp(routes, drops=2)
+    with pytest.raises(HttpDisconnected, match="closed connection"):
+        HttpSleepEngine(config, http=twice).start(REPLICA, timeout_s=30)
+    assert [c[:2] for c in twice.calls].count(("POST", "/wake_up")) == 2
+    routes[("POST", "/wake_up")] = HttpTimeout("POST /wake_up: no answer")
+    timed_out = RouteHttp(routes)
+    with pytest.raises(HttpTimeout):
+        HttpSleepEngine(config, http=timed_out).start(REPLICA)
+    assert [c[:2] for c in timed_out.calls].count(("POST", "/wake_up")) == 1
+
+
+def test_urllib_client_says_a_dropped_connection_is_one() -> None:
+    """A server that accepts, reads and closes without a word: HttpDisconnected (the real
+    client, a real socket), which the sleep engine may ask again."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def drop() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.close()
+
+    server = threading.Thread(target=drop, daemon=True)
+    server.start()
+    try:
+        port = listener.getsockname()[1]
+        with pytest.raises(HttpDisconnected, match="closed connection"):
+            UrllibClient().request("POST", f"http://127.0.0.1:{port}/wake_up", 5.0)
+    finally:
+        server.join(5)
+        listener.close()
 
 
 def test_urllib_client_names_a_timeout() -> None:
