@@ -65,9 +65,10 @@ class HttpSleepEngine(_HttpHealth):
         try:
             self._post(replica, "/wake_up", self.config.start_timeout_s, timeout_s)
         except HttpDisconnected:
-            # /wake_up is idempotent (waking an awake server does nothing) and this one got no
-            # answer at all: asked once more, within what is left of the caller's time, so one
-            # dropped connection does not leave a reclaim waiting for the next tick.
+            # /wake_up is idempotent (vLLM's executor returns at once when it is not asleep,
+            # vllm/v1/executor/abstract.py `wake_up`) and this one got no answer at all: asked
+            # once more, within what is left of the caller's time, so one dropped connection
+            # does not leave a reclaim waiting for the next tick.
             time.sleep(WAKE_RETRY_PAUSE_S)
             left = None if timeout_s is None else timeout_s - (time.monotonic() - began)
             if left is not None and left <= 0:
