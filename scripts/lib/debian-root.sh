@@ -227,8 +227,10 @@ main() {
             TERM="${TERM:-dumb}"
             # ruff and mypy gate the code once, in the Debian 12 lane: the source is the same.
             SLURM_IDLE_LINT=0)
+  # A JUnit report asked for on the host is written in the root's /tmp and copied out after.
+  [ -n "${SLURM_IDLE_JUNITXML:-}" ] && env_args+=(SLURM_IDLE_JUNITXML=/tmp/slurm-idle-junit.xml)
   while IFS='=' read -r k v; do
-    case "$k" in PIP_*|http_proxy|https_proxy|no_proxy|HTTP_PROXY|HTTPS_PROXY|NO_PROXY) env_args+=("$k=$v") ;; esac
+    case "$k" in PIP_*|PYTEST_ADDOPTS|http_proxy|https_proxy|no_proxy|HTTP_PROXY|HTTPS_PROXY|NO_PROXY) env_args+=("$k=$v") ;; esac
   done < <(env)
   t_run=$SECONDS
   # setsid: the run is its own process group, so the trap can stop all of it by one pid.
@@ -237,6 +239,9 @@ main() {
   rc=0
   wait "$run_pid" || rc=$?
   run_pid=""
+  if [ -n "${SLURM_IDLE_JUNITXML:-}" ] && [ -f "$root/tmp/slurm-idle-junit.xml" ]; then
+    cp "$root/tmp/slurm-idle-junit.xml" "$SLURM_IDLE_JUNITXML" || say "could not copy the test report out"
+  fi
   say "scripts/test inside the root exited $rc after $((SECONDS - t_run)) s (whole lane $((SECONDS - t_all)) s)"
   exit "$rc"
 }

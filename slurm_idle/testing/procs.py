@@ -69,11 +69,13 @@ class PidFile:
 
 
 def spawn(argv: Sequence[str], log: Path, env: Mapping[str, str], pidfile: PidFile,
-          cwd: Path | None = None) -> int:
-    """Start a foreground daemon detached from our session, logging to `log`."""
+          cwd: Path | None = None, pass_fds: Sequence[int] = ()) -> int:
+    """Start a foreground daemon detached from our session, logging to `log`; it inherits
+    `pass_fds` (and no other descriptor of ours)."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                env=dict(env), cwd=cwd, start_new_session=True, close_fds=True)
+                                env=dict(env), cwd=cwd, start_new_session=True, close_fds=True,
+                                pass_fds=tuple(pass_fds))
     pidfile.write(proc.pid)
     _children.append(proc)
     return proc.pid
@@ -164,7 +166,10 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Nobody listens on the port (TIME_WAIT leftovers of our own last run do not count)."""
+    """Nobody listens on the port, checked as the sandbox's daemons bind (all of them with
+    SO_REUSEADDR: Slurm, MariaDB, Prometheus, HAProxy, the emulators), so TIME_WAIT leftovers
+    of our own last run do not count. Choosing a block for a new sandbox is stricter:
+    ports.port_bindable."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import slurm_idle
-from slurm_idle.testing import procs, sandboxconf
+from slurm_idle.testing import ports, procs, sandboxconf
 from slurm_idle.testing.engine_model import Capacity
 from slurm_idle.testing.procs import PidFile
 from slurm_idle.testing.sandboxconf import ALL_NODES, NODES, REPLICAS, Layout
@@ -57,31 +57,13 @@ def default_job_submit_lua() -> Path | None:
     return p if p.is_file() else None
 
 
-def ephemeral_port_floor(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
-    """The lowest port the kernel hands to outgoing connections (32768 by default)."""
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def pick_base_port(span: int = sandboxconf.PORT_SPAN) -> int:
-    """A free block of `span` ports, aligned to a multiple of 32 no smaller than the span, so
-    two sandboxes' blocks never overlap: a sandbox binds its last ports (replica jobs) only
-    late, and a block that merely looked free at pick time could otherwise take them.
-
-    Below the kernel's ephemeral range: an emulator restarted after a lend rebinds its port,
-    and any outgoing connection on the machine (the other CI lane's clients) may hold it by
-    then as its local port, or connect to itself on it (TCP self-connect), which a client
-    then sees as a server that closed the connection."""
-    step = -(-span // 32) * 32
-    top = min(ephemeral_port_floor(), 60000) - span
-    low = 20000 if top - 20000 >= 16 * step else 10000
-    for _ in range(200):
-        base = random.randrange(low, top, step)
-        if all(procs.port_free(base + i) for i in range(span)):
-            return base
-    raise RuntimeError("sandbox: no free block of ports found")
+def pick_base_port(span: int = sandboxconf.PORT_SPAN, rng: random.Random | None = None) -> int:
+    """The base of a block of `span` ports leased to this process (ports.py: no other sandbox
+    can be handed any of them until the lease is let go, at the sandbox's `down()` or when
+    this process ends) and bindable now."""
+    lease = ports.lease_free_block(span, rng)
+    ports.hold(lease)
+    return lease.base
 
 
 def _unix_http(sock: Path, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
@@ -412,6 +394,7 @@ class Sandbox:
         lay = self.layout
         self._check_ports()
         self._write_files()
+        self._keep_lease()
         root = self.root
         self._spawn("munged", ["munged", "-F", "--force", f"--key-file={root}/munge/munge.key",
                                f"--socket={lay.munge_socket}", f"--pid-file={lay.run}/munged.pid",
@@ -509,11 +492,31 @@ class Sandbox:
         ports[f"slurmd-{sandboxconf.JOBS_NODE}"] = [lay.jobs_slurmd_port]
         return ports
 
+    def _keep_lease(self) -> None:
+        """Hand the lease on this sandbox's port block to its holder process, which keeps it
+        until `down()`: taken by pick_base_port, or now for a saved or given base. A block
+        another sandbox holds is refused, even when its ports look free (its emulators may be
+        stopped for a lend)."""
+        if self._pidfile("portlease").read() is not None:
+            return
+        span = sandboxconf.PORT_SPAN
+        lease = ports.held(self.base_port) or ports.try_lease(self.base_port, span)
+        if lease is None:
+            raise RuntimeError(
+                f"sandbox: ports {self.base_port}-{self.base_port + span - 1} are leased by "
+                "another sandbox (`ss -xlp | grep slurm-idle-ports` shows which process); "
+                f"choose another root or base port, or remove {self._state_file} to pick a block")
+        procs.spawn([self.python, "-m", "slurm_idle.testing.ports", "hold", str(self.base_port)],
+                    self.layout.log / "portlease.out", self._daemon_env(),
+                    self._pidfile("portlease"), cwd=self.root, pass_fds=lease.fds())
+        ports.release_held(self.base_port)
+        lease.release()
+
     def _check_ports(self) -> None:
         """Fail fast when a port of a part we are about to start is taken by someone else."""
         running = self._recorded()
-        for name, ports in self._ports().items():
-            for port in ports:
+        for name, numbers in self._ports().items():
+            for port in numbers:
                 if name not in running and not procs.port_free(port):
                     raise RuntimeError(
                         f"port {port} (for {name}) is already in use by another process; "
@@ -641,6 +644,7 @@ class Sandbox:
                if n in running],
             [n for n in ("slurmdbd",) if n in running],
             [n for n in ("mariadb", "munged") if n in running],
+            [n for n in ("portlease",) if n in running],  # the block is ours until the end
         ]
         killed: list[str] = []
         for names in phases:
@@ -651,6 +655,7 @@ class Sandbox:
         still_mounted = procs.unmount_all(self.root)
         for name in running:
             self._pidfile(name).clear()
+        ports.release_held(self.base_port)
         if self.layout.emulator_state_dir.is_dir():
             for f in self.layout.emulator_state_dir.rglob("*.json"):
                 f.unlink(missing_ok=True)

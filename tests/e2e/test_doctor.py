@@ -53,9 +53,16 @@ def failing(checks: dict[str, dict[str, str]]) -> dict[str, str]:
 def test_doctor_healthy_then_misconfigured(own_sandbox: Any) -> None:
     """Healthy: exit 0, no failure. Idle PreemptMode=OFF: fails naming preemption. A pool
     node's gres emptied: fails naming that node."""
+    from slurm_idle.testing.waiting import poll
+
     sb = own_sandbox
     assert sb.run([sys.executable, "-m", "slurm_idle.cli", "tick"], timeout=120).returncode == 0
 
+    # A brand-new sandbox: Prometheus needs two scrapes of a replica inside the rate window
+    # before its series count as fresh, so "healthy" is a state reached, not the first
+    # second's (issue 36: on 24.11 doctor ran before that and named gpu1, gpu3). Wait for it.
+    poll(lambda: doctor(sb)[1]["metrics"]["status"] == "ok", 120,
+         "fresh series for every serving replica", interval_s=2.0)
     rc, checks = doctor(sb)
     assert rc == 0, failing(checks)
     assert failing(checks) == {}

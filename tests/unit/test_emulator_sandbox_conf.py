@@ -162,15 +162,25 @@ def test_the_topology_config_has_two_replicas_on_gpu5_and_one_over_gpu6_7() -> N
     assert cfg.paths.journal == "/tmp/sb/journal-topology.jsonl"
 
 
-def test_two_sandboxes_port_blocks_never_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+def _bases(n: int) -> set[int]:
+    """The bases of n blocks chosen one after another, each let go at once."""
+    from slurm_idle.testing import ports, sandboxconf
+
+    out = set()
+    for _ in range(n):
+        lease = ports.lease_free_block(sandboxconf.PORT_SPAN, bindable=lambda port: True)
+        out.add(lease.base)
+        lease.release()
+    return out
+
+
+def test_two_sandboxes_port_blocks_never_overlap() -> None:
     """Blocks are aligned to a step no smaller than the span: a block picked while another
     sandbox's last ports (bound late, by replica jobs) were still free cannot take them."""
-    from slurm_idle.testing import procs, sandbox, sandboxconf
+    from slurm_idle.testing import sandboxconf
 
-    monkeypatch.setattr(procs, "port_free", lambda port: True)
     span = sandboxconf.PORT_SPAN
-    bases = {sandbox.pick_base_port() for _ in range(300)}
-    ordered = sorted(bases)
+    ordered = sorted(_bases(300))
     assert len(ordered) > 1
     assert all(b - a >= span for a, b in itertools.pairwise(ordered))
 
@@ -179,16 +189,38 @@ def test_port_blocks_stay_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPa
                                                     tmp_path: Path) -> None:
     """Ports the sandbox rebinds late must not be ones the kernel lends to outgoing
     connections (a CI lane's emulator port taken as a client's local port)."""
-    from slurm_idle.testing import procs, sandbox, sandboxconf
+    from slurm_idle.testing import ports, sandboxconf
 
-    monkeypatch.setattr(procs, "port_free", lambda port: True)
-    assert sandbox.ephemeral_port_floor() >= 1024
+    assert ports.ephemeral_port_floor() >= 1024
     rng = tmp_path / "range"
     rng.write_text("24000\t60999\n")
-    assert sandbox.ephemeral_port_floor(rng) == 24000
-    monkeypatch.setattr(sandbox, "ephemeral_port_floor", lambda: 32768)
-    assert all(b + sandboxconf.PORT_SPAN <= 32768
-               for b in (sandbox.pick_base_port() for _ in range(300)))
-    monkeypatch.setattr(sandbox, "ephemeral_port_floor", lambda: 24000)
-    assert all(b + sandboxconf.PORT_SPAN <= 24000
-               for b in (sandbox.pick_base_port() for _ in range(300)))
+    assert ports.ephemeral_port_floor(rng) == 24000
+    monkeypatch.setattr(ports, "ephemeral_port_floor", lambda: 32768)
+    assert all(b + sandboxconf.PORT_SPAN <= 32768 for b in _bases(300))
+    monkeypatch.setattr(ports, "ephemeral_port_floor", lambda: 24000)
+    assert all(b + sandboxconf.PORT_SPAN <= 24000 for b in _bases(300))
+
+
+def test_a_port_in_time_wait_is_not_bindable_for_a_new_block() -> None:
+    """A port whose server closed a connection first sits in TIME_WAIT: a bind with
+    SO_REUSEADDR succeeds there, a plain bind (as some servers and tests do) fails, so a new
+    block's check binds plainly and counts it as taken."""
+    import socket
+
+    from slurm_idle.testing import ports
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the sandbox's daemons
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = server.accept()
+    conn.close()  # the server closes first: its side goes to TIME_WAIT
+    client.recv(1)
+    client.close()
+    server.close()
+    with socket.socket() as reuse:
+        reuse.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        reuse.bind(("127.0.0.1", port))  # the old check's view: "free"
+    assert not ports.port_bindable(port)
