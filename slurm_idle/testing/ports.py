@@ -8,7 +8,7 @@ ports (issue 36). A lease makes the choice exclusive by construction: a picker o
 only once it holds the lease, and nobody else can take it until the lease is let go.
 
 The lease is a name in Linux's abstract unix-socket namespace, `@slurm-idle-ports/<port>`, one
-per aligned slot of `slot_size(span)` ports that a block touches. Binding such a name is atomic
+per 32-port slot that a block touches. Binding such a name is atomic
 (exactly one binder wins, the others get EADDRINUSE); the name is scoped to the network
 namespace, which is exactly the scope of the ports it guards (the Debian 13 lane's chroot shares
 the host's network namespace, so both lanes see each other's leases); and the kernel drops it
@@ -37,13 +37,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 LEASE_PREFIX = "slurm-idle-ports/"
+LEASE_SLOT = 32  # ports per lease name
 _held: dict[int, Lease] = {}  # base -> the lease this process holds on it
 
 
 def slot_size(span: int) -> int:
     """Blocks are aligned to a multiple of 32 no smaller than the span: a block picked while
     another sandbox's last ports (bound late, by replica jobs) were still unbound cannot
-    take them, and one lease per slot covers an aligned block."""
+    take them."""
     return -(-span // 32) * 32
 
 
@@ -67,8 +68,9 @@ def port_bindable(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def _slots(base: int, span: int) -> list[int]:
-    step = slot_size(span)
-    return list(range(base // step * step, base + span, step))
+    """The LEASE_SLOT-aligned slots ports base..base+span-1 touch: one name per 32 ports
+    whatever the block's span, so blocks of different spans exclude each other too."""
+    return list(range(base // LEASE_SLOT * LEASE_SLOT, base + span, LEASE_SLOT))
 
 
 def _bind_lease(slot: int) -> socket.socket | None:
@@ -149,6 +151,15 @@ def lease_free_block(span: int, rng: random.Random | None = None,
             return lease
         lease.release()
     raise RuntimeError("sandbox: no free block of ports found (200 tries)")
+
+
+def free_port() -> int:
+    """One port for a test's own server (Prometheus, HAProxy, nginx, the web view), leased to
+    this process until it ends: below the ephemeral range, so no outgoing connection takes it
+    between this call and the server's bind, and never inside a sandbox's block."""
+    lease = lease_free_block(1)
+    hold(lease)
+    return lease.base
 
 
 def hold(lease: Lease) -> None:

@@ -12,7 +12,6 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -33,9 +32,11 @@ MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for this test's own server, leased (ports.free_port): an ephemeral port found
+    free could be taken by an outgoing connection before the server binds it."""
+    from slurm_idle.testing import ports
+
+    return ports.free_port()
 
 
 def get_json(url: str) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import urllib.request
@@ -29,9 +28,11 @@ from slurm_idle.testing.waiting import poll
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for this test's own server, leased (ports.free_port): an ephemeral port found
+    free could be taken by an outgoing connection before the server binds it."""
+    from slurm_idle.testing import ports
+
+    return ports.free_port()
 
 
 @pytest.fixture

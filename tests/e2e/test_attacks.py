@@ -262,11 +262,11 @@ def _get(url: str) -> bytes:
 
 
 def _free_port() -> int:
-    import socket
+    """A port for this test's own server, leased (ports.free_port): an ephemeral port found
+    free could be taken by an outgoing connection before the server binds it."""
+    from slurm_idle.testing import ports
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return ports.free_port()
 
 
 def _running(sb: Any, node: str) -> list[str]:
