@@ -392,7 +392,7 @@ class Sandbox:
         t0 = time.monotonic()
         timings: dict[str, float] = {}
         lay = self.layout
-        self._check_ports()
+        self._check_ports()  # first: a port in use is the more useful message of the two
         self._write_files()
         self._keep_lease()
         root = self.root
@@ -511,6 +511,10 @@ class Sandbox:
                     self._pidfile("portlease"), cwd=self.root, pass_fds=lease.fds())
         ports.release_held(self.base_port)
         lease.release()
+        if not ports.leased_by_anyone(self.base_port, span):
+            raise RuntimeError(f"sandbox: the port lease holder exited at once; see "
+                               f"{self.layout.log}/portlease.out: "
+                               f"{_tail(self.layout.log / 'portlease.out')}")
 
     def _check_ports(self) -> None:
         """Fail fast when a port of a part we are about to start is taken by someone else."""

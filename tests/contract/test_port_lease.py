@@ -105,8 +105,9 @@ def first_sandbox(tmp_path: Path) -> Iterator[tuple[int, socket.socket]]:
 def test_a_block_whose_emulator_is_stopped_is_not_handed_out(
         tmp_path: Path, first_sandbox: tuple[int, socket.socket]) -> None:
     """Sandbox A's emulators stopped as for a lend, its other ports bound: two choosers that
-    try A's block first, at the same instant, get other blocks; asked for A's block outright
-    (a saved sandbox.json), the lease is refused."""
+    try A's block first, at the same instant, get other blocks (A's bound ports alone would
+    also keep them off: the next test takes those away); asked for A's block outright (a
+    saved sandbox.json), the lease is refused, which without the lease it is not."""
     base_a, _ = first_sandbox
     seed = seed_trying_first(base_a)
     bases = choose_at_once(tmp_path, 2, seed, "lease")

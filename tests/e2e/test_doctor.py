@@ -61,8 +61,16 @@ def test_doctor_healthy_then_misconfigured(own_sandbox: Any) -> None:
     # A brand-new sandbox: Prometheus needs two scrapes of a replica inside the rate window
     # before its series count as fresh, so "healthy" is a state reached, not the first
     # second's (issue 36: on 24.11 doctor ran before that and named gpu1, gpu3). Wait for it.
-    poll(lambda: doctor(sb)[1]["metrics"]["status"] == "ok", 120,
-         "fresh series for every serving replica", interval_s=2.0)
+    metrics: dict[str, str] = {}
+
+    def fresh() -> bool:
+        metrics.update(doctor(sb)[1]["metrics"])
+        return metrics["status"] == "ok"
+
+    try:
+        poll(fresh, 120, "fresh series for every serving replica", interval_s=2.0)
+    except AssertionError:
+        pytest.fail(f"doctor's metrics check never passed within 120 s: {metrics}")
     rc, checks = doctor(sb)
     assert rc == 0, failing(checks)
     assert failing(checks) == {}
