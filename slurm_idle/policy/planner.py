@@ -60,11 +60,13 @@ class _Unit:
     # The replicas' loads and how many serve, worked out once (a tick reads them many times).
     _loads: tuple[ReplicaLoad | None, ...] = field(default=(), compare=False)
     _capacity: int = field(default=0, compare=False)
+    _arriving: int = field(default=0, compare=False)
 
     @classmethod
     def of(cls, group: GroupView, replicas: tuple[Replica, ...]) -> _Unit:
         loads = tuple(group.load(r) for r in replicas)
-        return cls(group, replicas, loads, sum(1 for ld in loads if not _out_of_service(ld)))
+        return cls(group, replicas, loads, sum(1 for ld in loads if not _out_of_service(ld)),
+                   sum(1 for ld in loads if not _dead(ld)))
 
     @property
     def name(self) -> str:
@@ -81,6 +83,13 @@ class _Unit:
         """Replicas that serve: not asleep, not failing their health check."""
         return self._capacity
 
+    def arriving(self) -> int:
+        """Replicas that serve once the group is back (starting, reclaiming, or reclaimed this
+        tick): asleep ones too, the start wakes them; not one seen failing its health check,
+        which counts for nothing in any phase, or a group with a dead engine would hold a
+        model short while a lent group that could serve stays lent."""
+        return self._arriving
+
     def running(self) -> float:
         return sum(load.running for load in self.loads() if load is not None)
 
@@ -88,6 +97,11 @@ class _Unit:
         """Requests running on every replica of the group, whatever its model."""
         loads = (self.group.load(r) for r in self.group.group.replicas)
         return sum(load.running for load in loads if load is not None)
+
+
+def _dead(load: ReplicaLoad | None) -> bool:
+    """Seen failing its health check."""
+    return load is not None and load.healthy is False
 
 
 def _out_of_service(load: ReplicaLoad | None) -> bool:
@@ -169,8 +183,8 @@ def _examine(obs: Observation, config: Config, model: ModelConfig, now: float, u
     load = obs.model_load(model.name)
     known, why_unknown = _load_known(load, taking)
     supply = awake + sum(
-        len(u.replicas) for p in (Phase.STARTING, Phase.RECLAIMING) for u in by_phase.get(p, [])
-    ) + sum(len(u.replicas) for u in adoptable)
+        u.arriving() for p in (Phase.STARTING, Phase.RECLAIMING) for u in by_phase.get(p, [])
+    ) + sum(u.arriving() for u in adoptable)
     floor = min(model.min_serving_replicas, total)
     arriving = sum(1 for p in (Phase.STARTING, Phase.RECLAIMING) for u in by_phase.get(p, [])
                    if not _stuck(u.group, config, now))
@@ -262,14 +276,14 @@ def _supply(m: _Model, tick: _Tick, config: Config, now: float) -> int:
         # A group stuck past its timeout is still carried on, but no longer counted on:
         # otherwise one engine that never starts would hold the model below its need forever.
         if not _stuck(u.group, config, now):
-            n += len(u.replicas)
-    n += sum(len(u.replicas) for u in m.adoptable)
+            n += u.arriving()
+    n += sum(u.arriving() for u in m.adoptable)
     for u in m.units(Phase.RETIRING):
         if u.name in tick.returning:
             n += u.capacity()
     for u in m.units(Phase.LENDING, Phase.LENT):
         if u.name in tick.returning:
-            n += len(u.replicas)
+            n += u.arriving()
     return n
 
 
@@ -332,8 +346,8 @@ def _plan_model(m: _Model, tick: _Tick, config: Config, now: float) -> list[Acti
         candidates = (
             [(ActionKind.ABORT_LEND, u, Phase.SERVING, u.capacity())
              for u in sorted(retiring, key=_running, reverse=True) if not _asleep(u)]
-            + [(ActionKind.RECLAIM, u, Phase.STARTING, len(u.replicas)) for u in lending]
-            + [(ActionKind.RECLAIM, u, Phase.RECLAIMING, len(u.replicas))
+            + [(ActionKind.RECLAIM, u, Phase.STARTING, u.arriving()) for u in lending]
+            + [(ActionKind.RECLAIM, u, Phase.RECLAIMING, u.arriving())
                for u in sorted(lent, key=lambda u: _reclaim_rank(u, now, ckpt_s, min_runtime_s))]
         )
         for kind, unit, to, brings in candidates:

@@ -280,6 +280,25 @@ def test_starting_and_reclaiming_count_as_supply() -> None:
     assert not kinds(actions, ActionKind.RECLAIM)
 
 
+def test_a_replica_coming_back_with_a_dead_engine_is_not_supply() -> None:
+    """A reclaiming replica seen failing its health check counts for nothing, as it would
+    serving: the lent node is reclaimed in its place, asleep it still counts (the start
+    wakes it). Found by the topology property in CI (a dead engine in a half-lent group held
+    a model short on unknown metrics; issue 36)."""
+    from slurm_idle.model import ReplicaLoad
+
+    def coming_back(**load_fields: object) -> object:
+        view = node("m0-n1", Phase.RECLAIMING)
+        return replace(view, replica=ReplicaLoad(model="m0", node="m0-n1", **load_fields))
+
+    dead = observation(node("m0-n0"), coming_back(healthy=False), node("m0-n2", Phase.LENT),
+                       loads=(load(1500.0),))
+    assert kinds(plan(dead, config(replicas=3), NOW), ActionKind.RECLAIM) == ["m0-n2"]
+    asleep = observation(node("m0-n0"), coming_back(sleeping=True), node("m0-n2", Phase.LENT),
+                         loads=(load(1500.0),))
+    assert not kinds(plan(asleep, config(replicas=3), NOW), ActionKind.RECLAIM)
+
+
 def test_forecast_reclaims_ahead_of_the_ramp() -> None:
     """A forecast above current demand reclaims now; with forecast off it does not."""
     obs = observation(node("m0-n0"), node("m0-n1", Phase.LENT),
