@@ -10,7 +10,12 @@ At a reclaim each of the lend partition's jobs on the node gets, independently o
   once (Slurm's SIGTERM, KillWait, SIGKILL: a script that ends with its step would otherwise
   end COMPLETED before the requeue);
 - **interactive jobs** (srun/salloc, which Slurm cannot requeue: "Only batch jobs are
-  accepted"): SIGTERM (or the default signal), the grace, then `scancel`. Service first.
+  accepted"): SIGTERM (or the default signal), the grace, then `scancel`. Service first;
+- **foreign jobs** (any other partition's, e.g. a job of the serve partition, whose
+  PriorityTier lets it take a lent node, that is not one of our replica jobs): SIGTERM to its
+  steps, the grace, then `scancel`, or `scontrol requeue` for a batch job when
+  `slurm.foreign_job_action` is requeue (cancelled when Slurm refuses). Journaled as
+  `event: foreign_job`: a node is never left stuck behind a job that is not ours.
 A job whose requeue or cancel fails is retried at the next poll and named in the node's wait
 reason; it never holds up the others. Every signal, requeue, cancel and failure is journaled
 (`event: job`).
@@ -29,7 +34,7 @@ from dataclasses import dataclass
 from slurm_idle.config import Config
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.jobs import parse_job_comment
-from slurm_idle.journal import JobAction, JobRecord
+from slurm_idle.journal import ForeignJobRecord, JobAction, JobRecord
 from slurm_idle.logs import get_logger
 from slurm_idle.model import SlurmJob
 from slurm_idle.slurm.parse import JobSignal, parse_signal_option
@@ -46,16 +51,19 @@ class JobPlan:
     """What a reclaim does to one job, and how far it got."""
 
     job_id: int
-    kind: str  # container | plain | interactive
+    kind: str  # container | plain | interactive | foreign
     signal: JobSignal | None  # None: no early warning, finish at once
     signalled_at: float | None = None
     finished: bool = False
     failed_at: float | None = None
     error: str | None = None
+    cancel: bool = False  # finished by scancel: an srun/salloc job, or a foreign job to cancel
+    partition: str = ""
+    user: str = ""
 
     @property
     def finish(self) -> str:
-        return "cancel" if self.kind == "interactive" else "requeue"
+        return "cancel" if self.cancel else "requeue"
 
 
 class Evictor:
@@ -82,9 +90,10 @@ class Evictor:
         return self.config.slurm.requeue_grace_s
 
     def step(self, node: str, jobs: Iterable[SlurmJob], signalled_since: float | None,
-             again: bool = False) -> list[str]:
-        """One pass over the lend partition's `jobs` on `node`: warn the new ones, finish those
-        whose grace is over; returns what still holds the node (failures named).
+             again: bool = False, foreign: Iterable[SlurmJob] = ()) -> list[str]:
+        """One pass over the lend partition's `jobs` and the `foreign` jobs on `node`: warn
+        the new ones, finish those whose grace is over; returns what still holds the node
+        (failures named).
 
         `signalled_since`: when an earlier tick started this reclaim (its jobs were warned
         then), None when this process drains the node now. `again`: the node is overdue: every
@@ -93,12 +102,15 @@ class Evictor:
         plans = self._plans.setdefault(node, {})
         now = self.clock()
         problems = []
-        for job in jobs:
+        foreign = list(foreign)
+        outsiders = {j.job_id for j in foreign}
+        for job in [*jobs, *foreign]:
             plan = plans.get(job.job_id)
             if plan is None:
                 if job.state != "RUNNING":
                     continue  # COMPLETING/requeued already: leaving the node on its own
-                plan = plans[job.job_id] = self._plan(job)
+                plan = plans[job.job_id] = (self._foreign_plan(job) if job.job_id in outsiders
+                                            else self._plan(job))
                 if signalled_since is not None and plan.signal is not None:
                     plan.signalled_at = signalled_since  # warned by the tick that drained it
                 else:
@@ -111,11 +123,19 @@ class Evictor:
                 problems.append(f"job {plan.job_id}: {plan.finish} failed ({plan.error}), retrying")
         return problems
 
+    def _foreign_plan(self, job: SlurmJob) -> JobPlan:
+        """Not ours, but on a node the service needs: SIGTERM, the grace, then cancelled (or
+        requeued, a requeueable batch job, when slurm.foreign_job_action says so)."""
+        cancel = (not job.batch or not job.requeue
+                  or self.config.slurm.foreign_job_action == "cancel")
+        return JobPlan(job.job_id, "foreign", JobSignal("TERM"), cancel=cancel,
+                       partition=job.partition, user=job.user)
+
     def _plan(self, job: SlurmJob) -> JobPlan:
         default = self.config.slurm.default_job_signal
         fallback = parse_signal_option(default) if default else None
         if not job.batch:
-            return JobPlan(job.job_id, "interactive", fallback or JobSignal("TERM"))
+            return JobPlan(job.job_id, "interactive", fallback or JobSignal("TERM"), cancel=True)
         if parse_job_comment(job.comment, self.config.slurm.tag) is not None:
             return JobPlan(job.job_id, "container", JobSignal("TERM"))
         own = None
@@ -149,33 +169,51 @@ class Evictor:
         if now >= plan.signalled_at + self.grace_s:
             return True
         # Steps that ended on the warning: the container runner checkpointed and stopped its
-        # container; an interactive job's srun is gone. Plain jobs keep their grace (their
-        # batch shell may still be checkpointing after its step).
-        return plan.kind != "plain" and self.steps().get(plan.job_id, 0) == 0
+        # container; an interactive job's srun is gone. Plain and foreign jobs keep their
+        # grace (a batch shell may still be checkpointing after its step, or have none).
+        return plan.kind not in {"plain", "foreign"} and self.steps().get(plan.job_id, 0) == 0
 
     def _finish(self, node: str, plan: JobPlan, now: float) -> None:
         try:
-            if plan.kind == "interactive":
+            if plan.cancel:
                 self.slurm.cancel([plan.job_id])
-                why = "not a batch job: Slurm cannot requeue it, cancelled after its grace"
+                why = (f"not ours (partition {plan.partition}), on a node the service needs: "
+                       "cancelled after its grace (slurm.foreign_job_action)"
+                       if plan.kind == "foreign" else
+                       "not a batch job: Slurm cannot requeue it, cancelled after its grace")
             else:
                 try:
                     self.slurm.requeue([plan.job_id])
-                    why = "requeued"
+                    why = (f"not ours (partition {plan.partition}): requeued after its grace "
+                           "(slurm.foreign_job_action)" if plan.kind == "foreign" else "requeued")
                 except NotRequeueable:
                     # Slurm says it is not a batch job after all: service first.
                     self.slurm.cancel([plan.job_id])
-                    plan.kind = "interactive"
+                    plan.cancel = True
+                    if plan.kind != "foreign":
+                        plan.kind = "interactive"
                     why = "Slurm refused to requeue it (not a batch job): cancelled"
+                except SlurmIdleError as exc:
+                    if plan.kind != "foreign":
+                        raise
+                    # Not ours to retry for ever (--no-requeue, held): service first.
+                    self.slurm.cancel([plan.job_id])
+                    plan.cancel = True
+                    why = f"requeue refused ({str(exc).splitlines()[0][:120]}): cancelled"
         except SlurmIdleError as exc:
             plan.failed_at, plan.error = now, str(exc).splitlines()[0][:200]
             self._event(node, plan, "error", f"{plan.finish} failed: {plan.error}")
             return
         plan.finished, plan.failed_at, plan.error = True, None, None
-        self._event(node, plan, "cancelled" if plan.kind == "interactive" else "requeued", why)
+        self._event(node, plan, "cancelled" if plan.cancel else "requeued", why)
 
     def _event(self, node: str, plan: JobPlan, action: str, why: str) -> None:
-        level = log.warning if action in {"error", "cancelled"} else log.info
+        level = log.warning if action in {"error", "cancelled"} or plan.kind == "foreign" else log.info
         level("%s: job %s (%s): %s: %s", node, plan.job_id, plan.kind, action, why)
+        if plan.kind == "foreign":
+            self.on_event(ForeignJobRecord(
+                ts=self.clock(), node=node, job_id=plan.job_id, kind=plan.kind,
+                action=JobAction(action), detail=why, partition=plan.partition, user=plan.user))
+            return
         self.on_event(JobRecord(ts=self.clock(), node=node, job_id=plan.job_id, kind=plan.kind,
                                 action=JobAction(action), detail=why))

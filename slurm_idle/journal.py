@@ -23,6 +23,11 @@ dataclass beside its JSON shape below); split apart, a writer and a reader could
     {"event": "job", "time": ..., "ts": ..., "node": "gpu1", "job_id": 42,
      "kind": "container" | "plain" | "interactive",
      "action": "signalled" | "requeued" | "cancelled" | "error", "detail": "..."}
+  foreign_job (what a reclaim did to a job of another partition on the node, e.g. the serve
+  partition's, that is not one of our replica jobs, eviction.py, ForeignJobRecord):
+    {"event": "foreign_job", "time": ..., "ts": ..., "node": "gpu1", "job_id": 43,
+     "kind": "foreign", "action": "signalled" | "requeued" | "cancelled" | "error",
+     "detail": "...", "partition": "inference", "user": "alice"}
   router (one call to a model's router, router/sync.py, RouterRecord):
     {"event": "router", "time": ..., "ts": ..., "node": "gpu1", "model": "m",
      "router": "haproxy", "call": "remove" | "add", "reason": "...",
@@ -303,6 +308,32 @@ class JobRecord:
 
 
 @dataclass(frozen=True)
+class ForeignJobRecord(JobRecord):
+    """What a reclaim did to a job that is neither the lend partition's nor one of our replica
+    jobs (eviction.py): signalled, then cancelled (or requeued) after the grace. Its own event,
+    with the partition and user, so an admin finds who held a lent node up."""
+
+    EVENT: ClassVar[str] = "foreign_job"
+
+    partition: str = ""
+    user: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        rec = super().to_json()
+        rec.update({"partition": self.partition, "user": self.user})
+        return rec
+
+    @classmethod
+    def from_json(cls, rec: Mapping[str, Any]) -> ForeignJobRecord | None:
+        base = JobRecord.from_json(rec)
+        if base is None:
+            return None
+        return cls(ts=base.ts, node=base.node, job_id=base.job_id, kind=base.kind,
+                   action=base.action, detail=base.detail, time=base.time,
+                   partition=_str(rec.get("partition")), user=_str(rec.get("user")))
+
+
+@dataclass(frozen=True)
 class RouterRecord:
     """One call to a model's router (router/sync.py)."""
 
@@ -416,11 +447,12 @@ class DuplicateJobRecord:
                    error=_opt_str(rec.get("error")), time=_opt_str(rec.get("time")))
 
 
-JournalRecord = (TransitionRecord | TickRecord | JobRecord | RouterRecord | AdminRecord
-                 | DuplicateJobRecord)
+JournalRecord = (TransitionRecord | TickRecord | JobRecord | ForeignJobRecord | RouterRecord
+                 | AdminRecord | DuplicateJobRecord)
 
 _KINDS: dict[str, Any] = {k.EVENT: k for k in (TransitionRecord, TickRecord, JobRecord,
-                                               RouterRecord, AdminRecord, DuplicateJobRecord)}
+                                               ForeignJobRecord, RouterRecord, AdminRecord,
+                                               DuplicateJobRecord)}
 
 
 def parse_record(rec: Mapping[str, Any]) -> JournalRecord | None:

@@ -480,16 +480,18 @@ class NodeDriver:
                             "the next tick waits on")
 
     def _still_on(self, node: str, problems: list[str]) -> str:
-        """Why a reclaimed node is not empty yet, naming the jobs. Jobs of another partition
-        are not ours to requeue: the admin has to see which ones hold the reclaim up."""
+        """Why a reclaimed node is not empty yet, naming the jobs: the admin sees which ones
+        hold the reclaim up (a foreign job too, though it is cancelled after the grace)."""
         lend_partition = self.config.slurm.lend_partition
         jobs = self._jobs_on(node)
-        foreign = [j for j in jobs if j.partition != lend_partition]
+        foreign = self._foreign_on(node)
         ours = [j for j in jobs if j.partition == lend_partition]
         parts = []
         if foreign:
             names = ", ".join(f"job {j.job_id} (partition {j.partition})" for j in foreign)
-            parts.append(f"waiting for {names}, not ours to requeue")
+            done = {"cancel": "cancelled", "requeue": "requeued"}[self.config.slurm.foreign_job_action]
+            parts.append(f"waiting for {names}, not ours: signalled, {done} after "
+                         "slurm.requeue_grace_s")
         if ours:
             ids = ", ".join(str(j.job_id) for j in ours)
             parts.append(f"{lend_partition} job(s) {ids} still on the node (warned, requeued or "
@@ -506,8 +508,24 @@ class NodeDriver:
         lend_partition = self.config.slurm.lend_partition
         jobs = {j.job_id: j for v in view.nodes for j in self._jobs_on(v.name)
                 if j.partition == lend_partition}
+        foreign = {j.job_id: j for v in view.nodes for j in self._foreign_on(v.name)}
         since = None if view.name in self._drained else view.phase_since
-        return self._evictor.step(view.name, jobs.values(), since, again=again)
+        return self._evictor.step(view.name, jobs.values(), since, again=again,
+                                  foreign=foreign.values())
+
+    def _foreign_on(self, node: str) -> list[SlurmJob]:
+        """Jobs on `node` that are neither the lend partition's nor one of our replica jobs
+        (`placement: jobs`, replicajobs.replica_views): a job of the serve partition (which
+        outranks the lend partition, so it can take a lent node) or of any other partition.
+        The reclaim signals them and cancels (or requeues) them after the grace: a node the
+        service needs is never left stuck behind them."""
+        from slurm_idle.replicajobs import replica_views
+
+        jobs = self._jobs_poll.get()
+        ours = {i for r in replica_views(self.config, jobs)
+                for i in (r.job_id, *r.duplicates) if i is not None}
+        return [j for j in self._jobs_on(node)
+                if j.partition != self.config.slurm.lend_partition and j.job_id not in ours]
 
     def _nodes_empty(self, view: GroupView, deadline: float) -> bool:
         """No job left on the group's nodes (the evictor warned, requeued or cancelled ours)

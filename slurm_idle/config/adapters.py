@@ -40,6 +40,12 @@ class SlurmConfig(_Strict):
     # requeue_grace_s, then the requeue; unset: requeued at once (SIGTERM, KillWait, SIGKILL).
     # srun/salloc jobs (Slurm cannot requeue them) get it too, or SIGTERM, then are cancelled.
     default_job_signal: str | None = None
+    # At reclaim, a job on the node that is neither the lend partition's nor one of our replica
+    # jobs (a job of the serve partition, which preempts lent jobs, or of any other partition)
+    # gets SIGTERM, requeue_grace_s, then is cancelled (or requeued: a batch job only, srun/
+    # salloc are cancelled). Cancel by default: a requeued job of the serve partition would
+    # start on the next lent node and hold that one's reclaim up in turn. Service first.
+    foreign_job_action: Literal["cancel", "requeue"] = "cancel"
     bin_dir: str | None = None  # where sinfo/scontrol/... live, if not on PATH
     # placement jobs: a node feature naming one node (`{node}`, e.g. Features=gpu01 in
     # slurm.conf). With it, on Slurm >= 22.05 a steered replica job gets `--prefer=FEATURE`

@@ -27,14 +27,18 @@ class Clock:
         self.t += max(s, 0.01)
 
 
-def make_agent(tmp_path: Path, grace_s: float = 10, budget_s: float = 30, signal: str = ""):
+def make_agent(tmp_path: Path, grace_s: float = 10, budget_s: float = 30, signal: str = "",
+               foreign: str = "", jobs_model: bool = False):
+    jobs = ("\n  - {name: j, placement: jobs, job: {replicas: 1, command: serve, port_base: 9000}}"
+            if jobs_model else "")
     cfg = parse_config(f"""
-slurm: {{requeue_grace_s: {grace_s}{', default_job_signal: ' + signal if signal else ''}}}
+slurm: {{requeue_grace_s: {grace_s}{', default_job_signal: ' + signal if signal else ''}\
+{', foreign_job_action: ' + foreign if foreign else ''}}}
 engine: {{kind: command, start_command: "true", stop_command: "true", drain_timeout_s: 5}}
 models:
   - name: m
     nodes: gpu[1-2]
-    url: "http://127.0.0.1:1/{{node}}"
+    url: "http://127.0.0.1:1/{{node}}"{jobs}
 paths: {{journal: {tmp_path}/journal.jsonl, lock: {tmp_path}/tick.lock}}
 timeouts: {{tick_budget_s: {budget_s}}}
 """)
@@ -156,3 +160,98 @@ def test_a_grace_past_the_deadline_carries_over_without_a_second_signal(tmp_path
         reclaim(agent)
     assert clock() - started >= 20
     assert slurm.signals == [((7,), "USR2", False)]  # once
+
+
+# --- foreign jobs: another partition's, not ours, on a node the service needs ----------------
+
+
+def foreign(job_id: int, **kw: object) -> SlurmJob:
+    return SlurmJob(job_id=job_id, name=f"f{job_id}", partition="inference", state="RUNNING",
+                    nodes=("gpu1",), **kw)  # type: ignore[arg-type]
+
+
+def test_a_foreign_job_that_ignores_sigterm_is_cancelled_after_the_grace(tmp_path: Path) -> None:
+    """`srun -p inference -w gpu1 bash -c "trap '' TERM; sleep 290"` on a lent node: the reclaim
+    sends it SIGTERM, waits slurm.requeue_grace_s, then cancels it (foreign_job_action's
+    default), and the node serves again within the same tick; journaled as foreign_job."""
+    agent, slurm, clock = make_agent(tmp_path)
+    slurm.job_list = [foreign(9, batch=False, user="alice")]
+    slurm.no_steps = set()  # its step ignores SIGTERM: still there until the grace ends
+    started = clock()
+    steps = reclaim(agent)
+    assert steps[-1].to_phase is Phase.SERVING and steps[-1].outcome == "ok"
+    assert slurm.signals == [((9,), "TERM", False)]
+    assert ("cancel", "9") in slurm.log and not slurm.requeues
+    assert clock() - started >= agent.config.slurm.requeue_grace_s  # warned, then the grace
+    records = [r for r in journal(tmp_path) if r.get("event") == "foreign_job"]
+    assert [(r["job_id"], r["action"]) for r in records] == [(9, "signalled"), (9, "cancelled")]
+    assert records[-1]["partition"] == "inference" and records[-1]["user"] == "alice"
+    assert records[-1]["kind"] == "foreign" and "slurm.foreign_job_action" in records[-1]["detail"]
+
+
+def test_a_foreign_job_keeps_its_grace_even_when_its_steps_end(tmp_path: Path) -> None:
+    """A foreign batch job whose step ended on SIGTERM may still be saving in its batch shell:
+    it is cancelled only when the grace is over, never at once."""
+    agent, slurm, clock = make_agent(tmp_path)
+    slurm.job_list = [foreign(9)]
+    slurm.no_steps = {9}
+    started = clock()
+    reclaim(agent)
+    assert ("cancel", "9") in slurm.log and clock() - started >= 10
+
+
+def test_foreign_job_action_requeue_requeues_batch_jobs_and_cancels_sruns(tmp_path: Path) -> None:
+    """slurm.foreign_job_action: requeue: a foreign batch job is requeued after the grace, an
+    srun/salloc one (Slurm cannot requeue it) is cancelled; neither before the grace."""
+    agent, slurm, clock = make_agent(tmp_path, foreign="requeue")
+    slurm.job_list = [foreign(9), foreign(10, batch=False)]
+    started = clock()
+    steps = reclaim(agent)
+    assert steps[-1].to_phase is Phase.SERVING
+    assert slurm.requeues == [((9,), 0)] and ("cancel", "10") in slurm.log
+    assert clock() - started >= 10
+    actions = {(r["job_id"], r["action"]) for r in journal(tmp_path) if r.get("event") == "foreign_job"}
+    assert actions == {(9, "signalled"), (9, "requeued"), (10, "signalled"), (10, "cancelled")}
+
+
+def test_a_foreign_job_slurm_will_not_requeue_is_cancelled_not_retried(tmp_path: Path) -> None:
+    """foreign_job_action: requeue, but the requeue fails (a --no-requeue job, held): the job is
+    cancelled at once instead of holding the node through retries."""
+    agent, slurm, _ = make_agent(tmp_path, foreign="requeue")
+    slurm.job_list = [foreign(9), foreign(10, requeue=False)]
+    slurm.fail_jobs = {9}
+    steps = reclaim(agent)
+    assert steps[-1].to_phase is Phase.SERVING
+    assert ("cancel", "9") in slurm.log and ("cancel", "10") in slurm.log
+    assert ((10,), 0) not in slurm.requeues  # not requeueable: cancelled without trying
+
+
+def test_a_foreign_job_past_the_tick_is_finished_by_the_next_tick_never_stuck(tmp_path: Path) -> None:
+    """A grace longer than the tick's time left: the node stays reclaiming, named, and the next
+    tick cancels the job once the grace (counted from the drain) is over: serving again."""
+    agent, slurm, clock = make_agent(tmp_path, grace_s=20, budget_s=8)
+    slurm.job_list = [foreign(9, batch=False)]
+    steps = reclaim(agent)
+    assert steps[-1].outcome == "waiting"
+    assert "job 9 (partition inference), not ours: signalled, cancelled" in (steps[-1].detail or "")
+    clock.t += 30
+    steps = reclaim(agent)
+    assert steps[-1].to_phase is Phase.SERVING and steps[-1].outcome == "ok"
+    assert slurm.signals == [((9,), "TERM", False)]  # warned once, by the first tick
+    assert ("cancel", "9") in slurm.log
+
+
+def test_our_replica_jobs_are_not_foreign(tmp_path: Path) -> None:
+    """A `placement: jobs` replica job of ours (our Comment, the model's partition, index and
+    port) on the node is left alone; a job with a look-alike Comment of an unknown model is not
+    ours and is cancelled after the grace."""
+    from slurm_idle.replicajobs import format_comment
+
+    agent, slurm, _ = make_agent(tmp_path, jobs_model=True)
+    mine = format_comment("slurm-idle", Phase.SERVING, T0, "j", 0, 9000)
+    fake = format_comment("slurm-idle", Phase.SERVING, T0, "nope", 0, 9000)
+    slurm.job_list = [foreign(20, comment=mine), foreign(21, comment=fake, batch=False)]
+    steps = reclaim(agent)
+    assert steps[-1].outcome == "waiting" and "job 20 (partition inference)" not in (steps[-1].detail or "")
+    assert slurm.signals == [((21,), "TERM", False)] and ("cancel", "21") in slurm.log
+    assert ("cancel", "20") not in slurm.log and [j.job_id for j in slurm.job_list] == [20]

@@ -273,9 +273,10 @@ def test_a_router_that_cannot_be_told_keeps_the_group_serving(tmp_path: Path) ->
 # --- jobs that are not ours --------------------------------------------------------------------
 
 
-def test_a_foreign_job_is_not_requeued_and_is_named(tmp_path: Path) -> None:
-    """A job of another partition on a reclaimed node is left alone; the waiting step, the stuck
-    report and the journal name it, so the admin sees what holds the reclaim up."""
+def test_a_foreign_job_is_named_then_cancelled_and_the_reclaim_never_sticks(tmp_path: Path) -> None:
+    """A job of another partition on a reclaimed node is named while it holds the reclaim up
+    (the waiting step and the journal), then cancelled once slurm.requeue_grace_s is over: the
+    next tick finds the node empty instead of stuck behind it (never requeued by default)."""
     agent, slurm, engine, _, _ = make_agent(tmp_path, planner=continue_all)
     slurm.node_map["gpu1"] = replace(slurm.node_map["gpu1"], state="mixed",
                                      comment=format_lent_comment(TAG, T0))
@@ -284,18 +285,19 @@ def test_a_foreign_job_is_not_requeued_and_is_named(tmp_path: Path) -> None:
     obs = agent.observe()
     steps = agent.run_actions(
         [Action(ActionKind.RECLAIM, "gpu1", "m", Phase.LENT, Phase.RECLAIMING, "load rose")], obs)
-    assert not slurm.requeues
+    assert not slurm.requeues and slurm.signals == [((123,), "TERM", False)]
     assert steps[-1].outcome == "waiting"
-    assert steps[-1].detail == "waiting for job 123 (partition inference), not ours to requeue"
-    # Still there past timeouts.reclaim_s: stuck, and the report says why.
+    assert steps[-1].detail == ("waiting for job 123 (partition inference), not ours: signalled, "
+                                "cancelled after slurm.requeue_grace_s")
+    # The grace (30 s, counted from the drain) is over by the next tick: cancelled, not stuck.
     set_phase(slurm, "gpu1", Phase.RECLAIMING, since=agent.clock() - 10_000)
     result = agent.tick()
-    [step] = [s for s in result.steps if s.node == "gpu1"]
-    assert step.outcome == "stuck"
-    assert step.error and "job 123 (partition inference), not ours to requeue" in step.error
-    record = [r for r in Journal(tmp_path / "journal.jsonl").records() if r.get("node") == "gpu1"][-1]
-    assert "job 123 (partition inference)" in record["error"]
-    assert not slurm.requeues
+    assert next(s.outcome for s in result.steps if s.node == "gpu1") != "stuck"
+    assert ("cancel", "123") in slurm.log and not slurm.requeues and not slurm.job_list
+    assert phases(agent)["gpu1"] in {Phase.STARTING, Phase.SERVING}
+    records = Journal(tmp_path / "journal.jsonl").records()
+    actions = [r["action"] for r in records if r.get("event") == "foreign_job"]
+    assert actions[:2] == ["signalled", "cancelled"] and "error" not in actions
 
 
 # --- the admin's node Comment ------------------------------------------------------------------
