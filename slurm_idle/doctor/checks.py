@@ -194,6 +194,56 @@ def check_replica_job_partitions(facts: SiteFacts, config: Config) -> list[Check
                   f"{config.slurm.lend_partition} over shared nodes")]
 
 
+def _closed_to_users(part: PartitionInfo, enforce: str) -> bool:
+    """Closed by what a user cannot choose: RootOnly, AllowGroups, or AllowAccounts/AllowQos
+    that Slurm checks against the user's associations (AccountingStorageEnforce)."""
+    def limited(value: str | None) -> bool:
+        return (value or "ALL").upper() != "ALL"
+
+    accounts = limited(part.allow_accounts) and any(
+        k in enforce for k in ("associations", "limits", "safe"))
+    qos = limited(part.allow_qos) and "qos" in enforce
+    return part.root_only or limited(part.allow_groups) or accounts or qos
+
+
+def check_serve_access(facts: SiteFacts, config: Config) -> list[Check]:
+    """The serve partition (and each `placement: jobs` partition) is closed to users: its jobs
+    preempt the lend partition's, so a user's job there takes a lent node and holds its reclaim
+    up (until the reclaim cancels it after slurm.requeue_grace_s: still a reclaim late by the
+    grace, and a job lost)."""
+    from slurm_idle.replicajobs import partition_of
+
+    name = "slurm.serve_access"
+    if facts.partitions is None:
+        return [_unread(name, facts, "partitions", "`scontrol show partition`")]
+    names = sorted({config.slurm.serve_partition}
+                   | {partition_of(config, m) for m in config.models if m.job is not None})
+    parts = [p for p in (_partition(facts, n) for n in names) if p is not None]
+    open_ = [p.name for p in parts if p.open_to_all]
+    if open_:
+        return [Check(name, "fail",
+                      f"partition(s) {', '.join(open_)} open to every user (AllowGroups=ALL, "
+                      "AllowAccounts=ALL, AllowQos=ALL): a user's job there preempts lent jobs and "
+                      "holds a reclaim of its node up; add AllowGroups=root (and the group of the "
+                      "account slurm-idle runs as) to its PartitionName line in slurm.conf, then "
+                      "`scontrol reconfigure` (see etc/slurm.conf.snippet)")]
+    if not parts:
+        return []  # missing partitions: slurm.partitions says so
+    # AllowAccounts/AllowQos name what a job asks for (--account, --qos): without
+    # AccountingStorageEnforce=associations (qos) Slurm does not check the user may ask for it.
+    enforce = (facts.slurm_config or {}).get("AccountingStorageEnforce", "").lower()
+    forgeable = [p.name for p in parts
+                 if p.allow_groups is not None and not _closed_to_users(p, enforce)]
+    if forgeable and facts.slurm_config is not None:
+        return [Check(name, "warn",
+                      f"partition(s) {', '.join(forgeable)} closed only by AllowAccounts/AllowQos, "
+                      f"but AccountingStorageEnforce={enforce or 'none'}: any user may name that "
+                      "account or QOS; set AccountingStorageEnforce=associations,qos or use "
+                      "AllowGroups")]
+    return [Check(name, "ok", f"{', '.join(p.name for p in parts)} closed to users "
+                  "(AllowGroups/AllowAccounts/AllowQos or RootOnly)")]
+
+
 def check_grace_time(facts: SiteFacts, config: Config) -> list[Check]:
     """GraceTime (Slurm's preemption) vs requeue_grace_s (our reclaim) vs the tick budget."""
     name = "slurm.grace_time"
@@ -401,6 +451,7 @@ CHECKS: tuple[Callable[[SiteFacts, Config], list[Check]], ...] = (
     check_job_requeue,
     check_partitions,
     check_replica_job_partitions,
+    check_serve_access,
     check_grace_time,
     check_job_submit,
     check_power_save,

@@ -82,10 +82,24 @@ class PartitionInfo:
     preempt_mode: str  # upper case as Slurm prints it (REQUEUE, OFF, CANCEL, GANG,REQUEUE...)
     grace_time_s: float | None
     state: str
+    # Who may submit (None: Slurm did not print it). All ALL and RootOnly=NO: open to every user.
+    allow_groups: str | None = None
+    allow_accounts: str | None = None
+    allow_qos: str | None = None
+    root_only: bool = False
 
     @property
     def preempt_modes(self) -> frozenset[str]:
         return frozenset(m.strip().upper() for m in self.preempt_mode.split(",") if m.strip())
+
+    @property
+    def open_to_all(self) -> bool:
+        """Every user may submit here: AllowGroups, AllowAccounts and AllowQos all ALL and not
+        RootOnly (False when Slurm did not print AllowGroups: unknown is not claimed open)."""
+        if self.root_only or self.allow_groups is None:
+            return False
+        return all((v or "ALL").upper() == "ALL"
+                   for v in (self.allow_groups, self.allow_accounts, self.allow_qos))
 
 
 def _records(text: str, first_key: str) -> list[dict[str, str]]:
@@ -124,6 +138,10 @@ def parse_show_partitions(text: str) -> list[PartitionInfo]:
             preempt_mode=rec.get("PreemptMode", "").upper(),
             grace_time_s=parse_duration_s(rec.get("GraceTime")),
             state=rec.get("State", "").upper(),
+            allow_groups=rec.get("AllowGroups"),
+            allow_accounts=rec.get("AllowAccounts"),
+            allow_qos=rec.get("AllowQos"),
+            root_only=rec.get("RootOnly", "NO").upper() == "YES",
         ))
     return out
 

@@ -339,14 +339,17 @@ def slurm_conf(lay: Layout) -> str:
          f"Port={lay.slurmd_port(TOPOLOGY_NODES[0])}-{lay.slurmd_port(TOPOLOGY_NODES[-1])} "
          f"Gres=gpu:{TOPOLOGY_GPUS_PER_NODE} CPUs=8 RealMemory=16000 Weight={TOPOLOGY_WEIGHT} "
          "State=UNKNOWN"),
+        # AllowGroups=root: closed to users, as etc/slurm.conf.snippet ships it (root, which
+        # runs the agent and the replica jobs, may always submit): a user's job here would
+        # preempt lent jobs and hold the reclaim of its node up (issue 24).
         (f"PartitionName=inference Nodes={every} PriorityTier=10 PreemptMode=OFF Default=NO "
-         "MaxTime=INFINITE State=UP"),
+         "MaxTime=INFINITE State=UP AllowGroups=root"),
         # Features=gpu8: a feature naming the node, for `--prefer` steering (slurm.prefer_feature)
         (f"NodeName={JOBS_NODE} NodeHostname={lay.hostname} NodeAddr=127.0.0.1 "
          f"Port={lay.jobs_slurmd_port} Gres=gpu:{JOBS_NODE_GPUS} CPUs=8 RealMemory=16000 "
          f"Features={JOBS_NODE} State=UNKNOWN"),
         (f"PartitionName={JOBS_PARTITION} Nodes={JOBS_NODE} PriorityTier=10 PreemptMode=OFF "
-         "Default=NO MaxTime=INFINITE State=UP"),
+         "Default=NO MaxTime=INFINITE State=UP AllowGroups=root"),
         (f"PartitionName=idle Nodes={every},{JOBS_NODE} PriorityTier=1 PreemptMode=REQUEUE "
          f"GraceTime={GRACE_TIME_S} Default=YES MaxTime=INFINITE State=UP"),
     ]

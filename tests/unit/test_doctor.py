@@ -24,6 +24,7 @@ from slurm_idle.doctor.checks import (
     check_power_save,
     check_preemption,
     check_router,
+    check_serve_access,
     exit_code,
     run_checks,
 )
@@ -91,6 +92,21 @@ def test_show_partition_reads_tiers_modes_and_grace(path: Path) -> None:
     assert parts["idle"].nodes[:2] == ("gpu1", "gpu2") and parts["idle"].state == "UP"
 
 
+def test_show_partition_reads_who_may_submit() -> None:
+    """AllowGroups/AllowAccounts/AllowQos/RootOnly as printed: the 24.11 capture's inference
+    partition is open to every user, 22.05's (AllowGroups=root, as the sandbox ships) is not;
+    a partition whose AllowGroups Slurm did not print is not claimed open."""
+    open_24 = {p.name: p for p in parse_show_partitions((DIR_24 / "scontrol-show-partition.txt").read_text())}
+    closed_22 = {p.name: p for p in parse_show_partitions((TEXT_22 / "scontrol-show-partition.txt").read_text())}
+    assert open_24["inference"].open_to_all and open_24["inference"].allow_groups == "ALL"
+    assert not closed_22["inference"].open_to_all and closed_22["inference"].allow_groups == "root"
+    assert closed_22["idle"].open_to_all  # the lend partition stays every user's
+    [bare] = parse_show_partitions("PartitionName=x Nodes=n1 State=UP")
+    assert not bare.open_to_all
+    [root_only] = parse_show_partitions("PartitionName=x AllowGroups=ALL RootOnly=YES")
+    assert not root_only.open_to_all
+
+
 def test_show_partition_one_line_form() -> None:
     """`scontrol -o show partition` (a record per line) parses the same."""
     text = ("PartitionName=a Nodes=n[1-2] PriorityTier=3 PreemptMode=GANG,REQUEUE GraceTime=60 State=UP\n"
@@ -118,6 +134,47 @@ def test_healthy_22_05_sandbox_passes() -> None:
     checks = run_checks(routed, config(router=HAPROXY))
     assert {c.status for c in checks} == {"ok"}, checks
     assert exit_code(checks) == 0
+
+
+def test_serve_partition_open_to_every_user_fails_naming_it_and_the_fix() -> None:
+    """A user's job in the serve partition preempts lent jobs and holds a reclaim up: the serve
+    partition (and a `placement: jobs` model's own partition) open to every user fails, named
+    with the slurm.conf fix; AllowGroups or RootOnly closes it."""
+    (check,) = check_serve_access(facts_22(), config())  # the sandbox's: AllowGroups=root
+    assert check.status == "ok", check.detail
+    text = (TEXT_22 / "scontrol-show-partition.txt").read_text()
+    open_parts = tuple(parse_show_partitions(text.replace("AllowGroups=root", "AllowGroups=ALL")))
+    (check,) = check_serve_access(facts_22(partitions=open_parts), config())
+    assert check.status == "fail" and "partition(s) inference open to every user" in check.detail
+    assert "AllowGroups=root" in check.detail and "scontrol reconfigure" in check.detail
+    assert exit_code(run_checks(facts_22(partitions=open_parts), config())) == 1
+    parts = tuple(parse_show_partitions(text.replace("AllowGroups=root", "AllowGroups=ALL RootOnly=YES", 1)))
+    assert check_serve_access(facts_22(partitions=parts), config())[0].status == "ok"
+    # a jobs-placement model's own partition is checked too
+    one_line = ("PartitionName=inference Nodes=gpu[1-4] AllowGroups=root AllowAccounts=ALL\n"
+                "PartitionName=gpu-serve Nodes=gpu[1-4] AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL\n")
+    cfg = parse_config(
+        "engine: {kind: command, start_command: 'true', stop_command: 'true'}\n"
+        "models: [{name: j, placement: jobs, job: {replicas: 2, command: serve, port_base: 9000, "
+        "partition: gpu-serve}}]")
+    (check,) = check_serve_access(facts_22(partitions=tuple(parse_show_partitions(one_line))), cfg)
+    assert check.status == "fail" and "gpu-serve open" in check.detail
+    # unreadable partitions: a fail naming the reading, never a silent pass
+    (check,) = check_serve_access(facts_22(partitions=None), config())
+    assert check.status == "fail" and "scontrol show partition" in check.detail
+
+
+def test_serve_partition_closed_by_an_account_users_may_name_warns() -> None:
+    """AllowAccounts (or AllowQos) is what a job asks for: without AccountingStorageEnforce a
+    user names the service's account and gets in, so it warns; with it enforced, ok."""
+    text = (TEXT_22 / "scontrol-show-partition.txt").read_text()
+    by_account = tuple(parse_show_partitions(
+        text.replace("AllowGroups=root AllowAccounts=ALL", "AllowGroups=ALL AllowAccounts=svc", 1)))
+    (check,) = check_serve_access(facts_22(partitions=by_account), config())  # Enforce = none
+    assert check.status == "warn" and "AccountingStorageEnforce=none" in check.detail
+    enforced = dict(facts_22().slurm_config or {}, AccountingStorageEnforce="associations,limits")
+    (check,) = check_serve_access(facts_22(partitions=by_account, slurm_config=enforced), config())
+    assert check.status == "ok", check.detail
 
 
 def test_idle_partition_without_requeue_fails_naming_preemption() -> None:
