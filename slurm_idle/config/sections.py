@@ -1,4 +1,5 @@
-"""The agent's own sections: `policy`, `timeouts`, `paths`, `report` and `job_policy`."""
+"""The agent's own sections: `policy`, `timeouts`, `paths`, `report`, `job_policy` and
+`pipeline`."""
 
 from __future__ import annotations
 
@@ -106,6 +107,13 @@ class ReportConfig(_Strict):
     currency: str = "USD"
     # Work lost to a preemption = min(run, this) x GPUs; unset: the whole run (an upper bound).
     checkpoint_interval_s: float | None = Field(None, gt=0)
+
+
+class PipelineConfig(_Strict):
+    """Bounds on what one `pipeline run` may submit: a `matrix:` fans out as the product of
+    its lists, so a few short lines can ask for 10^20 jobs; refused before anything expands."""
+
+    max_steps: int = Field(1000, ge=1)  # jobs of one pipeline, matrix jobs counted one by one
 
 
 class JobPolicyConfig(_Strict):
