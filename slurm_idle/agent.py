@@ -262,17 +262,17 @@ class Agent:
 
     def _journal_step(self, step: StepResult) -> None:
         assert self.journal is not None
-        self.journal.append(step.to_record())
+        self.journal.record(step.to_record())
 
     def _journal_event(self, record: JobRecord | DuplicateJobRecord) -> None:
         """What a reclaim did to one job (eviction.py: signalled, requeued, cancelled, error),
         or the duplicate replica jobs cancelled (jobdriver.py)."""
         assert self.journal is not None
-        self.journal.append(record)
+        self.journal.record(record)
 
     def _journal_tick(self, result: TickResult, started: float) -> None:
         assert self.journal is not None
-        self.journal.append(TickRecord(
+        self.journal.record(TickRecord(
             ts=started,
             duration_s=result.duration_s,
             actions=len(result.actions),

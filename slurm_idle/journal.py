@@ -45,6 +45,7 @@ dataclass beside its JSON shape below); split apart, a writer and a reader could
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,6 +55,12 @@ from typing import Any, ClassVar, TypeVar
 
 from slurm_idle import safefiles
 from slurm_idle.errors import SlurmIdleError
+
+log = logging.getLogger("slurm_idle.journal")
+
+
+class JournalWriteError(SlurmIdleError):
+    """A record could not be written (disk full, I/O error): the action it records happened."""
 
 
 def iso(ts: float) -> str:
@@ -81,7 +88,16 @@ class Journal:
         except safefiles.UnsafePath as exc:
             raise SlurmIdleError(f"unsafe journal {self.path}: {exc} (paths.journal in the config)") from None
         except OSError as exc:
-            raise self._error("write", exc) from None
+            raise JournalWriteError(str(self._error("write", exc))) from None
+
+    def record(self, record: JournalRecord | dict[str, Any]) -> None:
+        """Append, and on a failed write (a full disk) log an error and go on: the service
+        action being recorded must not stop between a transition and its next step (a tick
+        that failed at its first journal write left nodes `starting` until space freed)."""
+        try:
+            self.append(record)
+        except JournalWriteError as exc:
+            log.error("%s: this record is lost, the action goes on", exc)
 
     def _error(self, verb: str, exc: OSError) -> SlurmIdleError:
         return SlurmIdleError(
@@ -89,16 +105,24 @@ class Journal:
         )
 
     def records(self) -> Iterator[dict[str, Any]]:
-        """Every well-formed record, oldest first; a torn last line is skipped."""
+        """Every well-formed record, oldest first.
+
+        A bad line (not UTF-8, not JSON, nested too deep for the parser) is skipped and
+        counted, and the count said once, as a warning, when the reading is done: one bad
+        line must not make `explain` or `report` fail. A torn last line (a write in
+        progress) is skipped silently.
+        """
+        bad = 0
         try:
-            with self.path.open() as fh:
-                for line in fh:
-                    line = line.strip()
+            with self.path.open("rb") as fh:
+                for raw in fh:
+                    line = raw.strip()
                     if not line:
                         continue
                     try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError:
+                        record = json.loads(line.decode("utf-8"))
+                    except (UnicodeDecodeError, ValueError, RecursionError):
+                        bad += raw.endswith(b"\n")
                         continue
                     if isinstance(record, dict):
                         yield record
@@ -106,6 +130,8 @@ class Journal:
             return
         except OSError as exc:
             raise self._error("read", exc) from None
+        if bad:
+            log.warning("journal %s: skipped %d malformed line(s)", self.path, bad)
 
     def typed(self) -> Iterator[JournalRecord]:
         """Every record of a known kind, oldest first, as its dataclass (see parse_record)."""

@@ -5,6 +5,7 @@ and parameter overrides resolved. Pure apart from reading the referenced files.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from slurm_idle.config import describe_validation_error
+from slurm_idle.config import PipelineConfig, describe_validation_error
 from slurm_idle.errors import ConfigError
 from slurm_idle.jobs import (
     NAME_RE,
@@ -30,6 +31,8 @@ from slurm_idle.pipeline_expand import (
     resolve_params,
     template,
 )
+
+DEFAULT_MAX_STEPS = PipelineConfig().max_steps  # without a config
 
 
 class _Strict(BaseModel):
@@ -196,14 +199,25 @@ def parse_pipeline(
     source: str = "<pipeline>",
     load_file: Callable[[str], Any] | None = None,
     overrides: Mapping[str, str] | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
 ) -> Pipeline:
-    """Validate a pipeline mapping and resolve every step (each matrix job) to a JobSpec."""
+    """Validate a pipeline mapping and resolve every step (each matrix job) to a JobSpec.
+
+    More than `max_steps` jobs (config `pipeline.max_steps`) is refused before any matrix is
+    expanded: the count is the product of each matrix's list lengths, computed, not built
+    (a matrix of ten 100-value lists is 10^20 jobs in a dozen lines).
+    """
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: a pipeline must be a mapping")
     try:
         spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {describe_validation_error(exc)}") from None
+    jobs = sum(math.prod(len(v) for v in (s.matrix or {}).values()) for s in spec.steps)
+    if jobs > max_steps:
+        raise ConfigError(f"{source}: the steps and their matrix fan-out make {jobs} jobs, more "
+                          f"than pipeline.max_steps ({max_steps}): split the pipeline or raise "
+                          "pipeline.max_steps in the config")
     names = [s.name for s in spec.steps]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -271,11 +285,12 @@ def _step_fields(spec: PipelineSpec, st: StepSpec, load_file: Callable[[str], An
 
 
 def load_pipeline(
-    path: str | os.PathLike[str], overrides: Mapping[str, str] | None = None
+    path: str | os.PathLike[str],
+    overrides: Mapping[str, str] | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
 ) -> Pipeline:
     """Read a pipeline YAML; step `file:` references are relative to it."""
     p = Path(path)
     base = p.resolve().parent
-    return parse_pipeline(
-        read_yaml(p), source=str(p), load_file=lambda f: read_yaml(base / f), overrides=overrides
-    )
+    return parse_pipeline(read_yaml(p), source=str(p), load_file=lambda f: read_yaml(base / f),
+                          overrides=overrides, max_steps=max_steps)

@@ -139,6 +139,7 @@ def check_output_path(path: str, option: str, suffixes: Sequence[str] = ()) -> N
         raise ConfigError(f"{option} {path}: no such directory {parent}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{option} {path}: the directory {parent} is not writable")
+    safefiles.check_output(path, option)  # no symlink, no other user's directory on the way
 
 
 def check_plot_ready(path: str) -> None:
@@ -164,13 +165,11 @@ def write_csv(report: Report, path: str) -> None:
     """The per-day table (and a total row) as CSV."""
     try:
         # Never through a symlink or into someone else's file (root running --csv in /tmp).
-        with os.fdopen(safefiles.open_output(path), "w", newline="") as fh:
+        with os.fdopen(safefiles.open_output(path, "--csv"), "w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(CSV_COLUMNS))
             writer.writeheader()
             for row in csv_rows(report):
                 writer.writerow(row)
-    except SlurmIdleError as exc:
-        raise SlurmIdleError(f"cannot write {path}: {exc}") from None
     except OSError as exc:
         raise SlurmIdleError(f"cannot write {path}: {exc.strerror}") from None
 
@@ -205,10 +204,8 @@ def write_plot(report: Report, path: str) -> None:
         fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
         if fmt not in fig.canvas.get_supported_filetypes():
             raise ValueError(f"Format {fmt!r} is not supported")
-        with os.fdopen(safefiles.open_output(path), "wb") as fh:
+        with os.fdopen(safefiles.open_output(path, "--plot"), "wb") as fh:
             fig.savefig(fh, dpi=100, format=fmt)
-    except SlurmIdleError as exc:
-        raise SlurmIdleError(f"cannot write {path}: {exc}") from None
     except OSError as exc:
         raise SlurmIdleError(f"cannot write {path}: {exc.strerror or exc}") from None
     except ValueError as exc:  # a format matplotlib does not know

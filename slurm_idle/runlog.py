@@ -67,14 +67,17 @@ def read(root: Path, job_id: str | int, cluster: str | None = None) -> list[dict
     out = []
     for path in paths:
         try:
-            text = path.read_text()
+            data = path.read_bytes()
         except OSError:
             continue
-        for line in text.splitlines():
+        # Line by line, bytes first: a torn last line of a killed run, a non-UTF-8 or too
+        # deeply nested line (the ledger is the user's own file) loses that line, not the job's
+        # restart count (and not the runner with a traceback).
+        for line in data.splitlines():
             try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a torn last line of a killed run
+                rec = json.loads(line.decode("utf-8"))
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+                continue
             if isinstance(rec, dict):
                 out.append(rec)
     return out

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from slurm_idle.errors import SlurmIdleError
+from slurm_idle.errors import ConfigError, SlurmIdleError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_LINKS = 40
@@ -62,13 +62,15 @@ def checked_dir(path: str | os.PathLike[str], mode: int = 0o755) -> Iterator[int
         os.close(fd)
 
 
-def _walk(path: str | os.PathLike[str], mode: int) -> int:
+def _walk(path: str | os.PathLike[str], mode: int | None, sticky_last_ok: bool = False) -> int:
+    """`mode` None: a missing directory is an error, not created. `sticky_last_ok`: the last
+    directory may be a sticky world-writable one like /tmp (a user's output file goes there)."""
     parts = list(Path(os.path.abspath(path)).parts[1:])
     fd = os.open("/", _DIR_FLAGS)
     where = "/"
     links = 0
     try:
-        _check_dir(os.fstat(fd), where, not parts)
+        _check_dir(os.fstat(fd), where, not parts and not sticky_last_ok)
         while parts:
             name = parts.pop(0)
             if name in ("", "."):
@@ -76,6 +78,8 @@ def _walk(path: str | os.PathLike[str], mode: int) -> int:
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
+                if mode is None:
+                    raise
                 os.mkdir(name, mode, dir_fd=fd)
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
@@ -96,7 +100,7 @@ def _walk(path: str | os.PathLike[str], mode: int) -> int:
             new = os.open(name, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd, where = new, os.path.join(where, name)
-            _check_dir(os.fstat(fd), where, not parts)
+            _check_dir(os.fstat(fd), where, not parts and not sticky_last_ok)
     except BaseException:
         os.close(fd)
         raise
@@ -191,12 +195,49 @@ def atomic_write(
             raise
 
 
-def open_output(path: str | os.PathLike[str], binary: bool = False) -> int:
-    """An fd for a report output the user named (CSV, PNG): truncated, never through a symlink,
-    never someone else's file (root running `report --csv` in a shared directory)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+def check_output(path: str | os.PathLike[str], option: str) -> None:
+    """Refuse up front, before any work, an output `open_output` would refuse (ConfigError)."""
+    p = Path(os.path.abspath(path))
     try:
-        _check_file(fd, str(path))
+        os.close(_walk(p.parent, None, sticky_last_ok=True))
+        st = os.stat(p, follow_symlinks=False)
+    except FileNotFoundError:
+        if not os.path.isdir(p.parent):
+            raise ConfigError(f"{option} {path}: no such directory {p.parent}") from None
+        return
+    except UnsafePath as exc:
+        raise ConfigError(f"{option} {path}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise ConfigError(f"{option} {path}: is a symlink: refusing to follow it")
+
+
+def open_output(path: str | os.PathLike[str], option: str) -> int:
+    """An fd for an output file a user named (`report --csv`, `simulate --timeline`, a plot):
+    truncated, never through someone else's symlink or directory, never someone else's file.
+
+    Root runs these commands in shared places: a user's symlink at `/tmp/x.csv` or a user's
+    directory (or symlink to one) on the way could make root truncate any file. The directory
+    is walked like the agent's (a sticky, world-writable one like /tmp is fine); the file is
+    opened without following a symlink. Refusals are ConfigError (exit 2) naming `option`.
+    """
+    p = Path(os.path.abspath(path))
+    try:
+        dfd = _walk(p.parent, None, sticky_last_ok=True)
+        try:
+            # O_NONBLOCK: a FIFO planted under the name fails (ENXIO) instead of hanging.
+            fd = open_in(dfd, p.name, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o644, str(path))
+        finally:
+            os.close(dfd)
+    except UnsafePath as exc:
+        raise ConfigError(f"{option} {path}: {exc}") from None
+    except OSError as exc:
+        if os.path.islink(p):  # the kernel's protected_symlinks may say EACCES before ELOOP
+            raise ConfigError(f"{option} {path}: is a symlink: refusing to follow it") from None
+        raise ConfigError(f"{option} {path}: cannot write: {exc.strerror or exc}") from None
+    try:
+        os.set_blocking(fd, True)
         os.ftruncate(fd, 0)
     except BaseException:
         os.close(fd)

@@ -64,7 +64,7 @@ def make_router_set(config: Config, agent: Agent) -> RouterSet | None:
 
     journal = agent.journal
     assert journal is not None
-    routers = RouterSet(config, journal=journal.append)
+    routers = RouterSet(config, journal=journal.record)
     return routers if routers.active else None
 
 

@@ -46,6 +46,7 @@ from slurm_idle.pipeline import (
 )
 from slurm_idle.pipeline_expand import parse_overrides
 from slurm_idle.pipeline_retry import plan_retry, retry_pipeline
+from slurm_idle.pipeline_spec import DEFAULT_MAX_STEPS
 
 
 def _config(ctx: Context) -> Config | None:
@@ -187,8 +188,8 @@ def pipeline_run(ctx: Context, file: str, params: tuple[str, ...], dry_run: bool
     Steps may fan out (`matrix:`), pass their `outputs:` to dependents (read-only at
     /inputs/<step>), retry failures (`retries:`) and use `{params.NAME}` templates.
     """
-    pipe = load_pipeline(file, parse_overrides(params))
     cfg = _config(ctx)
+    pipe = load_pipeline(file, parse_overrides(params), _max_steps(cfg))
     opts = _options(cfg)
     _check_policy(cfg, [st.spec for st in pipe.steps])
     _warn_grace(cfg, [st.spec for st in pipe.steps])
@@ -222,9 +223,15 @@ def pipeline_run(ctx: Context, file: str, params: tuple[str, ...], dry_run: bool
         click.echo(f"{st.name}: job {ids[st.name]}{after}")
 
 
-def _record_for(target: str) -> dict[str, Any]:
+def _max_steps(cfg: Config | None) -> int:
+    """`pipeline.max_steps` of the config, else its default: the bound on one pipeline's jobs."""
+    return cfg.pipeline.max_steps if cfg is not None else DEFAULT_MAX_STEPS
+
+
+def _record_for(target: str, cfg: Config | None) -> dict[str, Any]:
     """A pipeline file or a pipeline name -> its submission record."""
-    name = load_pipeline(target).name if os.path.isfile(target) else target
+    name = (load_pipeline(target, max_steps=_max_steps(cfg)).name if os.path.isfile(target)
+            else target)
     return read_pipeline_record(state_dir(), name)
 
 
@@ -235,8 +242,9 @@ def _record_for(target: str) -> dict[str, Any]:
 def pipeline_status_cmd(ctx: Context, target: str, as_json: bool) -> None:
     """State of every step of the last run of a pipeline (squeue, then sacct for finished ones),
     drawn as its DAG stage by stage (JSON: the rows, each with its upstreams)."""
-    record = _record_for(target)
-    rows = live_status(record, _slurm(_config(ctx)))
+    cfg = _config(ctx)
+    record = _record_for(target, cfg)
+    rows = live_status(record, _slurm(cfg))
     if as_json:
         echo_json({"pipeline": record["pipeline"], "steps": [
             {"name": r.name, "job_id": r.job_id, "state": r.state, "depends_on": list(r.depends_on),
@@ -258,8 +266,9 @@ def pipeline_retry_cmd(ctx: Context, target: str, dry_run: bool, as_json: bool) 
     resubmitted, so the run keeps its parameters. JSON: {"pipeline", "attempt", "resubmitted":
     {step: job_id}, "kept": [step]}.
     """
-    record = _record_for(target)
-    slurm = _slurm(_config(ctx))
+    cfg = _config(ctx)
+    record = _record_for(target, cfg)
+    slurm = _slurm(cfg)
     rows = live_status(record, slurm)
     root = state_dir()
     done = frozenset(r.name for r in rows if r.state == "UNKNOWN" and _ledger_completed(root, r.job_id))
@@ -295,8 +304,9 @@ def _ledger_completed(root: Path, job_id: int) -> bool:
 @pass_ctx
 def pipeline_cancel_cmd(ctx: Context, target: str, as_json: bool) -> None:
     """Cancel every step of the last run of a pipeline."""
-    record = _record_for(target)
-    ids = cancel_pipeline(record, _slurm(_config(ctx)))
+    cfg = _config(ctx)
+    record = _record_for(target, cfg)
+    ids = cancel_pipeline(record, _slurm(cfg))
     if as_json:
         echo_json({"pipeline": record["pipeline"], "cancelled": ids})
     else:

@@ -77,11 +77,15 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
     file exists) gives the pool unless --fleet is given, and the policy knobs; none is needed.
     """
     from slurm_idle.config import load_config, resolve_config_path
+    from slurm_idle.safefiles import check_output
     from slurm_idle.sim import SimParams, fleet_from_config, parse_fleet
     from slurm_idle.sim import simulate as run
     from slurm_idle.sim.output import plot_run, write_timeline
     from slurm_idle.traces import SyntheticModel, read_trace, synthetic_trace
 
+    for path, option in ((timeline, "--timeline"), (plot, "--plot")):
+        if path:
+            check_output(path, option)  # before the run: root never writes through a symlink
     config = None
     explicit = config_path or ctx.config_path
     implicit = resolve_config_path(None)  # $SLURM_IDLE_CONFIG, then the system path

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import pwd
+
 import click
 
 from slurm_idle.cli import main
@@ -24,6 +27,11 @@ def web(ctx: Context, host: str, port: int, cache_s: float) -> None:
     pipeline DAGs). JSON: /api/pool and /api/jobs?user=NAME (shapes in the README). The jobs
     and pipelines are those recorded in this user's state dir ($SLURM_IDLE_STATE_DIR).
     Needs `pip install 'slurm-idle[web]'`.
+
+    Every job is listed, but log tails and pipeline parameters are shown only to their owner:
+    the user the site's proxy names in the header `web.user_header` (config), else the user
+    this view runs as (not root). Run as root without web.user_header, it shows no one's.
+    `web.show_all_users: true` shows everyone's to everyone. ?user= only filters the list.
     """
     from slurm_idle.cli.jobs_cmd import _config
     from slurm_idle.pipeline import state_dir
@@ -32,7 +40,10 @@ def web(ctx: Context, host: str, port: int, cache_s: float) -> None:
 
     cfg = _config(ctx)
     tz = cfg.policy.timezone if cfg is not None else "UTC"
-    app = create_app(LiveData(cfg, state_dir(), ttl_s=cache_s), timezone=tz)
+    header = cfg.web.user_header if cfg is not None else None
+    local = pwd.getpwuid(os.getuid()).pw_name if os.getuid() != 0 else None
+    app = create_app(LiveData(cfg, state_dir(), ttl_s=cache_s), timezone=tz, user_header=header,
+                     local_user=local)
     click.echo(f"slurm-idle web: serving http://{host}:{port}/ (read-only; Ctrl-C stops)",
                err=True)
     serve(app, host, port)

@@ -42,14 +42,16 @@ from slurm_idle.config.models import ModelConfig, ReplicaConfig, ReplicaJobConfi
 from slurm_idle.config.sections import (
     JobPolicyConfig,
     PathsConfig,
+    PipelineConfig,
     PolicyConfig,
     ReportConfig,
     TimeoutsConfig,
+    WebConfig,
 )
 from slurm_idle.errors import ConfigError
 from slurm_idle.yamlfile import parse_yaml, read_text
 
-__all__ = ['CONFIG_ENV', 'DEFAULT_CONFIG_PATH', 'DEFAULT_REPLICA_URL', 'FILE_CONTEXT', 'LABEL_NAME_RE', 'LABEL_VALUE_RE', 'NODE_NAME_RE', 'SLURM_NAME_RE', 'Config', 'EngineConfig', 'JobPolicyConfig', 'MetricsConfig', 'ModelConfig', 'PathsConfig', 'PolicyConfig', 'ReplicaConfig', 'ReplicaJobConfig', 'ReportConfig', 'RouterConfig', 'SlurmConfig', 'TimeoutsConfig', 'describe_validation_error', 'load_config', 'parse_config', 'resolve_config_path']
+__all__ = ['CONFIG_ENV', 'DEFAULT_CONFIG_PATH', 'DEFAULT_REPLICA_URL', 'FILE_CONTEXT', 'LABEL_NAME_RE', 'LABEL_VALUE_RE', 'NODE_NAME_RE', 'SLURM_NAME_RE', 'Config', 'EngineConfig', 'JobPolicyConfig', 'MetricsConfig', 'ModelConfig', 'PathsConfig', 'PipelineConfig', 'PolicyConfig', 'ReplicaConfig', 'ReplicaJobConfig', 'ReportConfig', 'RouterConfig', 'SlurmConfig', 'TimeoutsConfig', 'WebConfig', 'describe_validation_error', 'load_config', 'parse_config', 'resolve_config_path']
 
 
 class Config(_Strict):
@@ -65,6 +67,8 @@ class Config(_Strict):
     report: ReportConfig = ReportConfig()
     router: RouterConfig = Field(default_factory=RouterConfig)
     job_policy: JobPolicyConfig = Field(default_factory=JobPolicyConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    web: WebConfig = Field(default_factory=WebConfig)
     # Derived once per Config (topology.lend_groups): the fleet's lend groups and node index.
     _groups: Any = PrivateAttr(default=None)
     _group_of: Any = PrivateAttr(default=None)

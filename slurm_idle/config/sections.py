@@ -1,4 +1,5 @@
-"""The agent's own sections: `policy`, `timeouts`, `paths`, `report` and `job_policy`."""
+"""The agent's own sections: `policy`, `timeouts`, `paths`, `report`, `job_policy`, `pipeline`
+and `web`."""
 
 from __future__ import annotations
 
@@ -106,6 +107,26 @@ class ReportConfig(_Strict):
     currency: str = "USD"
     # Work lost to a preemption = min(run, this) x GPUs; unset: the whole run (an upper bound).
     checkpoint_interval_s: float | None = Field(None, gt=0)
+
+
+class PipelineConfig(_Strict):
+    """Bounds on what one `pipeline run` may submit: a `matrix:` fans out as the product of
+    its lists, so a few short lines can ask for 10^20 jobs; refused before anything expands."""
+
+    max_steps: int = Field(1000, ge=1)  # jobs of one pipeline, matrix jobs counted one by one
+
+
+class WebConfig(_Strict):
+    """`slurm-idle web`: whose job logs and pipeline parameters a viewer sees.
+
+    By default only their own: the viewer is the user the site's proxy authenticated, in
+    `user_header` (set it only when nothing but the proxy can reach the view: anyone who can
+    connect could send the header), else, when the view runs as a user other than root, that
+    user. `show_all_users: true` shows everyone's to everyone (a trusted team's view).
+    """
+
+    show_all_users: bool = False
+    user_header: str | None = None  # e.g. X-Remote-User, set by the site's SSO proxy
 
 
 class JobPolicyConfig(_Strict):

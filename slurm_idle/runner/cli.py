@@ -12,7 +12,7 @@ from typing import Any
 
 from slurm_idle.commands import SubprocessRunner
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.jobpolicy import check_spec, site_policy
+from slurm_idle.jobpolicy import check_spec, ignored_config_env, site_policy
 from slurm_idle.jobs import JobSpec, decode_spec, load_job_spec
 from slurm_idle.pipeline import state_dir
 from slurm_idle.podman import PodmanService
@@ -26,6 +26,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="slurm-idle-run",
         description="Run a slurm-idle job spec's container inside a Slurm job step.",
+        epilog=("The job policy (job_policy) is the site's: the config named in "
+                "/etc/slurm-idle/runner.conf, else /etc/slurm-idle/slurm-idle.yaml, else the safe "
+                "defaults. $SLURM_IDLE_CONFIG is followed only in a job of root's; any other "
+                "job's is ignored with a warning in the job log."),
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--spec-b64", help="the job spec as base64 JSON (what scripts pass)")
@@ -75,6 +79,8 @@ def _main(argv: Sequence[str] | None, signals: Signals) -> int:
     service: PodmanService | None = None
     try:
         policy = site_policy(os.environ)
+        if (ignored := ignored_config_env(os.environ)) is not None:
+            report.say(f"warning: {ignored}")
         spec = None
         if not args.cleanup:  # checked before any engine is reached or started
             spec = decode_spec(args.spec_b64) if args.spec_b64 else load_job_spec(args.spec)

@@ -8,6 +8,7 @@ set only: those are the numbers a site can expect on traffic the planner was nev
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_idle.errors import ConfigError
+from slurm_idle.safefiles import open_output
 from slurm_idle.sim import POLICIES, simulate
 from slurm_idle.sim.family import HELD_OUT, TUNING, Member, members, trace
 
@@ -146,7 +148,8 @@ def plot(path: str | Path, rows: Sequence[Row]) -> None:
         ax.legend(loc="lower left")
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=100)
+        with os.fdopen(open_output(path, "--plot"), "wb") as handle:
+            fig.savefig(handle, dpi=100, format=Path(path).suffix.lstrip(".").lower() or "png")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot write the plot: {exc.strerror}") from None
     finally:

@@ -7,11 +7,13 @@ is asked for, with a clear error when it is missing.
 from __future__ import annotations
 
 import csv
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from slurm_idle.errors import ConfigError
+from slurm_idle.safefiles import open_output
 from slurm_idle.sim.engine import FleetModel, SimParams, SimResult
 from slurm_idle.traces import Trace, iso_minute
 
@@ -21,7 +23,8 @@ TIMELINE_HEADER = ("timestamp", "model", "serving", "starting", "lent", "reclaim
 def write_timeline(path: str | Path, trace: Trace, result: SimResult) -> None:
     """One row per trace minute and model; the four counts sum to the model's replicas."""
     try:
-        with Path(path).open("w", newline="") as handle:
+        # Never through a user's symlink or directory (root running --timeline in /tmp).
+        with os.fdopen(open_output(path, "--timeline"), "w", newline="") as handle:
             writer = csv.writer(handle, lineterminator="\n")
             writer.writerow(TIMELINE_HEADER)
             for minute in range(trace.minutes):
@@ -82,7 +85,8 @@ def plot_run(
         lent.legend(loc="upper right", framealpha=0.9)
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=100)
+        with os.fdopen(open_output(path, "--plot"), "wb") as handle:
+            fig.savefig(handle, dpi=100, format=Path(path).suffix.lstrip(".").lower() or "png")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot write the plot: {exc.strerror}") from None
     finally:

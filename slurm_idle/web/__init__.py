@@ -17,7 +17,8 @@ from typing import Any
 from slurm_idle.errors import SlurmIdleError
 
 
-def create_app(data: Any, timezone: str = "UTC") -> Any:
+def create_app(data: Any, timezone: str = "UTC", user_header: str | None = None,
+               local_user: str | None = None) -> Any:
     """The Flask app over a `PoolData` (slurm_idle.web.data); needs the `web` extra."""
     try:
         from slurm_idle.web.app import make_app
@@ -25,7 +26,7 @@ def create_app(data: Any, timezone: str = "UTC") -> Any:
         raise SlurmIdleError(
             "`slurm-idle web` needs the web extra: pip install 'slurm-idle[web]'"
         ) from None
-    return make_app(data, timezone)
+    return make_app(data, timezone, user_header=user_header, local_user=local_user)
 
 
 def serve(app: Any, host: str, port: int, threads: int = 4) -> None:

@@ -8,7 +8,17 @@ from slurm_idle.web import data as d
 from slurm_idle.web.plots import pool_24h_png
 
 
-def make_app(data: d.PoolData, timezone: str = "UTC") -> flask.Flask:
+def viewer(user_header: str | None, local_user: str | None) -> str | None:
+    """Who is looking: the user the site's proxy put in `user_header` (web.user_header), else
+    the user the view runs as when that is not root (`local_user`); None: nobody known.
+    `?user=` never names the viewer: anyone can type it."""
+    if user_header:
+        return flask.request.headers.get(user_header) or None
+    return local_user
+
+
+def make_app(data: d.PoolData, timezone: str = "UTC", user_header: str | None = None,
+             local_user: str | None = None) -> flask.Flask:
     app = flask.Flask("slurm_idle.web")
     app.jinja_env.filters["localtime"] = lambda v: d.local_time(v, timezone)
     app.jinja_env.filters["age"] = d.age
@@ -21,7 +31,8 @@ def make_app(data: d.PoolData, timezone: str = "UTC") -> flask.Flask:
     @app.get("/jobs")
     def jobs_view() -> str:
         user = flask.request.args.get("user") or None
-        return flask.render_template("jobs.html", doc=data.jobs(user), page="jobs")
+        doc = data.jobs(user, viewer(user_header, local_user))
+        return flask.render_template("jobs.html", doc=doc, page="jobs")
 
     @app.get("/plot/pool-24h.png")
     def pool_plot() -> flask.Response:
@@ -34,7 +45,8 @@ def make_app(data: d.PoolData, timezone: str = "UTC") -> flask.Flask:
 
     @app.get("/api/jobs")
     def api_jobs() -> flask.Response:
-        return flask.jsonify(data.jobs(flask.request.args.get("user") or None))
+        return flask.jsonify(data.jobs(flask.request.args.get("user") or None,
+                                       viewer(user_header, local_user)))
 
     @app.get("/healthz")
     def healthz() -> dict[str, bool]:

@@ -6,14 +6,22 @@
 them, joins their rows and shapes `/api/pool` and `/api/jobs` (README documents both shapes).
 A part that fails (Prometheus down, accounting off) becomes a line in `errors`, never a 500.
 
+Who sees what: every job is listed (as `squeue` lists them), but a job's log tail and a
+pipeline's parameters are shown only to their owner, the `viewer` the app identified (see
+app.viewer), unless the site sets `web.show_all_users: true`. An unidentified viewer sees no
+one's. The answers are cached per (`?user=`, viewer) in a bounded LRU: unique `?user=` values
+cannot grow the process without limit.
+
 `PoolData` is the Protocol the Flask app needs: the real `LiveData` here, a fake in tests.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +40,7 @@ log = logging.getLogger(__name__)
 DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
 LOG_LINES = 15
+MAX_CACHED = 64  # documents kept (the pool, then one per ?user= and viewer), least recent out
 
 
 class PoolData(Protocol):
@@ -39,35 +48,45 @@ class PoolData(Protocol):
 
     def pool(self) -> dict[str, Any]: ...
 
-    def jobs(self, user: str | None = None) -> dict[str, Any]: ...
+    def jobs(self, user: str | None = None, viewer: str | None = None) -> dict[str, Any]: ...
 
 
 class LiveData:
     """The real cluster, read through the same code as the CLI; answers cached `ttl_s`."""
 
     def __init__(self, config: Config | None, state_root: Path,
-                 clock: Callable[[], float] = time.time, ttl_s: float = 15.0) -> None:
+                 clock: Callable[[], float] = time.time, ttl_s: float = 15.0,
+                 max_cached: int = MAX_CACHED) -> None:
         self.config = config
         self.state_root = state_root
         self.clock = clock
         self.ttl_s = ttl_s
-        self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.max_cached = max_cached
+        self.show_all_users = config.web.show_all_users if config is not None else False
+        self._cache: OrderedDict[tuple[str, ...], tuple[float, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _cached(self, key: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    def _cached(self, key: tuple[str, ...], make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         with self._lock:
             hit = self._cache.get(key)
             now = time.monotonic()
             if hit and now - hit[0] < self.ttl_s:
+                self._cache.move_to_end(key)
                 return hit[1]
             doc = make()
             self._cache[key] = (now, doc)
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.max_cached:
+                self._cache.popitem(last=False)
             return doc
+
+    def _may_see(self, viewer: str | None, owners: set[str]) -> bool:
+        return self.show_all_users or (viewer is not None and viewer in owners)
 
     # ------------------------------------------------------------ pool
 
     def pool(self) -> dict[str, Any]:
-        return self._cached("pool", self._pool)
+        return self._cached(("pool",), self._pool)
 
     def _pool(self) -> dict[str, Any]:
         now = self.clock()
@@ -192,10 +211,10 @@ class LiveData:
 
     # ------------------------------------------------------------ jobs
 
-    def jobs(self, user: str | None = None) -> dict[str, Any]:
-        return self._cached(f"jobs:{user or ''}", lambda: self._jobs(user))
+    def jobs(self, user: str | None = None, viewer: str | None = None) -> dict[str, Any]:
+        return self._cached(("jobs", user or "", viewer or ""), lambda: self._jobs(user, viewer))
 
-    def _jobs(self, user: str | None) -> dict[str, Any]:
+    def _jobs(self, user: str | None, viewer: str | None) -> dict[str, Any]:
         from slurm_idle.pipeline import live_status, pipeline_records
         from slurm_idle.slurm import CliBackend, make_backend
 
@@ -215,7 +234,8 @@ class LiveData:
             used = usage.get(r["job_id"], {})
             r["gpu_hours"] = used.get("gpu_hours")
             r["lost_gpu_hours"] = used.get("lost_gpu_hours")
-            r["log_tail"] = log_tail(r.get("log"), LOG_LINES)
+            mine = self._may_see(viewer, {r["user"]})
+            r["log_tail"] = log_tail(r.get("log"), LOG_LINES) if mine else []
         pipelines = []
         for record in pipeline_records(self.state_root):
             try:
@@ -223,13 +243,16 @@ class LiveData:
             except SlurmIdleError as exc:
                 errors.append(f"pipeline {record.get('pipeline')}: {exc}")
                 continue
-            mine = {r["job_id"] for r in rows}
-            if user and not any(s.job_id in mine for s in steps):
+            listed = {r["job_id"] for r in rows}
+            if user and not any(s.job_id in listed for s in steps):
                 continue
+            ids = {s.job_id for s in steps}
+            # Its jobs' users; once they left squeue, the owner of the state dir it is in.
+            owners = {r["user"] for r in all_rows if r["job_id"] in ids} or {_owner(self.state_root)}
             pipelines.append({
                 "pipeline": record.get("pipeline"),
                 "attempt": record.get("attempt", 1),
-                "params": record.get("params", {}),
+                "params": record.get("params", {}) if self._may_see(viewer, owners) else {},
                 "submitted_at": iso(float(record.get("submitted_at") or 0)),
                 "steps": [{"name": s.name, "job_id": s.job_id, "state": s.state,
                            "depends_on": list(s.depends_on), "restarts": s.restarts,
@@ -248,6 +271,16 @@ class LiveData:
             return {}
         return {j.job_id: {"gpu_hours": _r(j.gpu_hours), "lost_gpu_hours": _r(j.lost_gpu_hours)}
                 for j in report.per_job}
+
+
+def _owner(path: Path) -> str:
+    """The login of the user who owns `path` ("" if unknown)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.stat(path).st_uid).pw_name
+    except (OSError, KeyError):
+        return ""
 
 
 def _r(value: float | None) -> float | None:

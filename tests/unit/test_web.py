@@ -62,7 +62,7 @@ class FakeData:
     def pool(self) -> dict[str, Any]:
         return POOL
 
-    def jobs(self, user: str | None = None) -> dict[str, Any]:
+    def jobs(self, user: str | None = None, viewer: str | None = None) -> dict[str, Any]:
         self.users.append(user)
         return JOBS
 
