@@ -15,33 +15,50 @@ cgroupfs, ulimits a container may raise) and `etc/podman/storage.conf`, installe
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from slurm_idle.errors import SlurmIdleError
 
+#: Where the runtime directory is looked for: a per-user one (systemd-logind's), else shared.
+RUN_USER = "/run/user"
+SHARED_TMP = "/tmp"
 
-def runtime_dir(uid: int, environ: Mapping[str, str]) -> str:
+
+def runtime_dir(uid: int, environ: Mapping[str, str],
+                say: Callable[[str], None] | None = None) -> str:
     """A private runtime directory of `uid` (XDG_RUNTIME_DIR, /run/user/UID, or one in /tmp).
 
     Podman keeps its per-user state there; it must be the user's own and closed to others.
+    Each candidate is checked with lstat (a directory, not a symlink, owned by `uid`, mode
+    0700). The /tmp name is predictable, so another user may create it first: then a fresh
+    directory with an unpredictable name is made instead (and `say` is told), rather than
+    failing every podman job of the user (or using a directory someone else controls).
     """
-    for candidate in (environ.get("XDG_RUNTIME_DIR"), f"/run/user/{uid}"):
+    for candidate in (environ.get("XDG_RUNTIME_DIR"), f"{RUN_USER}/{uid}"):
         if candidate and _private_to(candidate, uid):
             return candidate
-    path = f"/tmp/slurm-idle-runtime-{uid}"
+    shared = path = f"{SHARED_TMP}/slurm-idle-runtime-{uid}"
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
+    if _private_to(path, uid):
+        return path
+    path = tempfile.mkdtemp(prefix=f"slurm-idle-runtime-{uid}-", dir=SHARED_TMP)
     if not _private_to(path, uid):
-        raise SlurmIdleError(
-            f"{path} is not a private directory of uid {uid}: cannot run rootless podman "
-            "(set XDG_RUNTIME_DIR to a 0700 directory of your own)"
-        )
+        os.rmdir(path)
+        raise SlurmIdleError(f"cannot make a private runtime directory of uid {uid} in {SHARED_TMP} "
+                             "(set XDG_RUNTIME_DIR to a 0700 directory of your own)")
+    if say is not None:
+        say(f"{shared} is not a private directory of uid {uid} "
+            f"(someone else's, a symlink or open to others): using {path} instead")
     return path
 
 
@@ -53,6 +70,16 @@ def _private_to(path: str, uid: int) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
 
 
+#: Starts "$@" (the service) in the background and prints its pid, plus a background watchdog
+#: that SIGTERMs it once the runner is gone (SIGKILLed: no `stop` ran), then exits: both are
+#: left to init, in the shell's new session, outside the job step's process tree.
+_DETACHED = (
+    '"$@" </dev/null >/dev/null 2>"$0" & svc=$!; echo $svc; '
+    '(while kill -0 {runner} && kill -0 $svc; do sleep 2; done; kill $svc) '
+    '</dev/null >/dev/null 2>&1 &'
+)
+
+
 @dataclass
 class PodmanService:
     """`podman system service` on a socket of this job's, started and stopped by the runner."""
@@ -61,11 +88,12 @@ class PodmanService:
     env: dict[str, str]
     podman: str = "podman"
     clock: Callable[[], float] = time.monotonic
-    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    pid: int | None = field(default=None, init=False)
 
     @classmethod
-    def for_job(cls, job_id: str, environ: Mapping[str, str]) -> PodmanService:
-        rundir = runtime_dir(os.geteuid(), environ)
+    def for_job(cls, job_id: str, environ: Mapping[str, str],
+                say: Callable[[str], None] | None = None) -> PodmanService:
+        rundir = runtime_dir(os.geteuid(), environ, say)
         env = {**environ, "XDG_RUNTIME_DIR": rundir}
         return cls(os.path.join(rundir, f"slurm-idle-{job_id or os.getpid()}.sock"), env)
 
@@ -74,37 +102,95 @@ class PodmanService:
         return f"unix://{self.socket}"
 
     def start(self, timeout_s: float = 30.0) -> str:
-        """Start the service (no idle timeout: the runner stops it) and wait for its socket."""
-        if os.path.lexists(self.socket):
-            os.unlink(self.socket)  # a killed run's leftover: ours, in our private directory
+        """Start the service (no idle timeout: the runner stops it) and wait for its socket.
+
+        The service is started detached (a shell starts it in the background in a session of
+        its own and exits), so it is neither in the job step's process group nor one of the
+        runner's descendants: Slurm's SIGTERM at a preemption or reclaim reaches the runner
+        (and, with proctrack/linuxproc or pgid, nothing of the service), which still needs the
+        API to stop and remove the container within the grace. Measured before this: the
+        service died with the runner's SIGTERM and the container outlived the job.
+        """
+        if shutil.which(self.podman, path=self.env.get("PATH")) is None:
+            raise SlurmIdleError(f"cannot start rootless podman: {self.podman} not found")
+        for leftover in (self.socket, self.err_path):
+            if os.path.lexists(leftover):
+                os.unlink(leftover)  # a killed run's leftover: ours, in our private directory
         try:
-            self.process = subprocess.Popen(
-                [self.podman, "system", "service", "--time=0", self.base_url],
-                env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, start_new_session=True,
+            launched = subprocess.run(
+                ["sh", "-c", _DETACHED.format(runner=os.getpid()), self.err_path,
+                 self.podman, "system", "service", "--time=0", self.base_url],
+                env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                timeout=30, start_new_session=True, check=False,
             )
-        except OSError as exc:
+            self.pid = int(launched.stdout.strip())
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
             raise SlurmIdleError(f"cannot start rootless podman ({self.podman}): {exc}") from None
         deadline = self.clock() + timeout_s
         while not os.path.exists(self.socket):
-            if self.process.poll() is not None:
-                err = (self.process.stderr.read() if self.process.stderr else b"").decode()
-                raise SlurmIdleError(
-                    f"rootless podman service exited ({self.process.returncode}): "
-                    f"{' '.join(err.split())[-300:]}"
-                )
+            if not self.running():
+                raise SlurmIdleError(f"rootless podman service exited: {self._errors()}")
             if self.clock() > deadline:
                 self.stop()
                 raise SlurmIdleError(f"rootless podman service gave no socket in {timeout_s:g} s")
             time.sleep(0.05)
         return self.base_url
 
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
+    @property
+    def err_path(self) -> str:
+        return f"{self.socket}.err"
+
+    def _errors(self) -> str:
         try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            with open(self.err_path, errors="replace") as f:
+                return " ".join(f.read().split())[-300:]
+        except OSError:
+            return "(no error output)"
+
+    def running(self) -> bool:
+        """Is our service (this pid, serving this socket; not a zombie, not a reused pid) up?"""
+        if self.pid is None:
+            return False
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{self.pid}/cmdline", "rb") as f:
+                ours = self.base_url.encode() in f.read()
+        except (OSError, IndexError):
+            return False
+        return ours and state not in ("Z", "X")
+
+    def stop(self, wait_s: float = 10.0) -> None:
+        """SIGTERM the service (SIGKILL after `wait_s`); it is not our child: poll, not wait."""
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            if not self.running():
+                break
+            assert self.pid is not None
+            try:
+                os.kill(self.pid, signum)
+            except OSError:
+                break
+            deadline = self.clock() + wait_s
+            while self.running() and self.clock() < deadline:
+                time.sleep(0.05)
+        for leftover in (self.socket, self.err_path):
+            if os.path.lexists(leftover):
+                os.unlink(leftover)
+
+    def remove_labelled(self, label: str, grace_s: float, timeout_s: float = 60.0) -> list[str]:
+        """Stop (SIGTERM, `grace_s`, SIGKILL) and remove the containers with `label` through
+        the podman command line: what is left when the API service is gone (killed with the
+        job step where Slurm signals every process of it). Returns the names removed."""
+        def podman(*argv: str) -> str:
+            return subprocess.run([self.podman, *argv], env=self.env, capture_output=True,
+                                  text=True, timeout=timeout_s, check=True).stdout
+
+        try:
+            names = podman("ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}").split()
+            if names:
+                podman("rm", "--force", "--time", str(max(int(grace_s), 0)), *names)
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = exc.stderr if isinstance(exc, subprocess.CalledProcessError) else exc
+            raise SlurmIdleError(f"podman could not remove containers {label}: "
+                                 f"{' '.join(str(detail).split())[-300:]}") from None
+        return names

@@ -16,7 +16,12 @@ from slurm_idle.jobpolicy import check_spec, ignored_config_env, site_policy
 from slurm_idle.jobs import JobSpec, decode_spec, load_job_spec
 from slurm_idle.pipeline import state_dir
 from slurm_idle.podman import PodmanService
-from slurm_idle.runner.container import engine_sockets, remove_job_containers, slurm_context
+from slurm_idle.runner.container import (
+    LABEL_JOB,
+    engine_sockets,
+    remove_job_containers,
+    slurm_context,
+)
 from slurm_idle.runner.run import EXIT_START_FAILED, run_container
 from slurm_idle.runner.slurmjob import job_is_ending, requeue_if_preempted
 from slurm_idle.runner.supervise import Reporter, RunSettings, Signals
@@ -89,7 +94,8 @@ def _main(argv: Sequence[str] | None, signals: Signals) -> int:
                        policy, os.geteuid(), resolve=True)
         host = args.docker_host
         if host is None and policy.runtime == "podman" and not args.cleanup:
-            service = PodmanService.for_job(os.environ.get("SLURM_JOB_ID", ""), os.environ)
+            service = PodmanService.for_job(os.environ.get("SLURM_JOB_ID", ""), os.environ,
+                                            report.say)
             host = service.start()
             report.say(f"rootless podman service at {host}")
         elif host is None:
@@ -100,7 +106,25 @@ def _main(argv: Sequence[str] | None, signals: Signals) -> int:
         return EXIT_START_FAILED
     finally:
         if service is not None:
+            _sweep_without_api(service, args, spec, report)
             service.stop()
+
+
+def _sweep_without_api(
+    service: PodmanService, args: argparse.Namespace, spec: JobSpec | None, report: Reporter
+) -> None:
+    """The API service died under the runner (a site whose Slurm signals every process of the
+    step, e.g. proctrack/cgroup): stop and remove this job's containers through the podman
+    command line, so none outlives the job on a node that goes back to inference."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id or service.running():
+        return
+    grace = args.grace_s if args.grace_s is not None else (spec.grace_s if spec else 0.0)
+    try:
+        for name in service.remove_labelled(f"{LABEL_JOB}={job_id}", grace):
+            report.say(f"podman service gone: removed container {name} with the podman command")
+    except SlurmIdleError as exc:
+        report.say(f"error: {exc}")
 
 
 def _run(

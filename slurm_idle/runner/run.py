@@ -213,7 +213,7 @@ def _run_once(
                 report.say(f"removed container {container.name}")
             except docker.errors.NotFound:
                 pass
-            except docker.errors.DockerException as exc:
+            except (docker.errors.DockerException, OSError) as exc:  # OSError: requests' errors
                 report.say(f"could not remove container {container.name}: {exc}")
         if params_dir:
             shutil.rmtree(params_dir, ignore_errors=True)

@@ -180,6 +180,7 @@ def supervise(
             result["code"] = int(stream_client.containers.get(container.id).wait()["StatusCode"])
         except Exception:  # noqa: BLE001 - the container vanished; the loop decides
             result.setdefault("code", -1)
+            result.setdefault("lost", 1)
         done.set()
 
     def stream_logs() -> None:
@@ -198,7 +199,9 @@ def supervise(
     while not clock.wait(done, settings.poll_s):
         if signals.stop_requested():
             break
-    if done.is_set():
+    # The engine connection broke while a stop was asked for (a podman API service signalled
+    # with the step): no exit code came, so this is the stop, not a failed container.
+    if done.is_set() and not ("lost" in result and signals.stop_requested()):
         logs.join(timeout=5)
         code = result["code"]
         report.say(f"container exited with code {code}")

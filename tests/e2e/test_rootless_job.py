@@ -4,7 +4,8 @@ The user `sidle-ci` (made by scripts/lib/install.sh, or here) submits with sbatc
 runs as that user on the node, starts a rootless podman API service of its own (the docker
 socket, root on the node, is never used) and runs the container through the same docker SDK.
 A job asking for what the node's job_policy forbids (outputs in /etc, the host network) is
-refused by the runner itself: the batch script is the user's to write.
+refused by the runner itself: the batch script is the user's to write. A reclaim of the node
+running such a job (issue 24, item 1) requeues it and leaves no container behind.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any
 
 import pytest
 
+from slurm_idle.config import load_config
 from slurm_idle.jobs import SubmitOptions, parse_job_spec, render_script
+from slurm_idle.testing.demo import reset_cluster
 from slurm_idle.testing.images import busybox_rootfs_tar
 from slurm_idle.testing.waiting import poll
 
@@ -83,7 +86,8 @@ def site(sandbox: Any) -> Iterator[dict[str, Any]]:
     logs = work / "logs"
     logs.mkdir()
     os.chown(logs, pw.pw_uid, pw.pw_gid)
-    yield {"work": work, "env": env, "python": python, "uid": pw.pw_uid, "sandbox": sandbox}
+    yield {"work": work, "env": env, "python": python, "uid": pw.pw_uid, "sandbox": sandbox,
+           "rundir": rundir.stdout.strip()}
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -139,3 +143,75 @@ def test_the_runner_on_the_node_refuses_what_the_site_forbids(
     assert state.split("|")[0] == "FAILED" and "70" in state, (state, text)
     assert words in text and "rootless podman service" not in text, text
     assert sorted(os.listdir("/etc")) == before
+
+
+STEPS = 30
+#: Counts to STEPS, one step a second, the step reached always on disk; resumes from it.
+COUNTER = ("i=0; if [ -f /checkpoint/step ]; then i=$(cat /checkpoint/step); echo resumed_from=$i; fi; "
+           "trap 'echo checkpointed at $i; exit 143' TERM; "
+           f"while [ $i -lt {STEPS} ]; do i=$((i+1)); echo $i > /checkpoint/step; echo step=$i; "
+           "sleep 1; done; echo done steps=$i")
+
+
+def cli(sb: Any, *args: str) -> None:
+    proc = sb.run([sys.executable, "-m", "slurm_idle.cli", *args], capture_output=True, text=True)
+    assert proc.returncode == 0, (args, proc.stderr)
+
+
+def runs_of(site: dict[str, Any], job_id: int) -> list[str]:
+    """Every run's State|ExitCode|NodeList in sacct (-D: the requeued runs too)."""
+    out = site["sandbox"].run(["sacct", "-n", "-X", "-D", "-P", "-j", str(job_id),
+                               "-o", "State,ExitCode,NodeList"])
+    return [line for line in out.stdout.splitlines() if line.strip()]
+
+
+def test_a_reclaimed_rootless_podman_job_is_requeued_and_leaves_no_container(
+    site: dict[str, Any],
+) -> None:
+    """`slurm-idle reclaim NODE` of a node running the user's podman job: the container gets
+    the SIGTERM (the API service outlives Slurm's signal to the step), the job is requeued
+    (never FAILED), resumes from its checkpoint and completes; no container is left."""
+    sb = site["sandbox"]
+    reset_cluster(sb, load_config(sb.config_path).paths.journal)
+    cli(sb, "tick")  # every node serving
+    closed = ",".join(getattr(sb, "all_nodes", sb.nodes)[len(sb.nodes):])
+    if closed:
+        sb.run(["scontrol", "update", f"nodename={closed}", "state=DRAIN",
+                "reason=test_rootless_job: the job stays on gpu1"])
+    for node in ("gpu2", "gpu3", "gpu4"):
+        cli(sb, "pin", node)
+    try:
+        cli(sb, "lend", "gpu1")
+        ckpt = site["work"] / "ckpt"
+        ckpt.mkdir()
+        os.chown(ckpt, site["uid"], site["uid"])
+        job_id, log = submit_as_user(
+            site, "reclaimed", command=["sh", "-c", COUNTER], max_restarts=5,
+            mounts={"checkpoint": {"source": str(ckpt / "checkpoint-{job_id}"),
+                                   "target": "/checkpoint"}})
+
+        def text() -> str:
+            return log.read_text() if log.exists() else ""
+
+        poll(lambda: "step=5" in text().splitlines(), 180, f"job {job_id} reaching step 5",
+             interval_s=1.0)
+        cli(sb, "reclaim", "gpu1")
+        poll(lambda: "checkpointed at" in text(), 60, "the container's SIGTERM", interval_s=1.0)
+        cli(sb, "lend", "gpu1")
+        state = poll(lambda: finished(site, job_id), 240, f"job {job_id} finishing")
+        lines = text().splitlines()
+        assert state.startswith("COMPLETED|0:0"), "\n".join(
+            [state, *runs_of(site, job_id), "--- the job's log:", *lines])
+        assert not any(r.startswith("FAILED") for r in runs_of(site, job_id)), runs_of(site, job_id)
+        resumed = [int(ln.split("=")[1]) for ln in lines if ln.startswith("resumed_from=")]
+        assert resumed and resumed[0] >= 5, lines
+        assert f"done steps={STEPS}" in lines, lines
+        assert "Traceback" not in text() and "could not signal" not in text(), lines
+        left = as_user(["podman", "ps", "-a", "--format", "{{.Names}} {{.Status}}"],
+                       {**site["env"], "XDG_RUNTIME_DIR": site["rundir"]})
+        assert left.returncode == 0 and left.stdout.strip() == "", (left.stdout, left.stderr)
+    finally:
+        for node in ("gpu2", "gpu3", "gpu4"):
+            cli(sb, "unpin", node)
+        if closed:
+            sb.run(["scontrol", "update", f"nodename={closed}", "state=RESUME"])

@@ -493,3 +493,26 @@ def test_a_mount_above_the_real_engine_socket_is_refused(tmp_path: Path) -> None
     code = run_container(client, bad, CTX, RunSettings(grace_s=1.0, engine_sockets=sockets),
                          signals, Reporter(io.BytesIO(), clock=lambda: 0.0))
     assert code == EXIT_START_FAILED and client.containers.created == []
+
+
+def test_a_lost_engine_connection_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """The API service gone at the stop (requests' ConnectionError, not a DockerException):
+    the signal and the removal each say one line and the runner still exits 143 (a requeue),
+    never a traceback and exit 1 (the job FAILED at every reclaim, issue 24)."""
+    import requests
+
+    lost = requests.exceptions.ConnectionError("('Connection aborted.', FileNotFoundError(2))")
+    signals = Signals()
+
+    def gone(*_: Any, **__: Any) -> None:
+        raise lost
+
+    def on_start(c: FakeContainer) -> None:
+        c.kill = gone  # type: ignore[method-assign]
+        c.remove = gone  # type: ignore[method-assign]
+        c.wait = gone  # type: ignore[method-assign] # the wait thread's connection broke too
+        signals.term.set()
+
+    code, log = run(FakeClient(on_start=on_start), spec(tmp_path), signals, grace_s=0.05)
+    assert code == EXIT_PREEMPTED, log
+    assert "could not remove container slurm-idle-42-r1: ('Connection aborted." in log

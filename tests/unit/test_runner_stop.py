@@ -233,7 +233,9 @@ def test_grace_comes_from_the_flag_else_the_spec(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(runner, "run_container", fake_run)
     from slurm_idle.config import JobPolicyConfig
 
-    monkeypatch.setattr(runner, "site_policy", lambda env: JobPolicyConfig(allow_root=True))
+    # docker: the grace is the question here, not the runtime (podman would start its service)
+    monkeypatch.setattr(runner, "site_policy",
+                        lambda env: JobPolicyConfig(allow_root=True, runtime="docker"))
     monkeypatch.setenv("SLURM_IDLE_GRACE_S", "99")
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text("name: t\nimage: img:1\ngrace_s: 12\n")
