@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_idle.journal import iso
+from slurm_idle.journal import ForeignJobRecord, iso
 from slurm_idle.model import Phase, SlurmJob
 from slurm_idle.replicajobs import account_of, format_comment, replica_views
 from slurm_idle.replicatrust import ReplicaTrust, agent_user, key_path, load_trust
@@ -66,6 +66,8 @@ def test_a_forged_replica_job_is_not_adopted_and_the_real_one_starts(tmp_path: P
     reports = [r for r in agent.journal.records() if r.get("event") == "foreign-replica-job"]
     assert len(reports) == 1 and reports[0]["job_id"] == FORGED_ID
     assert reports[0]["replica"] == "jm#1" and reports[0]["nodes"] == ["gpu8"]
+    typed = [r for r in agent.journal.typed() if isinstance(r, ForeignJobRecord)]
+    assert [(r.job_id, r.replica, r.nodes) for r in typed] == [(FORGED_ID, "jm#1", ("gpu8",))]
 
 
 def test_an_older_agents_unsigned_replica_job_is_adopted(tmp_path: Path) -> None:
