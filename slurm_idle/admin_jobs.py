@@ -85,7 +85,8 @@ def set_pin(agent: Agent, name: str, pinned: bool, dry_run: bool) -> AdminResult
         # STARTING has no word of its own: its Comment still says reclaiming.
         word = Phase.RECLAIMING if r.phase is Phase.STARTING else r.phase
         since = r.phase_since if r.phase is not Phase.STARTING and r.phase_since else obs.now
-        comment = format_comment(agent.config.slurm.tag, word, since, r.model, r.index, r.port, pinned)
+        comment = format_comment(agent.config.slurm.tag, word, since, r.model, r.index, r.port, pinned,
+                                 agent.trust)
         if dry_run:
             return AdminResult(command, name, True,
                                message=f"would set job {r.job_id}'s comment to {comment!r}")

@@ -22,7 +22,14 @@ from slurm_idle import filesd
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.jobdriver import JobDriver
-from slurm_idle.journal import DuplicateJobRecord, JobRecord, Journal, StepOutcome, TickRecord
+from slurm_idle.journal import (
+    DuplicateJobRecord,
+    ForeignReplicaJobRecord,
+    JobRecord,
+    Journal,
+    StepOutcome,
+    TickRecord,
+)
 from slurm_idle.lock import Holder, inspect, try_lock
 from slurm_idle.logs import get_logger
 from slurm_idle.model import (
@@ -33,6 +40,7 @@ from slurm_idle.model import (
 )
 from slurm_idle.observe import log_observation, observe
 from slurm_idle.replicajobs import replica_views
+from slurm_idle.replicatrust import ReplicaTrust, not_yet_reported, trust_for
 from slurm_idle.slurm.protocol import PoolSlurm
 from slurm_idle.topology import group_views
 from slurm_idle.transitions import NodeDriver, StepResult
@@ -133,14 +141,19 @@ class Agent:
     max_workers: int = MAX_ACTION_WORKERS  # nodes acted on at once
     journal_empty: bool = True  # journal passes without action or error (the fast check: no)
     router: PoolRouters | None = None  # None: no router is told
+    # Which replica jobs are ours (replicatrust.py); None: this user, the key beside the journal
+    # (made when missing) if a model is `placement: jobs`.
+    trust: ReplicaTrust | None = None
 
     def __post_init__(self) -> None:
         if self.journal is None:
             self.journal = Journal(Path(self.config.paths.journal))
+        if self.trust is None:
+            self.trust = trust_for(self.config, create=True, now=self.clock())
 
     def observe(self, budget_s: float | None = None) -> Observation:
         return observe(self.config, self.slurm, self.metrics, self.clock(),
-                       identify=self._identify, budget_s=budget_s)
+                       identify=self._identify, budget_s=budget_s, trust=self.trust)
 
     def _identify(self, model: str, replica: ReplicaConfig) -> Identity:
         """The model's engine's identity check of one replica (engines without one: ours)."""
@@ -190,6 +203,7 @@ class Agent:
         driver = NodeDriver(
             self.config, self.slurm, self.engine_for, self.clock, self.sleep,
             on_step=self._journal_step, on_event=self._journal_event, router=self.router,
+            trust=self.trust,
         )
         groups = {g.name: g for g in group_views(observation, self.config)}
         todo: list[tuple[Callable[..., list[StepResult]], Any, Action]] = [
@@ -198,7 +212,7 @@ class Agent:
         if any(r.duplicates for r in observation.replica_jobs) or any(
                 a.node in replica_jobs for a in actions):
             jobs = JobDriver(self.config, self.slurm, self.engine_for, self.clock, self.sleep,
-                             on_step=self._journal_step, router=self.router)
+                             on_step=self._journal_step, router=self.router, trust=self.trust)
             for record in jobs.cancel_duplicates(observation.replica_jobs):
                 self._journal_event(record)
             todo += [(jobs.drive, replica_jobs[a.node], a) for a in actions if a.node in replica_jobs]
@@ -220,6 +234,8 @@ class Agent:
             result.observation = obs
             for problem in obs.errors:
                 log.warning("%s", problem)
+            if not dry_run:
+                self._report_foreign(obs)
             if log.isEnabledFor(logging.DEBUG):
                 log_observation(obs)
             if self.router is not None and not dry_run:
@@ -257,8 +273,23 @@ class Agent:
             return
         replicas = obs.replica_jobs
         if any(a.node in {r.name for r in replicas} for a in actions):
-            replicas = replica_views(self.config, self.slurm.jobs())
+            assert self.trust is not None
+            replicas = replica_views(self.config, self.slurm.jobs(), self.trust)
         filesd.write(path, replicas)
+
+    def _report_foreign(self, obs: Observation) -> None:
+        """Log and journal each job that looks like a replica job but is not ours, once. It is
+        a user's job: never cancelled; its slot counts as empty (the real replica starts)."""
+        foreign = {f.job_id: f for f in obs.foreign_replica_jobs}
+        if not foreign and not obs.replica_jobs:
+            return
+        assert self.journal is not None
+        for job_id in sorted(not_yet_reported(self.config.paths.journal, set(foreign))):
+            job = foreign[job_id]
+            log.warning("%s", job.describe())
+            self.journal.record(ForeignReplicaJobRecord(ts=obs.now, job_id=job.job_id,
+                                                        user=job.user, nodes=job.nodes,
+                                                        replica=job.replica, why=job.why))
 
     def _journal_step(self, step: StepResult) -> None:
         assert self.journal is not None

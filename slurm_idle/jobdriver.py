@@ -41,6 +41,7 @@ from slurm_idle.router.sync import job_target
 from slurm_idle.transitions import POLL_S, CarryOver, SharedPoll, StepResult
 
 if TYPE_CHECKING:
+    from slurm_idle.replicatrust import ReplicaTrust
     from slurm_idle.router import PoolRouters
 
 log = get_logger(__name__)
@@ -69,6 +70,7 @@ class JobDriver:
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
     read_file: Callable[[str], str] = field(default=lambda path: Path(path).read_text())
     router: PoolRouters | None = None  # None: no router is told
+    trust: ReplicaTrust | None = None  # signs every Comment written (replicatrust.py)
 
     def __post_init__(self) -> None:
         self._jobs = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
@@ -192,7 +194,8 @@ class JobDriver:
         script = None if model.job is None or model.job.script is None else self.read_file(model.job.script)
         steer = steer_args(nodelist, self._slurm_version(), self.config.slurm.prefer_feature)
         job_id = self.slurm.submit(render_script(self.config, model, r.index, script),
-                                   [*submit_args(self.config, model, r.index, now, r.pinned), *steer])
+                                   [*submit_args(self.config, model, r.index, now, r.pinned,
+                                                self.trust), *steer])
         return _moved(r, Phase.RECLAIMING, now, job_id=job_id, job_state="PENDING")
 
     def _warm_up_and_serve(self, r: JobReplica, edge: Edge, deadline: float, nodelist: str) -> JobReplica:
@@ -219,7 +222,8 @@ class JobDriver:
     def _comment(self, r: JobReplica, phase: Phase, now: float) -> None:
         assert r.job_id is not None
         self.slurm.set_job_comment(r.job_id, format_comment(self.config.slurm.tag, phase, now,
-                                                            r.model, r.index, r.port, r.pinned))
+                                                            r.model, r.index, r.port, r.pinned,
+                                                            self.trust))
 
     def _job(self, job_id: int | None) -> SlurmJob | None:
         if job_id is None:

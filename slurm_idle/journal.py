@@ -40,6 +40,10 @@ dataclass beside its JSON shape below); split apart, a writer and a reader could
   jobdriver.py, DuplicateJobRecord):
     {"event": "duplicate-replica-job", "time": ..., "ts": ..., "replica": "m-0", "model": "m",
      "kept": 41, "cancelled": [42], "error": "..." (only if the scancel failed)}
+  foreign-replica-job (a job shaped like a replica job that is not the agent's, replicatrust.py:
+  ignored, never cancelled; journaled once per job, agent.py, ForeignJobRecord):
+    {"event": "foreign-replica-job", "time": ..., "ts": ..., "job_id": 77, "user": "mallory",
+     "nodes": ["gpu8"], "replica": "m#1", "why": "user mallory is not the agent's (root)"}
 """
 
 from __future__ import annotations
@@ -473,12 +477,44 @@ class DuplicateJobRecord:
                    error=_opt_str(rec.get("error")), time=_opt_str(rec.get("time")))
 
 
+@dataclass(frozen=True)
+class ForeignReplicaJobRecord:
+    """A job with our replica Comment's shape that is not the agent's (replicatrust.py): its
+    slot counted as empty, the job itself left alone (it is a user's)."""
+
+    EVENT: ClassVar[str] = "foreign-replica-job"
+
+    ts: float
+    job_id: int
+    user: str
+    nodes: tuple[str, ...]
+    replica: str  # the replica it claims, MODEL#INDEX
+    why: str
+    time: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        rec = _head(self.EVENT, self.ts, self.time)
+        rec.update({"job_id": self.job_id, "user": self.user, "nodes": list(self.nodes),
+                    "replica": self.replica, "why": self.why})
+        return rec
+
+    @classmethod
+    def from_json(cls, rec: Mapping[str, Any]) -> ForeignReplicaJobRecord | None:
+        job_id, nodes = rec.get("job_id"), rec.get("nodes")
+        if not isinstance(job_id, int) or isinstance(job_id, bool):
+            return None
+        return cls(ts=_num(rec.get("ts")), job_id=job_id, user=_str(rec.get("user")),
+                   nodes=tuple(n for n in nodes if isinstance(n, str)) if isinstance(nodes, list) else (),
+                   replica=_str(rec.get("replica")), why=_str(rec.get("why")),
+                   time=_opt_str(rec.get("time")))
+
+
 JournalRecord = (TransitionRecord | TickRecord | JobRecord | ForeignJobRecord | RouterRecord
-                 | AdminRecord | DuplicateJobRecord)
+                 | AdminRecord | DuplicateJobRecord | ForeignReplicaJobRecord)
 
 _KINDS: dict[str, Any] = {k.EVENT: k for k in (TransitionRecord, TickRecord, JobRecord,
                                                ForeignJobRecord, RouterRecord, AdminRecord,
-                                               DuplicateJobRecord)}
+                                               DuplicateJobRecord, ForeignReplicaJobRecord)}
 
 
 def parse_record(rec: Mapping[str, Any]) -> JournalRecord | None:

@@ -114,6 +114,24 @@ class SlurmJob:
     # A batch job (sbatch). srun/salloc jobs are not: Slurm refuses to requeue them ("Only
     # batch jobs are accepted"), so a reclaim signals them, waits the grace, then cancels them.
     batch: bool = True
+    account: str = ""
+    submit_time: float | None = None  # unix seconds (replica jobs of an older agent: replicatrust)
+
+
+@dataclass(frozen=True)
+class ForeignReplicaJob:
+    """A job shaped like one of our replica jobs that is not ours (replicatrust.py): ignored."""
+
+    job_id: int
+    user: str
+    nodes: tuple[str, ...]
+    replica: str  # the replica it claims, MODEL#INDEX
+    why: str
+
+    def describe(self) -> str:
+        node = ",".join(self.nodes) or "no node yet"
+        return (f"foreign replica-like job {self.job_id} of user {self.user or '?'} on {node}: "
+                f"ignored (claims {self.replica}; {self.why})")
 
 
 @dataclass(frozen=True)
@@ -295,6 +313,8 @@ class Observation:
     # The nodes of the partitions replica jobs run in, each with its lend-partition jobs (what a
     # replica job would preempt there): where the planner steers a reclaim (policy/jobs.py).
     placement_nodes: tuple[NodeView, ...] = ()
+    # Jobs shaped like replica jobs that are not the agent's (replicatrust.py): ignored.
+    foreign_replica_jobs: tuple[ForeignReplicaJob, ...] = ()
 
     def model_load(self, model: str) -> ModelLoad | None:
         for load in self.models:

@@ -29,7 +29,8 @@ from slurm_idle.model import (
     SlurmJob,
     SlurmNode,
 )
-from slurm_idle.replicajobs import partition_of, replica_views
+from slurm_idle.replicajobs import foreign_replica_jobs, partition_of, replica_views
+from slurm_idle.replicatrust import ReplicaTrust, agent_user
 from slurm_idle.slurm.protocol import ClusterReader
 from slurm_idle.transitions import ACTIVE_JOB_STATES
 
@@ -55,6 +56,7 @@ def observe(
     *,
     identify: Identify | None = None,
     budget_s: float | None = None,
+    trust: ReplicaTrust | None = None,
 ) -> Observation:
     """Build one frozen snapshot of the pool from Slurm and the engines' metrics.
 
@@ -82,7 +84,11 @@ def observe(
         nodes = {node.name: node for node in slurm.nodes()}
         errors: list[str] = []
         # `placement: jobs` replicas: rebuilt from the same squeue answer (replicajobs.py).
-        replica_jobs = replica_views(config, jobs)
+        # Only jobs the agent can prove its own (replicatrust.py); without `trust` (no key at
+        # hand) the jobs of the user we run as.
+        trust = trust if trust is not None else ReplicaTrust(agent_user())
+        replica_jobs = replica_views(config, jobs, trust)
+        foreign_jobs = tuple(foreign_replica_jobs(config, jobs, trust))
         placed = [r for r in replica_jobs if r.nodes and r.url]
         job_serving = [r for r in placed if takes_traffic(r.phase)]
         replicas = [(m.name, r) for m in config.models for r in m.replicas]
@@ -186,7 +192,8 @@ def observe(
                               f"beside job {r.job_id}: the extra ones are cancelled")
         return Observation(now=now, nodes=tuple(views), models=model_loads, errors=tuple(errors),
                            metrics_source=str(getattr(metrics, "source", "")),
-                           replica_jobs=replica_jobs, placement_nodes=placement_nodes)
+                           replica_jobs=replica_jobs, placement_nodes=placement_nodes,
+                           foreign_replica_jobs=foreign_jobs)
     finally:
         if collecting:
             gc.enable()

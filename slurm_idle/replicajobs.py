@@ -9,9 +9,10 @@ The state lives in Slurm, as in node mode: each replica job carries our Comment
 (`slurm-idle:serving since=... index=1 port=8101 model=NAME`), and the fleet is rebuilt from
 `squeue` every tick (`replica_views`). A job's phase: PENDING is RECLAIMING; running is
 STARTING until the Comment says serving (or retiring, lending); COMPLETING is LENDING; no job
-is LENT. A job is ours only when its Comment parses, it runs in the model's partition, and
-its index and port are the model's: anything else is never touched. Nothing here runs a
-command; the driver (jobdriver.py) does.
+is LENT. A job is ours only when its Comment parses, it runs in the model's partition, its
+index and port are the model's, and it passes replicatrust.py (the agent's user and a signed
+Comment: a Comment alone can be forged by any user): anything else is never touched. Nothing
+here runs a command; the driver (jobdriver.py) does.
 """
 
 from __future__ import annotations
@@ -21,13 +22,23 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from slurm_idle.journal import iso
-from slurm_idle.model import JobReplica, Phase, SlurmJob
+from slurm_idle.model import ForeignReplicaJob, JobReplica, Phase, SlurmJob
 
 if TYPE_CHECKING:  # config.py imports this module in its validators
     from slurm_idle.config import Config, ModelConfig
+
+
+class ReplicaTrust(Protocol):
+    """Signs our Comments and tells a look-alike job from ours (replicatrust.py keeps the key);
+    a protocol here so the rendering and reading of replica jobs stay pure."""
+
+    def sign(self, text: str) -> str: ...
+
+    def foreign_reason(self, job: SlurmJob, unsigned_text: str, sig: str | None,
+                       account: str | None) -> str | None: ...
 
 #: Options the agent sets itself on every replica job (a site's sbatch_args may not).
 OWN_OPTIONS = ("--partition", "-p", "--job-name", "-J", "--comment", "--parsable", "--gres",
@@ -88,13 +99,16 @@ def job_name(tag: str, model: str, index: int) -> str:
 
 
 def format_comment(tag: str, phase: Phase, since: float, model: str, index: int, port: int,
-                   pinned: bool = False) -> str:
+                   pinned: bool = False, trust: ReplicaTrust | None = None) -> str:
     """Our Comment on a replica job; the model last, so any name reads back whole. `pinned`
-    (an admin's `slurm-idle pin MODEL#INDEX`): the planner never lends the replica."""
+    (an admin's `slurm-idle pin MODEL#INDEX`): the planner never lends the replica. `trust`
+    signs it (`sig=`, replicatrust.py): without the sig no job is adopted as ours."""
     if phase not in _WORDS:
         raise ValueError(f"phase {phase.value} is not written into a replica job's Comment")
+    head = f"{tag}:{phase.value} since={iso(since)} index={index} port={port}"
     flag = " pinned" if pinned else ""
-    return f"{tag}:{phase.value} since={iso(since)} index={index} port={port}{flag} model={model}"
+    sig = trust.sign(f"{head}{flag} model={model}") if trust is not None else ""
+    return f"{head}{flag}{f' sig={sig}' if sig else ''} model={model}"
 
 
 @dataclass(frozen=True)
@@ -105,20 +119,24 @@ class JobComment:
     port: int
     model: str
     pinned: bool = False
+    sig: str | None = None  # None: unsigned (an older agent's, or not ours at all)
+    unsigned: str = ""  # the text the sig signs (the Comment without it)
 
 
 def parse_comment(text: str, tag: str) -> JobComment | None:
     """Our Comment read back, or None for anything not in exactly the shape we write."""
     m = re.fullmatch(re.escape(tag) + r":([a-z]+) (since=\S+) index=([0-9]{1,6}) port=([0-9]{1,5})"
-                     r"( pinned)? model=(.+)", text.strip())
+                     r"( pinned)?( sig=[0-9a-f]{1,64})? model=(.+)", text.strip())
     if m is None:
         return None
     try:
         since = datetime.strptime(m.group(2), "since=%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return None
-    return JobComment(m.group(1), since, int(m.group(3)), int(m.group(4)), m.group(6),
-                      m.group(5) is not None)
+    sig = m.group(6)
+    unsigned = m.string if sig is None else m.string[:m.start(6)] + m.string[m.end(6):]
+    return JobComment(m.group(1), since, int(m.group(3)), int(m.group(4)), m.group(7),
+                      m.group(5) is not None, None if sig is None else sig[5:], unsigned)
 
 
 def derive_job_phase(job: SlurmJob, comment: JobComment) -> Phase | None:
@@ -139,13 +157,31 @@ def partition_of(config: Config, model: ModelConfig) -> str:
     return model.job.partition or config.slurm.serve_partition
 
 
-def replica_views(config: Config, jobs: Sequence[SlurmJob]) -> tuple[JobReplica, ...]:
-    """Every replica of every jobs-placement model (index order), from one `squeue` answer."""
+def account_of(model: ModelConfig) -> str | None:
+    """The account the model's replica jobs are submitted under (`--account`/`-A` in
+    job.sbatch_args), None when the site sets none (Slurm's default account: not checked)."""
+    assert model.job is not None
+    args = list(model.job.sbatch_args)
+    for i, arg in enumerate(args):
+        if arg.startswith("--account="):
+            return arg.split("=", 1)[1]
+        if arg.startswith("-A") and len(arg) > 2:
+            return arg[2:].lstrip("=")
+        if arg in ("-A", "--account") and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+_Found = dict[tuple[str, int], list[tuple[SlurmJob, JobComment, Phase]]]
+
+
+def _sort_jobs(config: Config, jobs: Sequence[SlurmJob],
+               trust: ReplicaTrust) -> tuple[_Found, list[ForeignReplicaJob]]:
+    """Our replica jobs by (model, index), and the look-alikes that are not ours."""
     tag = config.slurm.tag
     models = {m.name: m for m in config.models if m.placement == "jobs" and m.job is not None}
-    if not models:
-        return ()
-    found: dict[tuple[str, int], list[tuple[SlurmJob, JobComment, Phase]]] = {}
+    found: _Found = {}
+    foreign: list[ForeignReplicaJob] = []
     for job in jobs:
         comment = parse_comment(job.comment, tag)
         if comment is None:
@@ -157,8 +193,31 @@ def replica_views(config: Config, jobs: Sequence[SlurmJob]) -> tuple[JobReplica,
         if comment.index >= model.job.replicas or comment.port != port_of(model, comment.index):
             continue
         phase = derive_job_phase(job, comment)
-        if phase is not None:
-            found.setdefault((model.name, comment.index), []).append((job, comment, phase))
+        if phase is None:
+            continue
+        why = trust.foreign_reason(job, comment.unsigned, comment.sig, account_of(model))
+        if why is not None:
+            foreign.append(ForeignReplicaJob(job.job_id, job.user, job.nodes,
+                                             f"{model.name}#{comment.index}", why))
+            continue
+        found.setdefault((model.name, comment.index), []).append((job, comment, phase))
+    return found, foreign
+
+
+def foreign_replica_jobs(config: Config, jobs: Sequence[SlurmJob],
+                         trust: ReplicaTrust) -> list[ForeignReplicaJob]:
+    """Jobs with our Comment's shape, in a replica's partition, that fail the trust check."""
+    return _sort_jobs(config, jobs, trust)[1]
+
+
+def replica_views(config: Config, jobs: Sequence[SlurmJob],
+                  trust: ReplicaTrust) -> tuple[JobReplica, ...]:
+    """Every replica of every jobs-placement model (index order), from one `squeue` answer.
+    Only jobs `trust` says are the agent's own count: a look-alike leaves its slot empty."""
+    models = {m.name: m for m in config.models if m.placement == "jobs" and m.job is not None}
+    if not models:
+        return ()
+    found, _ = _sort_jobs(config, jobs, trust)
     out = []
     for model in models.values():
         assert model.job is not None
@@ -210,11 +269,11 @@ def render_script(config: Config, model: ModelConfig, index: int, script_text: s
 
 
 def submit_args(config: Config, model: ModelConfig, index: int, now: float,
-                pinned: bool = False) -> list[str]:
+                pinned: bool = False, trust: ReplicaTrust | None = None) -> list[str]:
     """sbatch options on the command line (the Comment has spaces: no #SBATCH quoting)."""
     tag = config.slurm.tag
     comment = format_comment(tag, Phase.RECLAIMING, now, model.name, index, port_of(model, index),
-                             pinned)
+                             pinned, trust)
     return [f"--partition={partition_of(config, model)}",
             f"--job-name={job_name(tag, model.name, index)}", f"--comment={comment}"]
 

@@ -85,9 +85,11 @@ __all__ = ["ACTIVE_JOB_STATES", "MIN_ENGINE_CALL_S", "POLL_S", "CarryOver", "Sha
 
 if TYPE_CHECKING:  # imported where used (the engine package loads the HTTP and docker helpers)
     from slurm_idle.engine import Engine
+    from slurm_idle.replicatrust import ReplicaTrust
     from slurm_idle.router import PoolRouters
 
 log = get_logger(__name__)
+
 
 @dataclass
 class NodeDriver:
@@ -101,6 +103,8 @@ class NodeDriver:
     on_step: Callable[[StepResult], None] = field(default=lambda result: None)
     on_event: Callable[[JobRecord], None] = field(default=lambda record: None)
     router: PoolRouters | None = None  # None: no router is told
+    # Which replica jobs are the agent's (replicatrust.py); None: read from the key on disk.
+    trust: ReplicaTrust | None = None
 
     def __post_init__(self) -> None:
         self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
@@ -520,9 +524,12 @@ class NodeDriver:
         The reclaim signals them and cancels (or requeues) them after the grace: a node the
         service needs is never left stuck behind them."""
         from slurm_idle.replicajobs import replica_views
+        from slurm_idle.replicatrust import trust_for
 
+        if self.trust is None:
+            self.trust = trust_for(self.config, create=False, now=self.clock())
         jobs = self._jobs_poll.get()
-        ours = {i for r in replica_views(self.config, jobs)
+        ours = {i for r in replica_views(self.config, jobs, self.trust)
                 for i in (r.job_id, *r.duplicates) if i is not None}
         return [j for j in self._jobs_on(node)
                 if j.partition != self.config.slurm.lend_partition and j.job_id not in ours]

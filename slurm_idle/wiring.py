@@ -34,8 +34,11 @@ def build_agent(config: Config, with_textfile: bool = True, read_only: bool = Fa
     `read_only`: for commands that only look (`status`, `tick --dry-run`): the metrics source
     writes no state (the scrape state file belongs to ticks, which hold the lock).
     """
+    import time
+
     from slurm_idle import policy
     from slurm_idle.engine import make_engine
+    from slurm_idle.replicatrust import trust_for
     from slurm_idle.slurm import make_backend
 
     @cache
@@ -53,6 +56,8 @@ def build_agent(config: Config, with_textfile: bool = True, read_only: bool = Fa
         planner=policy.plan,
         assessor=policy.assess,
         on_tick=on_tick,
+        # A look-only command makes no key; one that cannot read it checks users alone.
+        trust=trust_for(config, create=not read_only, now=time.time()),
     )
     agent.router = make_router_set(config, agent)
     return agent

@@ -236,6 +236,8 @@ def _job_from_record(rec: Mapping[str, Any]) -> SlurmJob:
         user=text(rec.get("user_name")),
         state_reason=text(rec.get("state_reason")),
         batch=bool(rec.get("batch_flag", True)),
+        account=text(rec.get("account")),
+        submit_time=timestamp(rec.get("submit_time")),
     )
 
 

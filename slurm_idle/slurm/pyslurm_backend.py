@@ -122,6 +122,8 @@ class PyslurmBackend:
                     comment=str(_attr(job, "comment", default="") or ""),
                     user=str(_attr(job, "user_name", default="") or ""),
                     state_reason=str(_attr(job, "state_reason", default="") or ""),
+                    account=str(_attr(job, "account", default="") or ""),
+                    submit_time=parse.timestamp(_attr(job, "submit_time")),
                 )
             )
         return result

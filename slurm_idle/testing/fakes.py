@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from slurm_idle.config import ModelConfig, ReplicaConfig
 from slurm_idle.engine import EngineHealth, Identity
 from slurm_idle.model import ModelLoad, ReplicaLoad, SlurmJob, SlurmNode
+from slurm_idle.replicatrust import agent_user
 from slurm_idle.slurm.parse import JobSignal
 from slurm_idle.slurm.protocol import AcctJob
 
@@ -58,6 +59,8 @@ class FakeSlurm:
     slurm_version: str = "22.05.8"
     _powering: dict[str, int] = field(default_factory=dict)
     scripts: dict[int, str] = field(default_factory=dict)  # job id -> batch script (submit)
+    # Whom submit() runs as (the job's user, as slurmctld sets it): this process's user.
+    submit_user: str = field(default_factory=agent_user)
 
     @classmethod
     def with_nodes(cls, names: Sequence[str], gpus: int = 4) -> FakeSlurm:
@@ -149,7 +152,7 @@ class FakeSlurm:
         job_id = max((j.job_id for j in self.job_list), default=0) + 1
         self.job_list.append(SlurmJob(job_id, opts.get("job-name", "sbatch"),
                                       opts.get("partition", "idle"), "PENDING",
-                                      comment=opts.get("comment", "")))
+                                      comment=opts.get("comment", ""), user=self.submit_user))
         self.scripts[job_id] = script
         return job_id
 

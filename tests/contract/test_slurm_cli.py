@@ -255,20 +255,25 @@ def test_replica_job_submit_comment_cancel(slurm: CliBackend, sandbox: Any,
     from slurm_idle.config import load_config as load
     from slurm_idle.model import Phase
     from slurm_idle.replicajobs import format_comment, render_script, replica_views, submit_args
+    from slurm_idle.replicatrust import ReplicaTrust, agent_user
 
     config = load(sandbox.layout.jobs_config_path)
     model = config.models[0]
     # gpu8 is closed (drained) here: the job stays PENDING, which is all this test needs.
-    job_id = slurm.submit(render_script(config, model, 0), submit_args(config, model, 0, time.time()))
+    # The job's user (as slurmctld sets it) and the signed Comment make it ours.
+    trust = ReplicaTrust(agent_user(), b"k" * 32, time.time())
+    job_id = slurm.submit(render_script(config, model, 0),
+                          submit_args(config, model, 0, time.time(), trust=trust))
     jobs_to_cancel.append(job_id)
-    views = replica_views(config, slurm.jobs())
+    views = replica_views(config, slurm.jobs(), trust)
     assert (views[0].job_id, views[0].phase) == (job_id, Phase.RECLAIMING)
     assert views[0].state_reason  # Slurm says why it waits (the node is drained)
-    text = format_comment(config.slurm.tag, Phase.SERVING, time.time(), model.name, 0, views[0].port)
+    text = format_comment(config.slurm.tag, Phase.SERVING, time.time(), model.name, 0, views[0].port,
+                          trust=trust)
     slurm.set_job_comment(job_id, text)
     assert job(slurm, job_id).comment == text  # type: ignore[union-attr]
     slurm.cancel([job_id])
-    poll(lambda: replica_views(config, slurm.jobs())[0].phase is Phase.LENT, 15, "job gone")
+    poll(lambda: replica_views(config, slurm.jobs(), trust)[0].phase is Phase.LENT, 15, "job gone")
 
 
 def test_command_timeout_raises(sandbox: Any) -> None:

@@ -90,7 +90,7 @@ def replica_jobs(sb: Any) -> dict[int, list[tuple[str, str, str]]]:
     found: dict[int, list[tuple[str, str, str]]] = {}
     for line in out.splitlines():
         job_id, state, comment = line.split("|", 2)
-        m = re.fullmatch(r"[\w-]+:(\w+) since=\S+ index=(\d+) port=\d+(?: pinned)? model="
+        m = re.fullmatch(r"[\w-]+:(\w+) since=\S+ index=(\d+) port=\d+(?: pinned)?(?: sig=[0-9a-f]+)? model="
                          + re.escape(sandboxconf.JOBS_MODEL), comment.strip())
         if m:
             found.setdefault(int(m.group(2)), []).append((job_id, state, m.group(1)))

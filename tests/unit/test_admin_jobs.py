@@ -67,7 +67,7 @@ def test_pin_keeps_a_replica_from_being_lent(tmp_path: Path) -> None:
     result = admin.pin(agent, "jm#1")
     assert result.message.startswith("jm#1 pinned (serving")
     pinned = [j for j in active(slurm) if "index=1 " in j.comment]
-    assert pinned and " pinned model=jm" in pinned[0].comment
+    assert pinned and " pinned sig=" in pinned[0].comment
     (record,) = [r for r in journal(agent) if isinstance(r, AdminRecord)]
     assert (record.node, record.command, record.outcome) == ("jm#1", "pin", StepOutcome.OK)
     assert [r.pinned for r in agent.observe().replica_jobs] == [False, True]
@@ -90,7 +90,7 @@ def test_pin_of_a_lent_replica_reclaims_it_pinned(tmp_path: Path) -> None:
     result = admin.pin(agent, "jm#1")
     assert result.action is not None and result.action.kind is ActionKind.RECLAIM
     submits = [e for e in slurm.log if e[0] == "submit"]
-    assert any(" pinned model=jm" in a for a in submits[-1])
+    assert any(" pinned sig=" in a for a in submits[-1])
     replica = agent.observe().replica_jobs[1]
     assert replica.pinned and replica.phase is Phase.SERVING
 

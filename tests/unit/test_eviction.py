@@ -246,11 +246,14 @@ def test_our_replica_jobs_are_not_foreign(tmp_path: Path) -> None:
     port) on the node is left alone; a job with a look-alike Comment of an unknown model is not
     ours and is cancelled after the grace."""
     from slurm_idle.replicajobs import format_comment
+    from slurm_idle.replicatrust import agent_user, trust_for
 
     agent, slurm, _ = make_agent(tmp_path, jobs_model=True)
-    mine = format_comment("slurm-idle", Phase.SERVING, T0, "j", 0, 9000)
-    fake = format_comment("slurm-idle", Phase.SERVING, T0, "nope", 0, 9000)
-    slurm.job_list = [foreign(20, comment=mine), foreign(21, comment=fake, batch=False)]
+    agent.trust = trust_for(agent.config, create=True, now=T0)
+    mine = format_comment("slurm-idle", Phase.SERVING, T0, "j", 0, 9000, trust=agent.trust)
+    fake = format_comment("slurm-idle", Phase.SERVING, T0, "nope", 0, 9000, trust=agent.trust)
+    slurm.job_list = [foreign(20, comment=mine, user=agent_user()),
+                      foreign(21, comment=fake, batch=False, user=agent_user())]
     steps = reclaim(agent)
     assert steps[-1].outcome == "waiting" and "job 20 (partition inference)" not in (steps[-1].detail or "")
     assert slurm.signals == [((21,), "TERM", False)] and ("cancel", "21") in slurm.log

@@ -19,8 +19,11 @@ from slurm_idle.replicajobs import (
     replica_views,
     submit_args,
 )
+from slurm_idle.replicatrust import ReplicaTrust
 
 T0 = 1_796_205_600.0
+#: The agent as these tests' jobs know it: user `svc`, a key made an hour before T0.
+TRUST = ReplicaTrust("svc", b"k" * 32, T0 - 3600)
 
 CONFIG = """
 engine: {kind: command, start_command: "true", stop_command: "true", drain_timeout_s: 5}
@@ -48,14 +51,14 @@ def config(text: str = CONFIG) -> Config:
 
 
 def comment(phase: Phase, index: int, since: float = T0) -> str:
-    return format_comment("slurm-idle", phase, since, "jm", index, 9100 + index)
+    return format_comment("slurm-idle", phase, since, "jm", index, 9100 + index, trust=TRUST)
 
 
 def job(job_id: int, state: str, text: str, nodes: tuple[str, ...] = ("gpu8",),
         partition: str = "serve", reason: str = "") -> SlurmJob:
     return SlurmJob(job_id, "x", partition, state, nodes=nodes if state != "PENDING" else (),
                     start_time=T0 if state != "PENDING" else None, gpus=4, comment=text,
-                    state_reason=reason)
+                    state_reason=reason, user="svc")
 
 
 # --- config ----------------------------------------------------------------------------
@@ -126,11 +129,11 @@ def test_replica_views_derive_every_phase() -> None:
         ([job(5, "CANCELLED", comment(Phase.LENDING, 0))], [Phase.LENT, Phase.LENT]),
     ]
     for jobs, phases in cases:
-        views = replica_views(cfg, jobs)
+        views = replica_views(cfg, jobs, TRUST)
         assert [v.phase for v in views] == phases, jobs
-    pending = replica_views(cfg, cases[1][0])[0]
+    pending = replica_views(cfg, cases[1][0], TRUST)[0]
     assert pending.state_reason == "Resources" and pending.job_id == 5 and pending.name == "jm#0"
-    running = replica_views(cfg, cases[2][0])[1]
+    running = replica_views(cfg, cases[2][0], TRUST)[1]
     assert running.url == "http://gpu8:9101" and running.nodes == ("gpu8",)
 
 
@@ -144,13 +147,13 @@ def test_jobs_not_ours_are_never_read_as_replicas() -> None:
         job(7, "RUNNING", format_comment("slurm-idle", Phase.SERVING, T0, "jm", 5, 9105)),
         job(8, "RUNNING", "slurm-idle:serving index=0 port=9100 model=jm"),
     ]
-    assert [v.phase for v in replica_views(cfg, foreign)] == [Phase.LENT, Phase.LENT]
+    assert [v.phase for v in replica_views(cfg, foreign, TRUST)] == [Phase.LENT, Phase.LENT]
 
 
 def test_duplicates_keep_the_running_then_oldest_job() -> None:
     """Two jobs for one replica: the running one is the replica, the other a duplicate."""
     views = replica_views(config(), [job(9, "PENDING", comment(Phase.RECLAIMING, 0)),
-                                     job(7, "RUNNING", comment(Phase.SERVING, 0))])
+                                     job(7, "RUNNING", comment(Phase.SERVING, 0))], TRUST)
     assert views[0].job_id == 7 and views[0].duplicates == (9,)
 
 
@@ -172,7 +175,7 @@ def test_script_and_submit_args() -> None:
 
 def test_file_sd_targets_name_placed_replicas_only() -> None:
     """Prometheus targets: one per replica that runs somewhere, labelled with its job."""
-    views = replica_views(config(), [job(6, "RUNNING", comment(Phase.SERVING, 1))])
+    views = replica_views(config(), [job(6, "RUNNING", comment(Phase.SERVING, 1))], TRUST)
     assert targets(views) == [{"targets": ["gpu8:9101"], "labels": {
         "slurm_idle_model": "jm", "slurm_idle_replica": "jm#1", "slurm_job_id": "6", "node": "gpu8"}}]
 
@@ -181,7 +184,7 @@ def test_file_sd_targets_name_placed_replicas_only() -> None:
 
 def obs(cfg: Config, jobs: list[SlurmJob], demand: float | None, window: float | None = None,
         waiting: float = 0.0) -> Observation:
-    views = replica_views(cfg, jobs)
+    views = replica_views(cfg, jobs, TRUST)
     loads = []
     for v in views:
         load = None

@@ -100,6 +100,22 @@ def test_running_and_pending_jobs(version: str) -> None:
     assert (pending.job_id, pending.state, pending.nodes) == (2, "PENDING", ())
     assert pending.gpus == 4 and pending.start_time is None
     assert pending.state_reason == "Resources"
+    # Submit time and account: what tells a replica job of an older agent (replicatrust.py).
+    assert running.submit_time == {"22.05": 1796218592, "24.11": 1796218665}[version]
+    assert running.account == ""  # the captures ran without accounting: no account set
+
+
+@pytest.mark.parametrize("name", ["22.05/squeue.json", "24.11/squeue.json",
+                                  "24.11/older-parsers/squeue.v0.0.40.json",
+                                  "24.11/older-parsers/squeue.v0.0.41.json",
+                                  "24.11/scontrol-show-job-1-after-requeue.json"])
+def test_a_jobs_account_is_read(name: str) -> None:
+    """A job's account (a plain string in every release's JSON): replica jobs under another
+    account than the model's `--account` are not the agent's (replicatrust.py)."""
+    doc = load(name)
+    doc["jobs"][0]["account"] = "inference"
+    job = parse.parse_jobs(doc)[0]
+    assert job.account == "inference" and job.submit_time is not None and job.user == "root"
 
 
 @pytest.mark.parametrize("version", ["22.05", "24.11"])
