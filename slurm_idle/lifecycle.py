@@ -64,6 +64,7 @@ class Effect(StrEnum):
     RESTORE_COMMENT_AND_START = "restore_comment_and_start"  # as START_ENGINES, lent Comment off
     DRAIN_AND_REQUEUE = "drain_and_requeue"  # write RECLAIMING (DRAIN); warn/requeue; POWER_UP
     WARM_UP_AND_ROUTER_ADD = "warm_up_and_router_add"  # one completion, router add; write SERVING
+    RESTART_ENGINES = "restart_engines"  # router remove; write STARTING; stop and start the engines
     CANCEL_JOB = "cancel_job"  # placement jobs: write LENDING into the job's Comment; scancel
     SUBMIT_JOB = "submit_job"  # placement jobs: sbatch the replica job (Comment: RECLAIMING)
     NOTHING = "nothing"  # placement jobs: the new phase is the job's own state, nothing to write
@@ -122,13 +123,17 @@ EDGES: tuple[Edge, ...] = (
     Edge(Phase.UNKNOWN, Phase.RECLAIMING,
          "unmanaged pool node: adopt it into serving (service first)",
          None, Ready.NOW, Effect.DRAIN_AND_REQUEUE),
+    Edge(Phase.SERVING, Phase.STARTING,
+         "engine gone or not ours (nothing answers, or no identity): out of the router, restart it",
+         None, Ready.NOW, Effect.RESTART_ENGINES),
 )
 
 
 #: `placement: jobs` (replicajobs.py, jobdriver.py): the same phases and edges, each replica a
 #: Slurm job whose Comment (or state) holds the phase. Lending cancels the job; reclaiming
-#: submits it and Slurm preempts idle jobs itself, so there is no DRAIN, no engine command and
-#: no LENDING -> STARTING shortcut (a cancelled job cannot come back).
+#: submits it and Slurm preempts idle jobs itself, so there is no DRAIN, no engine command, no
+#: LENDING -> STARTING shortcut (a cancelled job cannot come back) and no repair of an engine
+#: (SERVING -> STARTING: a replica job's engine is its job's).
 JOB_EDGES: tuple[Edge, ...] = (
     Edge(Phase.SERVING, Phase.RETIRING,
          "load stayed low: out of the router, let in-flight requests finish",

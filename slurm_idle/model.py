@@ -331,6 +331,7 @@ class ActionKind(StrEnum):
     CONTINUE = "continue"  # carry on a transition already under way (after a crash or timeout)
     ABORT_LEND = "abort-lend"  # RETIRING back to SERVING: load rose before the replica stopped
     ADOPT = "adopt"  # bring an unmanaged pool node into SERVING (service first)
+    REPAIR = "repair"  # SERVING -> STARTING: its engine is gone or not ours; restart it
 
 
 @dataclass(frozen=True)

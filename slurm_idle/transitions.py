@@ -234,6 +234,7 @@ class NodeDriver:
             Effect.RESTORE_COMMENT_AND_START: self._restore_comment_and_start,
             Effect.DRAIN_AND_REQUEUE: self._drain_and_requeue,
             Effect.WARM_UP_AND_ROUTER_ADD: self._warm_up_and_serve,
+            Effect.RESTART_ENGINES: self._restart_engines,
         }
 
     def _still_ours(self, view: GroupView, fresh: bool = False) -> None:
@@ -392,6 +393,23 @@ class NodeDriver:
             # which the next tick carries on; never an undrained node without our comment.
             self.slurm.set_comment(node.name, lent_comment(self.tag, self.clock(), node.node.comment))
             self.slurm.resume(node.name)
+
+    def _restart_engines(self, view: GroupView, edge: Edge, deadline: float) -> None:
+        """A SERVING group whose engine is gone or not ours: out of the router first (no
+        client reaches whatever answers on the port), STARTING, then each replica that does
+        not serve is stopped (a hung engine) and started again. STARTING -> SERVING admits it
+        back only once its endpoint proves to be the engine (identity, warm-up)."""
+        self._still_ours(view)
+        if self.router is not None:
+            for node in self._router_nodes(view):
+                self.router.remove(node, self._why.get(view.name, "engine gone: restarting it"))
+        self._mark(view, edge.to_phase)
+        replicas = self._replicas(view)
+        broken = {r.name for m, r in replicas if not self.engine_for(m).health(r).serving}
+        for model, replica in replicas:
+            if replica.name in broken:
+                self._call_engine("stop", model, replica, deadline)
+        self._start(view, deadline, only=broken)
 
     def _restore_comment_and_start(self, view: GroupView, edge: Edge, deadline: float) -> None:
         self._mark(view, edge.to_phase)

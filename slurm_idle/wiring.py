@@ -37,13 +37,17 @@ def build_agent(config: Config, with_textfile: bool = True, read_only: bool = Fa
     import time
 
     from slurm_idle import policy
-    from slurm_idle.engine import make_engine
+    from slurm_idle.engine import IdentityStore, identity_dir, make_engine
     from slurm_idle.replicatrust import trust_for
     from slurm_idle.slurm import make_backend
 
+    # The replicas' secret served names, beside the journal (root-only): one store for every
+    # model's engine, so an admin command and a tick agree on each replica's name.
+    identities = IdentityStore(identity_dir(config.paths.journal))
+
     @cache
     def engine_for(model: str) -> Engine:
-        return make_engine(config.engine_for(model), model)
+        return make_engine(config.engine_for(model), model, identities=identities)
 
     on_tick = None
     if with_textfile and config.paths.textfile:

@@ -3,7 +3,8 @@
 The agent retires a replica before lending its node and brings it back on reclaim; how is
 site policy, chosen by `engine.kind`:
 - `command`: admin commands with `{node}`, `{url}`, `{model}`, `{port}`, `{index}` placeholders
-  (shell-quoted values; one call per replica, so a node with two replicas gets two);
+  (shell-quoted values; one call per replica, so a node with two replicas gets two), and
+  `{identity}`, the replica's secret served name that proves its endpoint is the engine;
 - `docker`: a named container per replica (`{index}`/`{port}` tell a node's replicas apart) via the docker SDK (`stop(timeout=stop_timeout_s)`);
 - `http-sleep`: vLLM sleep mode (`POST /sleep?level=N&mode=wait`, `POST /wake_up`), fastest.
 One module per kind (command, container, sleep), what they share in probe; this one holds the
@@ -31,6 +32,7 @@ from slurm_idle.commands import CommandRunner
 from slurm_idle.config import EngineConfig, ReplicaConfig
 from slurm_idle.engine.command import CommandEngine, format_command
 from slurm_idle.engine.container import DockerEngine, container_name
+from slurm_idle.engine.identity import IdentityStore, identity_dir
 from slurm_idle.engine.probe import (
     MAX_BODY_BYTES,
     EngineDeadline,
@@ -49,8 +51,8 @@ from slurm_idle.engine.sleep import HttpSleepEngine
 from slurm_idle.httpdeadline import HttpClient, HttpResponse
 
 __all__ = ["MAX_BODY_BYTES", "CommandEngine", "DockerEngine", "Drainable", "Engine", "EngineControl", "EngineDeadline",
-           "EngineHealth", "HttpDisconnected", "HttpProbe", "HttpResponse", "HttpSleepEngine", "HttpTimeout", "Identity", "MetricsReading",
-           "UrllibClient", "container_name", "format_command", "is_idle", "make_engine", "parse_is_sleeping",
+           "EngineHealth", "HttpDisconnected", "HttpProbe", "HttpResponse", "HttpSleepEngine", "HttpTimeout", "Identity", "IdentityStore", "MetricsReading",
+           "UrllibClient", "container_name", "format_command", "identity_dir", "is_idle", "make_engine", "parse_is_sleeping",
            "parse_metrics", "parse_model_ids"]
 
 
@@ -94,10 +96,12 @@ def make_engine(
     runner: CommandRunner | None = None,
     http: HttpClient | None = None,
     docker_client: Any = None,
+    identities: IdentityStore | None = None,
 ) -> Engine:
-    """The engine control `config.kind` names, for the replicas of `model`."""
+    """The engine control `config.kind` names, for the replicas of `model`; `identities`:
+    where a `command` engine's identity names live (engine/identity.py)."""
     if config.kind == "command":
-        return CommandEngine(config, model, runner=runner, http=http)
+        return CommandEngine(config, model, runner=runner, http=http, identities=identities)
     if config.kind == "docker":
         return DockerEngine(config, model, client=docker_client, http=http)
     return HttpSleepEngine(config, http=http, model=model)

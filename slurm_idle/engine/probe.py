@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_idle import httpdeadline
 from slurm_idle.config import EngineConfig, ReplicaConfig
+from slurm_idle.engine.identity import PREFIX, IdentityStore
 from slurm_idle.engine_version import relied_on, supports, version_from_body
 from slurm_idle.errors import EngineError
 from slurm_idle.httpdeadline import DeadlineClient, HttpClient, HttpResponse
@@ -165,24 +166,35 @@ class HttpProbe:
         self.http = http
         self.timeout_s = timeout_s
 
-    def identify(self, replica: ReplicaConfig, model: str) -> Identity:
-        """Whether the endpoint serves `model` (its `/v1/models` lists it). vLLM lists its
-        served model names there; anything else answering on the port (a job's leftover
-        server, a fake exporter) does not, or not in that shape."""
-        if not model:
+    def identify(self, replica: ReplicaConfig, model: str, secret: str | None = None) -> Identity:
+        """Whether the endpoint serves `model` (its `/v1/models` lists it) and, with `secret`
+        (the replica's identity name, engine/identity.py), that name too. vLLM lists every
+        served model name there; anything else answering on the port (a job's leftover
+        server, a squatter listing the right model) cannot know the secret one.
+
+        Nothing listening (connection refused) proves the engine is not there, so a SERVING
+        replica whose engine vanished is repaired rather than left blinding the model's
+        metrics; no answer in time or a dropped connection (a busy server) leaves it untold."""
+        if not model and not secret:
             return Identity(True, "no model name to check")
         try:
             resp = self.get(replica, "/v1/models")
-        except EngineError as exc:
+        except (HttpTimeout, HttpDisconnected) as exc:
             return Identity(None, f"/v1/models did not answer ({exc})")
+        except EngineError as exc:
+            return Identity(False, f"nothing answers /v1/models ({exc})")
         if resp.status != 200:
             return Identity(False, f"/v1/models answered HTTP {resp.status}")
         ids = parse_model_ids(resp.body)
         if ids is None:
             return Identity(False, "/v1/models is not an OpenAI model list")
-        if model not in ids:
-            listed = ", ".join(ids[:3]) or "nothing"
+        if model and model not in ids:
+            # Never echo an identity name (ours or a replayed one) into logs and the journal.
+            listed = ", ".join(i for i in ids[:3] if not i.startswith(PREFIX)) or "nothing"
             return Identity(False, f"/v1/models lists {listed}, not {model}")
+        if secret and secret not in ids:
+            return Identity(False, f"/v1/models lists {model or 'the model'} but not this "
+                                   "replica's identity name: another process holds the port")
         return Identity(True)
 
     def get(self, replica: ReplicaConfig, path: str) -> HttpResponse:
@@ -235,10 +247,20 @@ class _HttpHealth:
     probe: HttpProbe
     model: str
     config: EngineConfig
+    #: The replicas' identity names, when the engine is started with one (`{identity}` in
+    #: the start command); None: the model name is all there is to check.
+    identities: IdentityStore | None = None
 
     def identify(self, replica: ReplicaConfig) -> Identity:
-        """Whether the endpoint is this model's engine (see HttpProbe.identify)."""
-        return self.probe.identify(replica, self.model)
+        """Whether the endpoint is this model's engine (see HttpProbe.identify): with
+        identities, the replica's secret name must be listed too (once one was issued)."""
+        secret = None
+        if self.identities is not None:
+            try:
+                secret = self.identities.current(replica.name or replica.node)
+            except EngineError as exc:
+                return Identity(None, str(exc))
+        return self.probe.identify(replica, self.model, secret)
 
     def health(self, replica: ReplicaConfig) -> EngineHealth:
         """/health, awake, in flight; and a 200 counts as serving only from the expected

@@ -339,6 +339,17 @@ def _plan_model(m: _Model, tick: _Tick, config: Config, now: float) -> list[Acti
         if unit.group.pinned:
             act(ActionKind.RECLAIM, unit, Phase.RECLAIMING, "pinned: back to serving")
 
+    # A serving replica whose endpoint is not its engine (nothing answers, or something
+    # without its identity) serves nobody and blinds the model's metrics: restart it, out of
+    # the router first. It was no capacity, so this takes none away.
+    for unit in m.units(Phase.SERVING):
+        gone = [r.name for r, ld in zip(unit.replicas, unit.loads(), strict=True)
+                if ld is not None and ld.foreign]
+        if gone and unit.name not in touched:
+            act(ActionKind.REPAIR, unit, Phase.STARTING,
+                f"engine of serving replica(s) {', '.join(gone)} gone or not ours: restarting it",
+                back=False)
+
     supply = _supply(m, tick, config, now)
     deficit = m.needed - supply
     if deficit > 0:

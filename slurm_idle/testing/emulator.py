@@ -121,6 +121,10 @@ class Emulator:
         self.share_rps = 0.0
         self.port = 0
         self.in_router: Callable[[], bool] = lambda: True
+        # vLLM's --served-model-name: every name is listed by /v1/models and accepted by a
+        # completion; the first names the metrics (the model's own). The agent proves an
+        # engine is its replica's by a secret second name (engine/identity.py).
+        self.served_names: tuple[str, ...] = (model.model_name,)
 
     # --- load sharing -------------------------------------------------------------------
 
@@ -218,6 +222,20 @@ class Emulator:
         return req
 
 
+def models_reply(emu: Emulator) -> dict[str, Any]:
+    """GET /v1/models as vLLM answers it: a model card per served name, each rooted at the
+    model (the first name)."""
+    root = emu.model.model_name
+    return {"object": "list", "data": [{
+        "id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+        "root": root, "parent": None, "max_model_len": 8192} for name in emu.served_names]}
+
+
+def serves(emu: Emulator, name: object) -> bool:
+    """Whether a completion naming `name` is this server's: any of its served names."""
+    return name in emu.served_names
+
+
 def make_handler(emu: Emulator) -> type[BaseHTTPRequestHandler]:
     model_name = emu.model.model_name
 
@@ -249,9 +267,7 @@ def make_handler(emu: Emulator) -> type[BaseHTTPRequestHandler]:
                 with emu.lock:
                     self._json(200, {"is_sleeping": not emu.model.awake})
             elif path == "/v1/models":
-                self._json(200, {"object": "list", "data": [{
-                    "id": model_name, "object": "model", "created": int(time.time()),
-                    "owned_by": "vllm", "root": model_name, "parent": None, "max_model_len": 8192}]})
+                self._json(200, models_reply(emu))
             elif path == "/version":
                 self._json(200, {"version": emu.vllm_version})
             else:
@@ -289,7 +305,7 @@ def make_handler(emu: Emulator) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 self._json(400, {"error": {"message": "invalid JSON", "type": "BadRequestError", "code": 400}})
                 return
-            if body.get("model", model_name) != model_name:
+            if not serves(emu, body.get("model", model_name)):
                 self._json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                            "type": "NotFoundError", "code": 404}})
                 return
@@ -320,6 +336,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", default="sandbox-model")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="as vLLM's: the names /v1/models lists and completions accept (default: "
+                        "--model); the first names the metrics")
     p.add_argument("--node", default="gpu1")
     p.add_argument("--state-dir", type=Path, default=None)
     p.add_argument("--load-file", type=Path, default=None)
@@ -342,12 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cap = Capacity(max_num_seqs=args.max_num_seqs, tokens_per_s=args.tokens_per_s,
                    seq_tokens_per_s=args.seq_tokens_per_s)
-    model = EngineModel(args.model, cap)
+    model = EngineModel(args.served_model_name[0] if args.served_model_name else args.model, cap)
     if args.asleep:
         model.go_to_sleep(1)
     if args.state_dir is not None:
         args.state_dir.mkdir(parents=True, exist_ok=True)
     emu = Emulator(model, args.node, args.state_dir, args.load_file, args.vllm_version)
+    if args.served_model_name:
+        emu.served_names = tuple(args.served_model_name)
     if args.router_socket:
         emu.in_router = haproxy_check(args.router_socket, args.router_backend, args.node)
     if args.start_delay_s > 0:

@@ -253,6 +253,9 @@ class FakeEngine:
                             waiting=self.waiting.get(replica.name, 0.0))
 
     def identify(self, replica: ReplicaConfig) -> Identity:
+        """Ours while up; a down engine is proven absent, as a refused connection is."""
+        if not self.up.get(replica.name):
+            return Identity(False, "nothing answers /v1/models (fake)")
         return Identity(True, "fake engine")
 
 

@@ -581,23 +581,32 @@ class Sandbox:
     # --- engines (an emulator per replica: one per node, two on gpu5) ----------------------
 
     def engine_start(self, node: str, start_delay_s: float | None = None,
-                     index: int | None = None) -> bool:
+                     index: int | None = None, identity: str = "") -> bool:
         """Launch the emulator of every replica headed on `node` (or of its `index`th only);
         returns at once (it answers /health shortly after); True when one was started now.
 
         start_delay_s: simulated cold start (default: the sandbox's engine_start_delay_s).
+        identity: the replica's secret served name (the agent's `{identity}`), listed after the
+        model's by /v1/models as vLLM's `--served-model-name MODEL IDENTITY` does. Without it
+        (the sandbox's own start, a test's): the name the agent holds for the replica (made
+        now when it has none), as on a site where the agent started every engine.
         """
+        from slurm_idle.engine import IdentityStore, identity_dir
+
         delay = self.engine_start_delay_s if start_delay_s is None else start_delay_s
         lay = self.layout
         started = False
+        names = IdentityStore(identity_dir(str(lay.root / "journal.jsonl")))
         for r in sandboxconf.replicas_headed(node, index):
             state_dir = lay.model_state_dir(r.model)
             for d in (lay.run, lay.log, state_dir):
                 d.mkdir(parents=True, exist_ok=True)
             cap = self.capacity
+            name = identity or names.issue(sandboxconf.agent_replica_name(lay, r))
             started |= self._spawn(f"emulator-{r.name}", [
                 self.python, "-m", "slurm_idle.testing.emulator",
                 "--port", str(lay.emulator_port(r.name)), "--model", r.model, "--node", r.name,
+                "--served-model-name", r.model, name,
                 "--state-dir", str(state_dir), "--load-file", str(lay.model_load_file(r.model)),
                 "--max-num-seqs", str(cap.max_num_seqs), "--tokens-per-s", str(cap.tokens_per_s),
                 "--seq-tokens-per-s", str(cap.seq_tokens_per_s),

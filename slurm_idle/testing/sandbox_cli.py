@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         e.add_argument("node")
         e.add_argument("--index", type=int, default=None,
                        help="only the replica with this index on the node (gpu5 has 0 and 1)")
+        if name == "engine-start":
+            e.add_argument("--identity", default="",
+                           help="the replica's secret served name (the agent's {identity})")
     args = p.parse_args(argv)
     root = args.root or DEFAULT_ROOT
     base = args.base_port
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"jobs-mode simulated load set to {args.rps:g} req/s")
             return 0
         if args.cmd == "engine-start":
-            sb.engine_start(args.node, index=args.index)
+            sb.engine_start(args.node, index=args.index, identity=args.identity)
             return 0
         if args.cmd == "engine-stop":
             sb.engine_stop(args.node, index=args.index)

@@ -98,6 +98,12 @@ def replicas_headed(node: str, index: int | None = None) -> list[SandboxReplica]
     return [r for r in REPLICAS if r.node == node and (index is None or r.index == index)]
 
 
+def agent_replica_name(lay: Layout, r: SandboxReplica) -> str:
+    """The name the agent's config gives replica `r` (fleetspec's default: the node for a
+    whole-node replica, else `node:port`): the key of its identity name (engine/identity.py)."""
+    return r.node if r.gpus is None else f"{r.node}:{lay.emulator_port(r.name)}"
+
+
 def parse_slurm_version(text: str) -> str:
     """'slurm-wlm 22.05.8' / 'slurm 24.11.5' -> '22.05.8'."""
     m = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
@@ -459,7 +465,7 @@ def slurm_idle_config(lay: Layout, tokens_per_s_per_replica: float) -> str:
         "metrics": {"source": "prometheus", "prometheus_url": lay.prometheus_url,
                     "query_timeout_s": 5, "rate_window_s": 10, "staleness_s": 30},
         "engine": {"kind": "command",
-                   "start_command": f"{base} engine-start {{node}}",
+                   "start_command": f"{base} engine-start {{node}} --identity {{identity}}",
                    "stop_command": f"{base} engine-stop {{node}}",
                    "drain_timeout_s": 10, "start_timeout_s": 60, "stop_timeout_s": 15,
                    "http_timeout_s": 2},

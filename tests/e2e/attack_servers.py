@@ -6,10 +6,13 @@ so any user's python3 runs it: `python3 attack_servers.py KIND PORT`).
 - `squat`: something else answering /health 200 on a reclaimed node's port (and /metrics with
   a quiet engine), but it is not vLLM: /v1/models lists no such model.
 - `trickle`: a metrics page sent one byte every 2 s (a per-read timeout never fires).
+- `model`: a squatter that looks like the engine by name: /health 200, /v1/models lists the
+  served model, completions answered (and counted: GET /squatter-count says how many reached it).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,6 +43,13 @@ def quiet_page() -> str:
 
 class Handler(BaseHTTPRequestHandler):
     kind = "nan"
+    completions = 0  # POSTs answered (the `model` squatter's prompts from the router)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        Handler.completions += 1
+        self._send(200, json.dumps({"object": "text_completion", "model": MODEL, "choices": [
+            {"index": 0, "text": " stolen", "finish_reason": "length"}]}), "application/json")
 
     def log_message(self, *args: object) -> None:
         pass
@@ -65,8 +75,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.path.startswith("/metrics"):
             self._send(200, nan_page() if self.kind == "nan" else quiet_page())
+        elif self.path.startswith("/squatter-count"):
+            self._send(200, str(Handler.completions))
         elif self.path.startswith("/v1/models"):
-            self._send(200, '{"object": "list", "data": [{"id": "not-the-model"}]}',
+            listed = MODEL if self.kind == "model" else "not-the-model"
+            self._send(200, json.dumps({"object": "list", "data": [{"id": listed}]}),
                        "application/json")
         else:
             self._send(200, "ok")  # /health, /is_sleeping ...: whatever the agent asks

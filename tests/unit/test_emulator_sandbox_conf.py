@@ -123,7 +123,7 @@ def test_generated_slurm_idle_config_validates() -> None:
     assert cfg.metrics.prometheus_url == "http://127.0.0.1:30003"
     engine = cfg.engine_for("sandbox-model")
     assert engine.kind == "command"
-    assert engine.start_command == "/usr/bin/python3 -m slurm_idle.testing.sandbox --root /tmp/sb engine-start {node}"
+    assert engine.start_command == "/usr/bin/python3 -m slurm_idle.testing.sandbox --root /tmp/sb engine-start {node} --identity {identity}"
     assert cfg.paths.journal == "/tmp/sb/journal.jsonl"
 
 
@@ -153,7 +153,7 @@ def test_the_topology_config_has_two_replicas_on_gpu5_and_one_over_gpu6_7() -> N
         (("gpu5",), (4, 5, 6, 7), "http://127.0.0.1:30025", 1),
         (("gpu6", "gpu7"), None, "http://127.0.0.1:30026", 0)]
     assert [g.nodes for g in lend_groups(cfg)] == [("gpu5",), ("gpu6", "gpu7")]
-    assert cfg.engine_for(model.name).start_command.endswith("engine-start {node} --index {index}")
+    assert cfg.engine_for(model.name).start_command.endswith("engine-start {node} --identity {identity} --index {index}")
     assert [fill(cfg.router.server, t) for t in all_targets(cfg)] == ["gpu5-0", "gpu5-1", "gpu6-0"]
     assert cfg.router.backend == sandboxconf.HAPROXY_TOPOLOGY_BACKEND
     haproxy = sandboxconf.haproxy_cfg(layout())

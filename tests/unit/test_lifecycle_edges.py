@@ -183,6 +183,7 @@ EXPECTED: dict[tuple[Phase, Phase], set[str]] = {
     (Phase.RECLAIMING, Phase.STARTING): EVERY_EDGE | FORWARD,
     (Phase.STARTING, Phase.SERVING): EVERY_EDGE | FORWARD | TRAFFIC,
     (Phase.UNKNOWN, Phase.RECLAIMING): EVERY_EDGE,
+    (Phase.SERVING, Phase.STARTING): EVERY_EDGE,
 }
 
 
@@ -261,7 +262,7 @@ def _driver_on(phase: Phase, tmp_path: Path) -> tuple[NodeDriver, FakeSlurm, Fak
 
 
 @pytest.mark.parametrize(("from_phase", "to_phase"), [
-    (Phase.LENT, Phase.SERVING), (Phase.SERVING, Phase.LENT), (Phase.SERVING, Phase.STARTING),
+    (Phase.LENT, Phase.SERVING), (Phase.SERVING, Phase.LENT), (Phase.RETIRING, Phase.STARTING),
     (Phase.LENT, Phase.STARTING), (Phase.RETIRING, Phase.LENT),
 ], ids=lambda p: p.value)
 def test_the_driver_refuses_an_edge_off_the_table(from_phase: Phase, to_phase: Phase,
@@ -303,13 +304,15 @@ def test_an_admin_lend_and_reclaim_on_the_table_are_actions() -> None:
 
 def test_job_edges_are_the_node_edges_without_the_lending_shortcut() -> None:
     """`placement: jobs` has the same phase changes as node placement but LENDING -> STARTING
-    (a cancelled job cannot come back) and UNKNOWN -> RECLAIMING (no job is simply LENT); every
-    transitional phase is timed, and nothing else is allowed."""
+    (a cancelled job cannot come back), UNKNOWN -> RECLAIMING (no job is simply LENT) and the
+    repair SERVING -> STARTING (a replica job's engine is its job's); every transitional phase
+    is timed, and nothing else is allowed."""
     from slurm_idle import lifecycle
 
     keys = {(e.from_phase, e.to_phase) for e in lifecycle.JOB_EDGES}
     assert keys == {(e.from_phase, e.to_phase) for e in lifecycle.EDGES} - {
-        (Phase.LENDING, Phase.STARTING), (Phase.UNKNOWN, Phase.RECLAIMING)}
+        (Phase.LENDING, Phase.STARTING), (Phase.UNKNOWN, Phase.RECLAIMING),
+        (Phase.SERVING, Phase.STARTING)}
     assert set(lifecycle.JOB_LIFECYCLE.forward) == {Phase.RETIRING, Phase.LENDING,
                                                     Phase.RECLAIMING, Phase.STARTING}
     with pytest.raises(lifecycle.IllegalTransition):
