@@ -39,6 +39,11 @@ class Disconnected(ConnectionError):
     will get it twice)."""
 
 
+class Refused(ConnectionError):
+    """Nothing listens on the port (ECONNREFUSED): the one transport failure that proves the
+    server is not there, as opposed to a slow or unreachable one."""
+
+
 def _open(url: str, timeout_s: float) -> http.client.HTTPConnection:
     parts = urlsplit(url)
     host = parts.hostname or ""
@@ -117,6 +122,8 @@ def request(
         if isinstance(errors[0], TimeoutError):
             # The socket's own timeout (the same deadline) fired a moment before the join did.
             raise DeadlineExceeded(f"{method} {url}: no complete answer within {timeout_s:g} s")
+        if isinstance(errors[0], ConnectionRefusedError):
+            raise Refused(f"{method} {url}: {errors[0]}") from None
         if isinstance(errors[0], ConnectionResetError | ConnectionAbortedError | BrokenPipeError):
             # http.client.RemoteDisconnected ("Remote end closed connection without response")
             # is a ConnectionResetError too

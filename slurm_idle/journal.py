@@ -41,7 +41,8 @@ dataclass beside its JSON shape below); split apart, a writer and a reader could
     {"event": "duplicate-replica-job", "time": ..., "ts": ..., "replica": "m-0", "model": "m",
      "kept": 41, "cancelled": [42], "error": "..." (only if the scancel failed)}
   foreign-replica-job (a job shaped like a replica job that is not the agent's, replicatrust.py:
-  ignored, never cancelled; journaled once per job, agent.py, ForeignJobRecord):
+  ignored as a replica, never cancelled for its slot; journaled once per job, agent.py,
+  ForeignReplicaJobRecord):
     {"event": "foreign-replica-job", "time": ..., "ts": ..., "job_id": 77, "user": "mallory",
      "nodes": ["gpu8"], "replica": "m#1", "why": "user mallory is not the agent's (root)"}
 """

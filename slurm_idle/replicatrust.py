@@ -98,6 +98,23 @@ def key_path(journal: str) -> Path:
     return Path(journal).parent / KEY_FILE
 
 
+def _make_key(path: Path, now: float) -> None:
+    """Make the key only if none exists, so that two first ticks (a cron tick and an admin
+    command, each building its agent before the tick lock) end with one key: each writes its
+    own under a private name and links it to the key's name, which fails when one is there
+    (link(2) never replaces). The caller reads back whichever won: a job signed with a key that
+    lost would never be recognised again, and its GPUs would be held twice."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    text = json.dumps({"key": secrets.token_hex(32), "created": now})
+    safefiles.atomic_write(tmp, text + "\n", mode=0o600)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another agent made it first: its key is the one
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def load_trust(journal: str, create: bool, now: float, user: str | None = None) -> ReplicaTrust:
     """The agent's trust: its user and the key beside `journal` (made, 0600, when missing and
     `create`). A key that cannot be read or made leaves signatures unchecked (logged): the
@@ -108,8 +125,8 @@ def load_trust(journal: str, create: bool, now: float, user: str | None = None) 
     try:
         text = safefiles.read_text(path)
         if text is None and create:
-            text = json.dumps({"key": secrets.token_hex(32), "created": now})
-            safefiles.atomic_write(path, text + "\n", mode=0o600)
+            _make_key(path, now)
+            text = safefiles.read_text(path)
         if text is None:
             return ReplicaTrust(user)
         doc = json.loads(text)

@@ -398,14 +398,23 @@ class NodeDriver:
         """A SERVING group whose engine is gone or not ours: out of the router first (no
         client reaches whatever answers on the port), STARTING, then each replica that does
         not serve is stopped (a hung engine) and started again. STARTING -> SERVING admits it
-        back only once its endpoint proves to be the engine (identity, warm-up)."""
+        back only once its endpoint proves to be the engine (identity, warm-up).
+
+        Checked again here, and only a replica whose endpoint is proven not its engine now
+        (engine.identify False: nothing listening, or an answer without its identity) is
+        restarted: a busy engine whose /health or /v1/models is slow, or one the tick saw
+        during a blip that has passed, keeps serving and its clients (Superseded, nothing
+        done, when none is proven broken any more)."""
         self._still_ours(view)
+        replicas = self._replicas(view)
+        broken = {r.name for m, r in replicas if self.engine_for(m).identify(r).ours is False}
+        if not broken:
+            raise Superseded(f"{view.name}: every engine answers as ours again (or cannot be "
+                             "told): nothing to repair")
         if self.router is not None:
             for node in self._router_nodes(view):
                 self.router.remove(node, self._why.get(view.name, "engine gone: restarting it"))
         self._mark(view, edge.to_phase)
-        replicas = self._replicas(view)
-        broken = {r.name for m, r in replicas if not self.engine_for(m).health(r).serving}
         for model, replica in replicas:
             if replica.name in broken:
                 self._call_engine("stop", model, replica, deadline)

@@ -29,6 +29,10 @@ def container_name(
             .replace("{index}", str(index)).replace("{port}", "" if port is None else str(port)))
 
 
+class ContainerMissing(EngineError):
+    """The replica's container does not exist (docker's NotFound)."""
+
+
 #: Container states in which the replica still holds its GPUs.
 _HOLDING = frozenset({"running", "restarting", "paused"})
 
@@ -71,7 +75,7 @@ class DockerEngine(_HttpHealth):
         try:
             container = self.client.containers.get(name)
         except docker.errors.NotFound:
-            raise EngineError(
+            raise ContainerMissing(
                 f"{replica.node}: container {name!r} does not exist; create it once "
                 "(docker create --name ...) or fix engine.container"
             ) from None
@@ -85,11 +89,14 @@ class DockerEngine(_HttpHealth):
 
     def identify(self, replica: ReplicaConfig) -> Identity:
         """Ours only while our container runs and its endpoint lists the model: whatever
-        answers on the port while the container is stopped is someone else's."""
+        answers on the port while the container is stopped is someone else's. A docker
+        daemon that does not answer tells nothing (None: no repair on its blip)."""
         try:
             container = self.container(replica)
-        except EngineError as exc:
+        except ContainerMissing as exc:
             return Identity(False, str(exc))
+        except EngineError as exc:
+            return Identity(None, str(exc))
         if container.status != "running":
             return Identity(False, f"container {container.name} is {container.status}, so what "
                                    "answers on the port is not it")

@@ -35,6 +35,10 @@ class HttpDisconnected(EngineError):
     """The server dropped the connection before any answer (httpdeadline.Disconnected)."""
 
 
+class HttpRefused(EngineError):
+    """Nothing listens on the port (httpdeadline.Refused): the engine is not there."""
+
+
 def _limit(own_s: float, given_s: float | None) -> tuple[float, bool]:
     """How long a call may wait: its own timeout, or the caller's time if that is shorter.
     The flag says the caller's time set it, so running out is an EngineDeadline."""
@@ -61,6 +65,8 @@ class UrllibClient:
             raise HttpTimeout(f"{method} {url}: no answer within {timeout:g} s") from None
         except httpdeadline.Disconnected as exc:
             raise HttpDisconnected(str(exc)) from None
+        except httpdeadline.Refused as exc:
+            raise HttpRefused(str(exc)) from None
         except OSError as exc:
             raise EngineError(str(exc)) from None
 
@@ -84,6 +90,10 @@ class EngineHealth:
     @property
     def serving(self) -> bool:
         return self.up and self.awake is not False and self.foreign is None
+
+
+#: Answers of /v1/models that say nothing of who serves (an --api-key server refuses us).
+UNTOLD_STATUS = frozenset({401, 403})
 
 
 @dataclass(frozen=True)
@@ -172,17 +182,22 @@ class HttpProbe:
         served model name there; anything else answering on the port (a job's leftover
         server, a squatter listing the right model) cannot know the secret one.
 
-        Nothing listening (connection refused) proves the engine is not there, so a SERVING
-        replica whose engine vanished is repaired rather than left blinding the model's
-        metrics; no answer in time or a dropped connection (a busy server) leaves it untold."""
+        Proven not ours (False, which makes a SERVING replica repaired: restarted) only by
+        nothing listening (connection refused), or an answer that is not our engine's (no
+        model list, or one without the model or this replica's name). Anything a busy, slow
+        or briefly unreachable engine could give leaves it untold (None): no answer in time,
+        a dropped connection, any other transport error, HTTP 5xx, and 401/403 (a server run
+        with --api-key). Untold is never admitted to the router either (health's `foreign`)."""
         if not model and not secret:
             return Identity(True, "no model name to check")
         try:
             resp = self.get(replica, "/v1/models")
-        except (HttpTimeout, HttpDisconnected) as exc:
-            return Identity(None, f"/v1/models did not answer ({exc})")
+        except HttpRefused as exc:
+            return Identity(False, f"nothing listens on the port ({exc})")
         except EngineError as exc:
-            return Identity(False, f"nothing answers /v1/models ({exc})")
+            return Identity(None, f"/v1/models did not answer ({exc})")
+        if resp.status in UNTOLD_STATUS or resp.status >= 500:
+            return Identity(None, f"/v1/models answered HTTP {resp.status}")
         if resp.status != 200:
             return Identity(False, f"/v1/models answered HTTP {resp.status}")
         ids = parse_model_ids(resp.body)

@@ -92,7 +92,7 @@ def test_an_unprivileged_user_is_refused_the_serve_partition(sandbox: Any) -> No
     try:
         pwd.getpwnam(USER)
     except KeyError:
-        subprocess.run(["useradd", "-M", "-s", "/bin/sh", USER], check=True)
+        subprocess.run(["useradd", "-m", "-s", "/bin/sh", USER], check=True)
     part = load_config(sandbox.config_path).slurm.serve_partition
     env = [f"{k}={v}" for k, v in sandbox.env().items()]
     proc = subprocess.run(

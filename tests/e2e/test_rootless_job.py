@@ -1,6 +1,6 @@
 """A container job of an unprivileged user on the real sandbox (issue 11, items 5 and 6).
 
-The user `sidle-ci` (made by scripts/lib/install.sh, or here) submits with sbatch; the runner
+The user `sidle-ci` (made here with a home, or by another module) submits with sbatch; the runner
 runs as that user on the node, starts a rootless podman API service of its own (the docker
 socket, root on the node, is never used) and runs the container through the same docker SDK.
 A job asking for what the node's job_policy forbids (outputs in /etc, the host network) is
@@ -50,6 +50,9 @@ def site(sandbox: Any) -> Iterator[dict[str, Any]]:
     except KeyError:
         subprocess.run(["useradd", "-m", "-s", "/bin/sh", USER], check=True)
         pw = pwd.getpwnam(USER)
+    if not os.path.isdir(pw.pw_dir):  # made by another module without a home: the work lives there
+        os.makedirs(pw.pw_dir, mode=0o755)
+        os.chown(pw.pw_dir, pw.pw_uid, pw.pw_gid)
     # Rootless podman needs a user namespace. The kernel refuses one to a process in a chroot
     # (clone(2): EPERM), which is how `scripts/test --debian 13` runs the suite: skip there,
     # saying so; the 22.05 lane runs these tests on the machine itself.

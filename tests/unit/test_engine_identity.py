@@ -12,12 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import pytest
+
 from slurm_idle import policy
 from slurm_idle.agent import Agent
 from slurm_idle.commands import CompletedResult
 from slurm_idle.config import Config, EngineConfig, ReplicaConfig, parse_config
 from slurm_idle.engine import CommandEngine, HttpTimeout, IdentityStore, identity_dir
 from slurm_idle.engine.identity import PREFIX
+from slurm_idle.engine.probe import HttpRefused
 from slurm_idle.errors import EngineError
 from slurm_idle.httpdeadline import HttpResponse
 from slurm_idle.model import ModelLoad, Phase, ReplicaLoad
@@ -43,14 +46,20 @@ class Port:
 
     names: tuple[str, ...] | None = None  # None: nothing listens
     timeout: bool = False
+    error: str | None = None  # any other transport failure (no route, DNS, reset...)
+    models_status: int = 200  # what /v1/models answers (a 503 of a busy server, a 401...)
     calls: list[str] = field(default_factory=list)
 
     def request(self, method: str, url: str, timeout: float) -> HttpResponse:
         self.calls.append(url)
         if self.timeout:
             raise HttpTimeout(f"{method} {url}: no answer")
+        if self.error is not None:
+            raise EngineError(f"{method} {url}: {self.error}")
         if self.names is None:
-            raise EngineError(f"{method} {url}: [Errno 111] Connection refused")
+            raise HttpRefused(f"{method} {url}: [Errno 111] Connection refused")
+        if url.endswith("/v1/models") and self.models_status != 200:
+            return HttpResponse(self.models_status, b"")
         if url.endswith("/v1/models"):
             return _models(*self.names)
         if url.endswith("/health"):
@@ -188,6 +197,42 @@ def test_nothing_listening_is_proven_not_ours_a_timeout_is_untold(tmp_path: Path
     assert engine.identify(REPLICA).ours is None
 
 
+@pytest.mark.parametrize("port", [
+    Port(names=(MODEL,), error="[Errno 113] No route to host"),
+    Port(names=(MODEL,), error="[Errno -3] Temporary failure in name resolution"),
+    Port(names=(MODEL,), models_status=503),
+    Port(names=(MODEL,), models_status=401),
+], ids=["no-route", "dns", "http-503", "http-401-api-key"])
+def test_what_a_busy_or_unreachable_engine_answers_is_untold_not_foreign(
+        tmp_path: Path, port: Port) -> None:
+    """Only a refused connection or an answer that is not our engine's proves it is not ours
+    (and so makes a SERVING replica restarted): a blip of the network, a busy server's 503, an
+    --api-key server's 401 tell nothing."""
+    engine, _ = command_engine(tmp_path, port)
+    assert engine.identify(REPLICA).ours is None
+
+
+def test_a_real_refused_connection_is_told_apart_from_other_failures() -> None:
+    """The one HTTP client says Refused for a closed loopback port (nothing listens), the
+    failure identify takes as proof; a deadline is DeadlineExceeded, not Refused."""
+    import socket
+
+    from slurm_idle import httpdeadline
+
+    with socket.socket() as sock:  # a port just free: nothing listens on it
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(httpdeadline.Refused):
+        httpdeadline.DeadlineClient(1024).request("GET", f"http://127.0.0.1:{port}/v1/models", 5)
+    with socket.socket() as listening:  # listens, never answers
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1)
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}/v1/models"
+        with pytest.raises(OSError) as info:
+            httpdeadline.DeadlineClient(1024).request("GET", url, 0.3)
+        assert not isinstance(info.value, httpdeadline.Refused)
+
+
 def test_identities_are_root_only_files(tmp_path: Path) -> None:
     """The directory is 0700 and each file 0600: a user on the host cannot read a name."""
     store = IdentityStore(tmp_path / "state" / "engine-identity")
@@ -316,6 +361,32 @@ def test_a_serving_replica_whose_engine_vanished_is_restarted(tmp_path: Path) ->
     assert engine.log == [("stop", "gpu2"), ("start", "gpu2")]
     assert phases(agent)["gpu2"] is Phase.SERVING and router.members["gpu2"] == IN
     assert not any(s.action == "lend" for s in result.steps)
+
+
+def test_a_repair_restarts_nothing_when_the_engine_answers_as_ours_at_action_time(
+        tmp_path: Path) -> None:
+    """The tick saw gpu2's engine gone, but by the time the repair runs it answers as ours
+    (a blip): the repair is skipped, gpu2 stays SERVING and in the router, nothing is stopped
+    (its clients' requests are not cut)."""
+    engine = FakeEngine(up={"gpu1": True, "gpu2": False, "gpu3": True})
+    loads = {n: ReplicaLoad(model=MODEL, node=n) for n in ("gpu1", "gpu3")}
+    metrics = FakeMetrics(replicas=loads, models={MODEL: ModelLoad(model=MODEL)})
+
+    def plan_then_recover(obs, cfg, now):  # type: ignore[no-untyped-def]
+        actions = policy.plan(obs, cfg, now)
+        engine.up["gpu2"] = True  # back before the action runs
+        return actions
+
+    agent, slurm, router, _ = agent_with(tmp_path, engine, planner=plan_then_recover,
+                                         metrics=metrics)
+    for n in ("gpu1", "gpu2", "gpu3"):
+        set_phase(slurm, n, Phase.SERVING)
+        router.members[n] = IN
+    result = agent.tick()
+    repair = [s for s in result.steps if s.node == "gpu2" and s.action == "repair"]
+    assert repair and repair[0].outcome.value == "skipped", result.steps
+    assert engine.log == [] and ("router_remove", "gpu2") not in slurm.log
+    assert phases(agent)["gpu2"] is Phase.SERVING and router.members["gpu2"] == IN
 
 
 def test_the_planner_repairs_a_foreign_serving_replica_and_lends_nothing(tmp_path: Path) -> None:

@@ -148,3 +148,19 @@ def test_a_look_only_reader_makes_no_key(tmp_path: Path) -> None:
     again = load_trust(journal, create=False, now=T0 + 5)
     assert made.key is not None and (again.key, again.key_since, again.user) == (
         made.key, T0, agent_user())
+
+
+def test_two_first_ticks_racing_end_with_one_key(tmp_path: Path) -> None:
+    """Two agents that both found no key (a cron tick and an admin command, each before the
+    tick lock) each make one: the second never replaces the first, and both sign with the one
+    on disk (a job signed with a replaced key would never be recognised again)."""
+    from slurm_idle.replicatrust import _make_key
+
+    journal = str(tmp_path / "journal.jsonl")
+    _make_key(key_path(journal), T0)  # the first agent, between our read and our make
+    first = key_path(journal).read_text()
+    _make_key(key_path(journal), T0 + 1)  # ours: too late
+    assert key_path(journal).read_text() == first
+    assert stat.S_IMODE(key_path(journal).stat().st_mode) == 0o600
+    assert load_trust(journal, create=True, now=T0 + 2).key == bytes.fromhex(json.loads(first)["key"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["replica-jobs.key"]  # no temp left
