@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from slurm_idle.config import load_config
+from slurm_idle.engine import IdentityStore, format_command, identity_dir
 from slurm_idle.testing import procs
 from slurm_idle.testing.sandbox import Sandbox
 from slurm_idle.testing.waiting import poll
@@ -182,9 +183,17 @@ def test_generated_config_engine_commands_stop_and_start_a_replica(sandbox: Sand
     assert engine.start_command and engine.stop_command
     url = sandbox.emulator_url("gpu2")
     env = {**os.environ, **sandbox.env()}
-    subprocess.run(engine.stop_command.format(node="gpu2"), shell=True, check=True, env=env, timeout=30)
+    # Filled as the agent fills them: gpu2's own identity name, so it serves as ours again.
+    [replica] = [r for r in cfg.model("sandbox-model").replicas if r.node == "gpu2"]
+    identity = IdentityStore(identity_dir(cfg.paths.journal)).current(replica.name or "gpu2") or ""
+
+    def command(template: str) -> str:
+        return format_command(template, "gpu2", replica.url, "sandbox-model", replica.port,
+                              replica.index, replica.name, identity)
+
+    subprocess.run(command(engine.stop_command), shell=True, check=True, env=env, timeout=30)
     assert get(f"{url}/health")[0] == 0
-    subprocess.run(engine.start_command.format(node="gpu2"), shell=True, check=True, env=env, timeout=30)
+    subprocess.run(command(engine.start_command), shell=True, check=True, env=env, timeout=30)
     poll(lambda: get(f"{url}/health")[0] == 200, 15, "gpu2 emulator healthy again", 0.2)
 
 
