@@ -4,7 +4,8 @@ Low load lends >= 2 nodes; an admin's drain survives every later tick untouched;
 container job runs on a lent node; load 500 brings every lent node back to serving with the
 job requeued (Restarts >= 1, never FAILED/CANCELLED); load down again and the job finishes,
 having resumed from its checkpoint. Afterwards `slurm-idle report --json` shows the demo job's
-GPU-hours and its preemption, matching sacct for that job (issue 7).
+GPU-hours and its preemption, matching sacct for that job (issue 7). The README's quote of the
+demo's output is checked against this run's lines.
 """
 
 from __future__ import annotations
@@ -17,13 +18,24 @@ import pytest
 
 from slurm_idle.journal import Journal
 from slurm_idle.testing.demo import ADMIN_REASON, DemoReport, Story
+from tests.readme_excerpt import README, excerpt, missing_lines
 
 pytestmark = pytest.mark.sandbox
 
 
 @pytest.fixture(scope="module")
-def story(sandbox: Any) -> tuple[Any, DemoReport]:
-    report = Story(sandbox, out=lambda line: print(line, flush=True)).run()
+def story_output() -> list[str]:
+    """Every line the story printed, in order (filled by the story fixture)."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def story(sandbox: Any, story_output: list[str]) -> tuple[Any, DemoReport]:
+    def out(line: str) -> None:
+        story_output.append(line)
+        print(line, flush=True)
+
+    report = Story(sandbox, out=out).run()
     print(f"MEASURE reclaim_to_serving_s={report.reclaim_to_serving_s} "
           f"timings_s={report.timings_s} lost_gpu_s={report.lost_gpu_s}")
     return sandbox, report
@@ -92,3 +104,13 @@ def test_report_matches_sacct_for_the_demo_job(story: tuple[Any, DemoReport]) ->
     assert demo["gpu_hours"] == pytest.approx(gpu_seconds / 3600, abs=2e-3)
     assert report["preemptions"] >= demo["preemptions"]
     assert report["gpu_hours"] >= demo["gpu_hours"]
+
+
+def test_readme_demo_excerpt_is_what_the_story_prints(story: tuple[Any, DemoReport],
+                                                       story_output: list[str]) -> None:
+    """Every line the README quotes from `scripts/demo` appears in this run's output, in order
+    (times ignored; `...` in a quoted line stands for the text that varies from run to run)."""
+    quoted = excerpt(README.read_text())
+    assert len(quoted) >= 10
+    missing = missing_lines(quoted, story_output)
+    assert missing == [], f"README demo excerpt lines not printed (in order) by the story: {missing}"
