@@ -7,7 +7,7 @@ and a warm-up request: no client request fails. With `router: none` the same cyc
 clients fail (aborted in-flight requests at SIGTERM, 503s from a sleeping engine that HAProxy's
 health check still passes), so the first assertion is one the order of the steps decides.
 The client-side p99 during the reclaims is printed (pytest -s) and kept in the sandbox's
-router-e2e.json for the README's figures.
+router-e2e.json for the figures in docs/admin.md ("The request router").
 """
 
 from __future__ import annotations
