@@ -13,6 +13,7 @@ from slurm_idle.config import (
     load_config_located,
 )
 from slurm_idle.config.problems import locate
+from slurm_idle.config.provenance import format_settings, settings
 from slurm_idle.errors import ConfigError
 from slurm_idle.topology import lend_groups
 from slurm_idle.yamlfile import Positions
@@ -20,7 +21,7 @@ from slurm_idle.yamlfile import Positions
 
 @main.group()
 def config() -> None:
-    """Check the slurm-idle configuration: every problem, at its line."""
+    """Check the config (every problem, at its line) and show the values in force."""
 
 
 @config.command()
@@ -68,3 +69,26 @@ def _check_timing(cfg: Config, positions: Positions, path: str) -> None:
             f"slurm.requeue_grace_s ({grace:g}) must be shorter than timeouts.tick_budget_s "
             f"({budget:g}): a reclaim waits the grace within one tick, then requeues and starts "
             "the engine; lower the grace or raise the budget", line, column)])
+
+
+@config.command()
+@click.argument("file", required=False, metavar="[FILE]")
+@click.option("--json", "as_json", is_flag=True,
+              help='As JSON: {"file": ..., "settings": {KEY: {"value": ..., "source": ...}}}.')
+@pass_ctx
+def show(ctx: Context, file: str | None, as_json: bool) -> None:
+    """Show the effective config and where each value comes from.
+
+    Reads FILE (default: the --config path). One `key = value  (source)` line per setting,
+    defaults included, like `scontrol show config`; the source is `file:LINE` (a value the
+    file sets, or one its shorthand expands) or `default`. Exit 2 if the file is invalid, with
+    the lines of `config check`."""
+    path = file or ctx.resolved_config_path
+    cfg, positions = load_config_located(path)
+    rows = settings(cfg, positions)
+    if as_json:
+        echo_json({"file": path,
+                   "settings": {r.key: {"value": r.value, "source": r.source} for r in rows}})
+        return
+    for line in format_settings(rows):
+        click.echo(line)

@@ -1,5 +1,5 @@
-"""`config check` lists every problem at its line with the key meant; the YAML loader keeps key
-positions without losing its bounds."""
+"""`config check` lists every problem at its line with the key meant; `config show` says where
+each effective value comes from; the YAML loader keeps key positions without losing its bounds."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import pytest
 
 from slurm_idle.cli import main
 from slurm_idle.cli.common import run_guarded
-from slurm_idle.config import ConfigInvalid, parse_config
+from slurm_idle.config import ConfigInvalid, load_config_located, parse_config
+from slurm_idle.config.provenance import format_settings, settings
 from slurm_idle.errors import ConfigError
+from slurm_idle.testing import sandboxconf
 from slurm_idle.yamlfile import parse_yaml_located
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,6 +149,104 @@ def test_any_command_loading_a_bad_config_prints_every_problem(
     assert len(err.splitlines()) == 2 and err.count("did you mean") == 2
 
 
+def test_show_on_the_shipped_example_gives_every_value_a_source() -> None:
+    """Every leaf has `file:LINE` (the line that holds it) or `default` (the model's default)."""
+    cfg, positions = load_config_located(EXAMPLE)
+    rows = settings(cfg, positions)
+    lines = EXAMPLE.read_text().splitlines()
+    by_key = {r.key: r for r in rows}
+    assert len(by_key) == len(rows) > 50
+    for row in rows:
+        assert row.source == "default" or row.source.startswith("file:"), row
+    grace = by_key["slurm.lend_partition"]
+    assert grace.value == "idle" and "lend_partition:" in lines[int(grace.source[5:]) - 1]
+    assert by_key["metrics.scrape_interval_s"].source == "default"
+    assert by_key["metrics.scrape_interval_s"].value == 1.0
+    # A replica the `nodes:` shorthand made points at that line, not at the model's first.
+    node = by_key["models.0.replicas.0.node"]
+    assert node.value == "gpu01" and "nodes:" in lines[int(node.source[5:]) - 1]
+
+
+def test_show_on_the_sandbox_config(tmp_path: Path) -> None:
+    """The generated sandbox config: each key written in it is sourced at its own line."""
+    lay = sandboxconf.Layout(root=tmp_path, base_port=30000, slurm_version="22.05.8",
+                             hostname="vm", python="/usr/bin/python3")
+    path = tmp_path / "slurm-idle.yaml"
+    path.write_text(sandboxconf.slurm_idle_config(lay, 1000.0))
+    cfg, positions = load_config_located(path)
+    lines = path.read_text().splitlines()
+    rows = settings(cfg, positions)
+    written = [r for r in rows if tuple(_parts(r.key)) in positions]
+    assert len(written) > 20
+    for row in written:
+        assert row.source.startswith("file:")
+        assert row.key.rsplit(".", 1)[-1] + ":" in lines[int(row.source[5:]) - 1], row
+    assert all(r.source == "default" for r in rows if r.key.startswith("report."))
+
+
+def test_show_text_is_aligned_and_json_has_value_and_source(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "c.yaml"
+    good.write_text(MINIMAL + "policy:\n  forecast: false\n")
+    code, out, _ = cli(["config", "show", str(good)], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert len({line.index(" = ") for line in lines}) == 1
+    assert "policy.forecast" in out and any(
+        line.startswith("policy.forecast ") and line.endswith("(file:6)") for line in lines)
+    code, out, _ = cli(["config", "show", "--json", str(good)], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["file"] == str(good)
+    assert doc["settings"]["policy.forecast"] == {"value": False, "source": "file:6"}
+    assert doc["settings"]["policy.target_utilisation"] == {"value": 0.8, "source": "default"}
+    assert doc["settings"]["models.0.replicas.1.node"] == {"value": "gpu2", "source": "file:4"}
+
+
+def test_show_lists_the_keys_of_every_section_with_their_defaults(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Keys a file leaves out are shown at their default: the newest ones too (the foreign job
+    action, the pipeline step cap, the web's user header and all-users switch)."""
+    good = tmp_path / "c.yaml"
+    good.write_text(MINIMAL + "web:\n  show_all_users: true\n")
+    code, out, _ = cli(["config", "show", "--json", str(good)], capsys)
+    doc = json.loads(out)["settings"]
+    assert code == 0
+    assert doc["slurm.foreign_job_action"] == {"value": "cancel", "source": "default"}
+    assert doc["pipeline.max_steps"]["source"] == "default"
+    assert doc["web.user_header"]["source"] == "default"
+    assert doc["web.show_all_users"] == {"value": True, "source": "file:6"}
+    assert doc["engine.kind"] == {"value": "command", "source": "file:1"}
+    sections = {key.split(".")[0] for key in doc}
+    assert sections == {"slurm", "metrics", "engine", "models", "policy", "timeouts", "paths",
+                        "report", "router", "job_policy", "pipeline", "web"}
+
+
+def test_the_config_group_offers_what_its_help_promises(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`config --help` promises checking and showing, and both commands exist."""
+    code, out, _ = cli(["config", "--help"], capsys)
+    assert code == 0 and "show" in out.split("Commands:")[0]
+    commands = out.split("Commands:")[1].split()
+    assert "check" in commands and "show" in commands
+
+
+def test_show_of_an_invalid_file_fails_like_check(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text(TWO_TYPOS)
+    code, out, err = cli(["config", "show", "--json", str(bad)], capsys)
+    assert code == 2 and out == "" and err.count("did you mean") == 2
+
+
+def test_format_settings_caps_the_value_column() -> None:
+    """One long command does not push every other line's source far to the right."""
+    from slurm_idle.config.provenance import Setting
+
+    text = format_settings([Setting("a", "x" * 200, "default"), Setting("bb", 1, "file:2")])
+    assert text[1] == "bb = " + "1".ljust(40) + "  (file:2)"
+    assert format_settings([Setting("c", "{url}\n", "default")]) == ['c = "{url}\\n"  (default)']
+
+
 def test_yaml_positions_cover_keys_items_flow_and_merge_keys() -> None:
     data, pos = parse_yaml_located("a: 1\nb:\n  c: [1, {d: 2}]\n  e: &x {f: 1}\ng: {<<: *x, h: 2}\n",
                                    "s.yaml")
@@ -177,3 +277,7 @@ def test_the_located_loader_keeps_the_bounds() -> None:
         parse_yaml_located(bomb, "bomb.yaml")
     with pytest.raises(ConfigError, match="nested deeper"):
         parse_yaml_located("a: " + "[" * 100 + "]" * 100 + "\n", "deep.yaml")
+
+
+def _parts(key: str) -> list[str | int]:
+    return [int(p) if p.isdigit() else p for p in key.split(".")]
