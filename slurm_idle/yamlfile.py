@@ -8,6 +8,9 @@ It must also fail *cheaply*. PyYAML shares an anchored node between its aliases,
 walks it next (pydantic, json.dumps, an error message); 50,000 nested brackets exhaust the
 composer's recursion. The loader here bounds the text (MAX_BYTES), the nesting (MAX_DEPTH) and
 the size of the document *as expanded through its aliases* (MAX_NODES), and says which one.
+
+`parse_yaml_located` also says where each key and list item starts (`Positions`), so a
+validation error can name the line of the value it is about, not just its dotted path.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from slurm_idle.errors import ConfigError
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 64
 MAX_NODES = 100_000
+
+#: Where each key / list item of a document starts: its path (mapping keys as text, list
+#: indexes as ints, the way pydantic's error `loc` spells them) -> (line, column), both 1-based.
+Positions = dict[tuple[str | int, ...], tuple[int, int]]
 
 
 class _Bounded(yaml.SafeLoader):  # type: ignore[misc]  # untyped base (no stubs)
@@ -90,11 +97,25 @@ def read_text(path: str | os.PathLike[str], what: str = "file", hint: str = "") 
 
 def parse_yaml(text: str, source: str, what: str = "file") -> Any:
     """The YAML document in `text`; a syntax error names its line, an empty file says so."""
+    return _load(text, source, what)[0]
+
+
+def parse_yaml_located(text: str, source: str, what: str = "file") -> tuple[Any, Positions]:
+    """The document in `text` and where each of its keys and list items starts (same errors)."""
+    data, root = _load(text, source, what)
+    positions: Positions = {}
+    _locate(root, (), positions, set())
+    return data, positions
+
+
+def _load(text: str, source: str, what: str) -> tuple[Any, Any]:
+    """The document and its node tree, within the bounds above, or a one-line ConfigError."""
     if len(text) > MAX_BYTES:
         raise ConfigError(f"{source}: {what} is larger than {MAX_BYTES} bytes")
     loader = _Bounded(text)
     try:
-        data = loader.get_single_data()
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
     except _TooBig as exc:
         raise ConfigError(f"{source}: {what} refused: {exc}") from None
     except RecursionError:  # a bound above should stop it first; never a traceback anyway
@@ -108,7 +129,29 @@ def parse_yaml(text: str, source: str, what: str = "file") -> Any:
         loader.dispose()
     if data is None:
         raise ConfigError(f"{source}: {what} is empty")
-    return data
+    return data, root
+
+
+def _locate(node: Any, path: tuple[str | int, ...], out: Positions, above: set[int]) -> None:
+    """Record where every key / item under `node` starts. Run after construction, so merge
+    keys (`<<: *base`) are already flattened into the mappings that use them; a node that
+    contains itself (`&a [*a]`) is not walked twice. MAX_NODES bounds the walk."""
+    if id(node) in above:
+        return
+    above = above | {id(node)}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                here = (*path, str(key.value))
+                # Assigned, not setdefault: of a key given twice (or merged, then given) the
+                # last one is the value in force, so it is the line to point at.
+                out[here] = (key.start_mark.line + 1, key.start_mark.column + 1)
+                _locate(value, here, out, above)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            here = (*path, index)
+            out[here] = (item.start_mark.line + 1, item.start_mark.column + 1)
+            _locate(item, here, out, above)
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -87,7 +87,7 @@ def log_fatal(message: str) -> None:
 
 
 def run_guarded(command: click.Command, argv: list[str] | None = None) -> NoReturn:
-    """Run the click app; SlurmIdleError becomes one line on stderr and its exit code.
+    """Run the click app; SlurmIdleError becomes a line per problem on stderr and its exit code.
 
     Anything else (a bug, an OSError nobody turned into a SlurmIdleError) is one line and
     exit 1 too; `-v` shows its traceback. Both lines also go to syslog under `--syslog`.
@@ -98,8 +98,11 @@ def run_guarded(command: click.Command, argv: list[str] | None = None) -> NoRetu
         if isinstance(rc, int) and not isinstance(rc, bool):
             sys.exit(rc)
     except SlurmIdleError as exc:
-        click.echo(f"slurm-idle: error: {exc}", err=True)
-        log_fatal(f"error: {exc}")
+        # An invalid config is one line per problem (ConfigInvalid); each gets the prefix, so
+        # every line reads (and greps) as an error of its own, on stderr and in syslog.
+        for line in str(exc).splitlines() or [""]:
+            click.echo(f"slurm-idle: error: {line}", err=True)
+            log_fatal(f"error: {line}")
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("slurm-idle: aborted", err=True)

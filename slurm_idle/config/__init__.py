@@ -1,13 +1,15 @@
 """The configuration file (etc/slurm-idle.yaml) as frozen pydantic models, with clear errors.
 
 One module per group of sections (base, adapters, models, sections); this one holds the whole
-`Config`, loading and error wording, and re-exports every model so `from slurm_idle.config
-import X` is the one import callers use.
+`Config` and its loading (error wording: problems.py; `config show`: provenance.py), and
+re-exports every model so `from slurm_idle.config import X` is the one import callers use.
 
 A typo in a config read by cron every minute must fail loudly and precisely, so every model
-forbids unknown keys and non-finite numbers (`1e400`, `.inf`), and `load_config` turns YAML
-and validation problems into a one-line `ConfigError` that names the file, line or dotted field
-path. A config *file* is held to what works on a real pool (see `FILE_CONTEXT`); the simulator
+forbids unknown keys and non-finite numbers (`1e400`, `.inf`), and `load_config` turns a YAML
+problem into a one-line `ConfigError` and validation problems into `ConfigInvalid`: one line
+per problem, in file order, each naming the file, line, column, dotted field path and, for a
+typo, the key meant. An admin fixes them all in one round, not one `config check` per
+mistake. A config *file* is held to what works on a real pool (see `FILE_CONTEXT`); the simulator
 builds the same models in code with values only it can use.
 """
 
@@ -39,6 +41,13 @@ from slurm_idle.config.base import (
     _Strict,
 )
 from slurm_idle.config.models import ModelConfig, ReplicaConfig, ReplicaJobConfig
+from slurm_idle.config.problems import (
+    ConfigInvalid,
+    ConfigProblem,
+    describe_error,
+    problems_of,
+    significant_errors,
+)
 from slurm_idle.config.sections import (
     JobPolicyConfig,
     PathsConfig,
@@ -49,9 +58,9 @@ from slurm_idle.config.sections import (
     WebConfig,
 )
 from slurm_idle.errors import ConfigError
-from slurm_idle.yamlfile import parse_yaml, read_text
+from slurm_idle.yamlfile import Positions, parse_yaml_located, read_text
 
-__all__ = ['CONFIG_ENV', 'DEFAULT_CONFIG_PATH', 'DEFAULT_REPLICA_URL', 'FILE_CONTEXT', 'LABEL_NAME_RE', 'LABEL_VALUE_RE', 'NODE_NAME_RE', 'SLURM_NAME_RE', 'Config', 'EngineConfig', 'JobPolicyConfig', 'MetricsConfig', 'ModelConfig', 'PathsConfig', 'PipelineConfig', 'PolicyConfig', 'ReplicaConfig', 'ReplicaJobConfig', 'ReportConfig', 'RouterConfig', 'SlurmConfig', 'TimeoutsConfig', 'WebConfig', 'describe_validation_error', 'load_config', 'parse_config', 'resolve_config_path']
+__all__ = ['CONFIG_ENV', 'DEFAULT_CONFIG_PATH', 'DEFAULT_REPLICA_URL', 'FILE_CONTEXT', 'LABEL_NAME_RE', 'LABEL_VALUE_RE', 'NODE_NAME_RE', 'SLURM_NAME_RE', 'Config', 'ConfigInvalid', 'ConfigProblem', 'EngineConfig', 'JobPolicyConfig', 'MetricsConfig', 'ModelConfig', 'PathsConfig', 'PipelineConfig', 'PolicyConfig', 'ReplicaConfig', 'ReplicaJobConfig', 'ReportConfig', 'RouterConfig', 'SlurmConfig', 'TimeoutsConfig', 'WebConfig', 'describe_validation_error', 'load_config', 'load_config_located', 'parse_config', 'parse_config_located', 'resolve_config_path']
 
 
 class Config(_Strict):
@@ -144,49 +153,36 @@ def resolve_config_path(path: str | None) -> str:
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
-    """Read and validate a config file, raising ConfigError with a one-line message."""
+    """Read and validate a config file; ConfigError (ConfigInvalid: every problem, one per line)."""
+    return load_config_located(path)[0]
+
+
+def load_config_located(path: str | os.PathLike[str]) -> tuple[Config, Positions]:
+    """The config of a file and where each of its keys is in it (for `config show`)."""
     text = read_text(path, "config file", f" (use --config PATH or set ${CONFIG_ENV})")
-    return parse_config(text, source=str(Path(path)))
+    return parse_config_located(text, source=str(Path(path)))
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
-    """Validate config text; errors name the source and the line or dotted field path."""
-    data = parse_yaml(text, source, "config file")
+    """Validate config text; errors name the source, line and dotted field path of each problem."""
+    return parse_config_located(text, source)[0]
+
+
+def parse_config_located(text: str, source: str = "<config>") -> tuple[Config, Positions]:
+    """Validate config text, keeping where each key is; ConfigInvalid lists every problem."""
+    data, positions = parse_yaml_located(text, source, "config file")
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
     try:
-        return Config.model_validate(data, context=FILE_CONTEXT)
+        return Config.model_validate(data, context=FILE_CONTEXT), positions
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {describe_validation_error(exc)}") from None
+        problems = problems_of(exc, Config, positions, {ModelConfig: ModelConfig.shorthand_keys})
+        raise ConfigInvalid(source, problems) from None
 
 
 def describe_validation_error(exc: ValidationError) -> str:
-    """The first error of a ValidationError as `dotted.path: message` (+ how many more).
-
-    An error on a container that only echoes an error inside it (`models` too short because
-    its one item failed) is not counted: the admin has one thing to fix, not two.
-    """
-    all_errors = exc.errors()
-    locs = [tuple(e["loc"]) for e in all_errors]
-    errors = [
-        e for e in all_errors
-        if not any(len(loc) > len(e["loc"]) and loc[: len(e["loc"])] == tuple(e["loc"]) for loc in locs)
-    ] or all_errors
-    first = errors[0]
-    path = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    kind = first["type"]
-    if kind == "extra_forbidden":
-        message = f"unknown key {path!r}"
-    elif kind == "missing":
-        message = f"missing required key {path!r}"
-    elif kind == "value_error":  # our own validators: their message is the whole story
-        text = first["msg"].removeprefix("Value error, ")
-        # ...unless it quotes a hostile value at length: one line stays a readable line.
-        message = f"{path}: {text if len(text) <= 300 else text[:150] + ' ... ' + text[-100:]}"
-    else:
-        message = f"{path}: {first['msg']}"
-        if "input" in first and kind != "value_error":
-            got = repr(first["input"])  # bounded: the input may be any (large) structure
-            message += f" (got {got if len(got) <= 80 else got[:80] + '...'})"
+    """The first error of a ValidationError as `dotted.path: message` (+ how many more): the
+    one-line form of files without line numbers to give (job specs, pipelines)."""
+    errors = significant_errors(exc)
     more = len(errors) - 1
-    return message + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
+    return describe_error(errors[0]) + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -137,6 +137,10 @@ class ReplicaJobConfig(_Strict):
 
 class ModelConfig(_Strict):
     """One served model and its replicas (see fleetspec.py for the forms a config may use)."""
+
+    #: Keys `_expand_nodes` turns into `replicas` (fleetspec.expand_model): valid, not fields,
+    #: so `config check` suggests them for a typo (`node:` -> `nodes`).
+    shorthand_keys: ClassVar[tuple[str, ...]] = ("nodes", "url", "replicas_per_node", "ports")
 
     name: str = Field(min_length=1, max_length=256)
     gpus_per_replica: int = Field(4, ge=1, le=1024)

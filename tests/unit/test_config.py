@@ -183,7 +183,7 @@ def test_unknown_key_in_a_model_is_one_error_not_two() -> None:
     """An unknown key under models.N is the only error reported (not also `models` too short)."""
     with pytest.raises(ConfigError) as err:
         parse_config(MINIMAL + "    bogus: 1\n")
-    assert str(err.value) == "<config>: unknown key 'models.0.bogus'"
+    assert str(err.value) == "<config>:7:5: unknown key 'models.0.bogus'"
 
 
 def test_non_finite_numbers_are_refused_everywhere() -> None:
