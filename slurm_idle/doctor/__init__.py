@@ -19,7 +19,9 @@ __all__ = ["Check", "SiteFacts", "diagnose", "exit_code", "run_checks"]
 
 
 def _engine_facts(config: Config, http: Any) -> Any:
+    from slurm_idle.engine import HttpProbe
     from slurm_idle.httpdeadline import HttpResponse
+    from slurm_idle.replica_health import engine_down
 
     clients: dict[str | None, Any] = {}
 
@@ -49,12 +51,15 @@ def _engine_facts(config: Config, http: Any) -> Any:
                 return None
             return int(resp.status)
 
+        down = engine_down(url, HttpProbe(http, engine.http_timeout_s).health(replica)) if replica else None
+        # A dead engine answers no endpoint: /is_sleeping's "start it in dev mode" would mislead.
         problems = engine_problems(
             engine, node, lambda n: container_exists(engine, n, model),
-            sleep_endpoint if engine.kind == "http-sleep" else None)
-        warning = replica_version_warning(http, replica, engine) if replica else None
+            sleep_endpoint if engine.kind == "http-sleep" and down is None else None)
+        warning = replica_version_warning(http, replica, engine) if replica and down is None else None
         return EngineFacts(node=node, model=model, kind=engine.kind, problems=problems,
-                           warnings=(warning,) if warning else ())
+                           warnings=(warning,) if warning else (),
+                           down=down.detail if down is not None else None)
 
     return facts
 
