@@ -123,12 +123,13 @@ def group_rows(obs: Observation, config: Config) -> list[dict[str, Any]]:
 
 
 def model_rows(obs: Observation, plans: Sequence[ModelPlan]) -> list[dict[str, Any]]:
-    """Per model: serving/needed replicas and the load signals behind them."""
+    """Per model: serving/needed replicas and the load signals behind them. Without a plan,
+    `serving` counts what takes traffic (SERVING and RETIRING), as the planner does."""
     by_model = {p.model: p for p in plans}
     rows = []
     for load in obs.models:
         plan = by_model.get(load.model)
-        serving = sum(1 for v in obs.nodes if v.model == load.model and v.phase is Phase.SERVING)
+        serving = sum(1 for v in obs.nodes if v.model == load.model and takes_traffic(v.phase))
         rows.append({
             "model": load.model,
             "serving": plan.serving_replicas if plan else serving,

@@ -18,10 +18,11 @@ from slurm_idle.httpdeadline import HttpResponse
 from slurm_idle.lifecycle import format_reason
 from slurm_idle.model import ModelLoad, Phase, ReplicaLoad
 from slurm_idle.replica_health import attention, engine_down, probe_serving, unhealthy
-from slurm_idle.status import node_rows, render_status, replica_rows
+from slurm_idle.status import model_rows, node_rows, render_status, replica_rows
 from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
 
 from .test_agent import Clock, make_config
+from .test_policy_helpers import load, node, observation
 
 
 def make_agent(tmp_path: Path, config: Config | None = None) -> tuple[Agent, FakeEngine]:
@@ -139,3 +140,11 @@ def test_replicas_listed_under_a_node_show_why_they_are_unhealthy() -> None:
     assert any(line.startswith("  └ gpu5:8000") and line.endswith(" healthy") for line in table)
     assert table[-1] == "attention: gpu5:8001 engine not answering /health"
 
+
+def test_status_without_a_plan_counts_as_serving_what_takes_traffic() -> None:
+    """With no plan for a model, `status` counts the replicas that take traffic (SERVING and
+    RETIRING, lifecycle.takes_traffic, as the planner does), not SERVING alone."""
+    obs = observation(node("n1"), node("n2", Phase.RETIRING), node("n3", Phase.LENT),
+                      node("n4", Phase.STARTING), loads=(load(0.0),))
+    [row] = model_rows(obs, [])
+    assert row["serving"] == 2
