@@ -40,8 +40,11 @@ def _engine_facts(config: Config, http: Any) -> Any:
             return f"container {container_name(engine.container, node, model)!r}: {exc}"
         return True
 
-    def facts(node: str, model: str, engine: EngineConfig) -> EngineFacts:
-        replica = config.replica(node)
+    def facts(node: str, model: str, engine: EngineConfig,
+              replica: ReplicaConfig | None = None) -> EngineFacts:
+        """One replica's engine (`replica`; None: the first headed on `node`): with two on
+        a node, each is asked at its own URL, so a dead one is not hidden by its neighbour."""
+        replica = replica or config.replica(node)
         url = replica.url.rstrip("/") if replica else ""
 
         def sleep_endpoint() -> int | None:
@@ -59,7 +62,8 @@ def _engine_facts(config: Config, http: Any) -> Any:
         warning = replica_version_warning(http, replica, engine) if replica and down is None else None
         return EngineFacts(node=node, model=model, kind=engine.kind, problems=problems,
                            warnings=(warning,) if warning else (),
-                           down=down.detail if down is not None else None)
+                           down=down.detail if down is not None else None,
+                           replica=replica.name if replica else "")
 
     return facts
 

@@ -59,6 +59,7 @@ class EngineFacts:
     # Why GET <url>/health did not answer 200 (replica_health.engine_down), None when it did.
     # A failure only where the replica should be serving: a lent replica's engine is stopped.
     down: str | None = None
+    replica: str = ""  # the replica's name; "": the first replica headed on `node`
 
 
 @dataclass(frozen=True)
@@ -404,25 +405,24 @@ def check_metrics(facts: SiteFacts, config: Config) -> list[Check]:
 
 
 def _engines_down(facts: SiteFacts) -> set[str]:
-    """Head nodes whose engine did not answer /health (a replica's name in a
-    one-replica-per-node pool: the doctor probes the first replica headed on each node)."""
-    return {e.node for e in facts.engines if e.down}
+    """Names of the replicas whose engine did not answer /health."""
+    return {e.replica or e.node for e in facts.engines if e.down}
 
 
 def _serving_engines_down(facts: SiteFacts, config: Config) -> list[str]:
-    """`NODE: why` for each replica whose engine should answer /health and does not: one that
-    should be serving (every node of it takes traffic, as Slurm says; none when Slurm could not
-    be read), or any http-sleep one."""
+    """`REPLICA: why` for each replica whose engine should answer /health and does not: one
+    that should be serving (every node of it takes traffic, as Slurm says; none when Slurm
+    could not be read), or any http-sleep one."""
     phases = {n.name: derive_phase(n, config.slurm.tag).phase for n in facts.nodes or ()}
     out = []
     for e in facts.engines:
         replica = next((r for m in config.models if m.name == e.model for r in m.replicas
-                        if r.node == e.node), None)
+                        if (r.name == e.replica if e.replica else r.node == e.node)), None)
         nodes = replica.nodes if replica is not None else (e.node,)
         # http-sleep never stops its engine (a lent one sleeps): down is a failure in any phase.
         if e.down and (e.kind == "http-sleep" or all(
                 takes_traffic(phases.get(n, Phase.UNKNOWN)) for n in nodes)):
-            out.append(f"{e.node}: {e.down}")
+            out.append(f"{e.replica or e.node}: {e.down}")
     return out
 
 

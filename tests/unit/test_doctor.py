@@ -480,3 +480,41 @@ def test_engine_facts_name_a_dead_engine_and_skip_its_sleep_endpoint() -> None:
     assert facts.problems == ()
     [check] = check_engines(SiteFacts(engines=(facts,)), cfg)
     assert check.status == "fail" and "http://127.0.0.1:8001/health" in check.detail
+
+
+def test_two_replicas_on_a_node_are_each_asked_for_health() -> None:
+    """Two replicas on gpu5, the one on port 8001 dead: the engine check names it by its
+    name and its own /health URL (each replica asked at its URL, not the node's first)."""
+    from slurm_idle.doctor import _engine_facts
+    from slurm_idle.doctor.gather import gather
+    from slurm_idle.errors import CommandError, EngineError
+    from slurm_idle.httpdeadline import HttpResponse
+    from slurm_idle.lifecycle import format_reason
+    from slurm_idle.model import Phase
+    from slurm_idle.testing.fakes import FakeMetrics, FakeSlurm
+
+    class Http:
+        def request(self, method: str, url: str, timeout: float) -> HttpResponse:
+            if ":8001/" in url:
+                raise EngineError(f"{method} {url}: [Errno 111] Connection refused")
+            return HttpResponse(200, b'{"version": "0.20.0"}' if url.endswith("/version") else b"")
+
+    class NoSlurmCommands:
+        def run(self, argv: object, input: str | None = None, timeout: float | None = None) -> object:
+            raise CommandError(["scontrol"], 1, "not in this test")
+
+    two = parse_config("""
+engine: {kind: command, start_command: 'true', stop_command: 'true'}
+models:
+  - {name: m, gpus_per_replica: 4, nodes: gpu5, replicas_per_node: 2,
+     url: 'http://127.0.0.1:{port}', ports: [8000, 8001]}
+""")
+    slurm = FakeSlurm.with_nodes(["gpu5"], gpus=8)
+    slurm.drain("gpu5", format_reason(two.slurm.tag, Phase.SERVING, 0.0))
+    facts = gather(two, NoSlurmCommands(), slurm, FakeMetrics(), _engine_facts(two, Http()))
+    [check] = check_engines(facts, two)
+    dead = next(r.name for r in two.models[0].replicas if r.url.endswith(":8001"))
+    assert check.status == "fail", check.detail
+    assert check.detail.startswith(
+        f"{dead}: engine not answering GET http://127.0.0.1:8001/health (connection refused)"), check.detail
+    assert ":8000/health" not in check.detail
