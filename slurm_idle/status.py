@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from slurm_idle.config import Config
 from slurm_idle.fleetspec import format_gpus
 from slurm_idle.lifecycle import takes_traffic
 from slurm_idle.model import ModelPlan, Observation, Phase, ReplicaLoad
+from slurm_idle.replica_health import attention, unhealthy
 from slurm_idle.topology import group_views
+
+if TYPE_CHECKING:
+    from slurm_idle.engine import EngineHealth
 
 
 def slurm_state(flags: frozenset[str], state: str) -> str:
@@ -48,9 +52,28 @@ def _healthy(load: ReplicaLoad | None, phase: Phase) -> bool | None:
     return load.known and not load.sleeping
 
 
-def replica_rows(obs: Observation, config: Config) -> list[dict[str, Any]]:
-    """One row per replica; keys name, model, nodes, gpus, url, phase, healthy are a stable
-    interface (`status --json` `replicas`). A replica's phase is its lend group's."""
+def _with_health(row: dict[str, Any], load: ReplicaLoad | None,
+                 health: Mapping[str, EngineHealth]) -> dict[str, Any]:
+    """`health_reason` (the problem, naming the URL) and `health_summary` (its short form) of
+    a replica meant to serve, both None when it is fine or not meant to serve; `healthy` is
+    False whenever there is a reason (its /health asked now outranks the tick's metrics)."""
+    problem = None
+    if takes_traffic(Phase(row["phase"])) and row["url"]:
+        problem = unhealthy(row["url"], health.get(row["name"]), load)
+    if problem is not None:
+        row["healthy"] = False
+    row["health_reason"] = problem.detail if problem else None
+    row["health_summary"] = problem.summary if problem else None
+    return row
+
+
+def replica_rows(obs: Observation, config: Config,
+                 health: Mapping[str, EngineHealth] | None = None) -> list[dict[str, Any]]:
+    """One row per replica; keys name, model, nodes, gpus, url, phase, healthy, health_reason,
+    health_summary are a stable interface (`status --json` `replicas`). A replica's phase is
+    its lend group's. `health`: replica name -> its /health answer now
+    (replica_health.probe_serving); without it the reasons come from the tick's metrics alone."""
+    health = health or {}
     rows = []
     for g in group_views(obs, config):
         for r in g.group.replicas:
@@ -67,6 +90,7 @@ def replica_rows(obs: Observation, config: Config) -> list[dict[str, Any]]:
                 "waiting": load.waiting if load is not None and load.known else None,
                 "placement": "nodes",
             })
+            _with_health(rows[-1], load, health)
     for j in obs.replica_jobs:  # `placement: jobs`: one Slurm job per replica (replicajobs.py)
         rows.append({
             "name": j.name,
@@ -85,6 +109,7 @@ def replica_rows(obs: Observation, config: Config) -> list[dict[str, Any]]:
             "port": j.port,
             "pinned": j.pinned,  # an admin's `slurm-idle pin MODEL#INDEX`
         })
+        _with_health(rows[-1], j.load, health)
     return rows
 
 
@@ -98,12 +123,13 @@ def group_rows(obs: Observation, config: Config) -> list[dict[str, Any]]:
 
 
 def model_rows(obs: Observation, plans: Sequence[ModelPlan]) -> list[dict[str, Any]]:
-    """Per model: serving/needed replicas and the load signals behind them."""
+    """Per model: serving/needed replicas and the load signals behind them. Without a plan,
+    `serving` counts what takes traffic (SERVING and RETIRING), as the planner does."""
     by_model = {p.model: p for p in plans}
     rows = []
     for load in obs.models:
         plan = by_model.get(load.model)
-        serving = sum(1 for v in obs.nodes if v.model == load.model and v.phase is Phase.SERVING)
+        serving = sum(1 for v in obs.nodes if v.model == load.model and takes_traffic(v.phase))
         rows.append({
             "model": load.model,
             "serving": plan.serving_replicas if plan else serving,
@@ -127,7 +153,8 @@ def render_status(
     replicas: Sequence[dict[str, Any]] = (),
 ) -> str:
     """A table for humans; with several replicas on a node (or one spanning nodes), each is
-    listed under its head node."""
+    listed under its head node, as is any replica meant to serve that is unhealthy (with why);
+    `attention:` lines close it, one per such replica, so the last lines say what to look at."""
     lines = [f"{'NODE':<12} {'PHASE':<11} {'SLURM':<18} {'GPUS':<6} {'JOBS':<12} REASON"]
     under: dict[str, list[dict[str, Any]]] = {}
     for r in replicas:
@@ -139,10 +166,14 @@ def render_status(
         gpus = f"{n['gpus_used']}/{n['gpus']}"
         phase = n["phase"] + ("*" if n["pinned"] else "")
         lines.append(f"{n['name']:<12} {phase:<11} {n['slurm_state']:<18} {gpus:<6} {jobs:<12} {n['reason']}")
-        for r in under.get(n["name"], []) if show else ():
-            health = {True: "healthy", False: "not healthy", None: "-"}[r["healthy"]]
-            span = f" on {','.join(r['nodes'])}" if len(r["nodes"]) > 1 else ""
-            lines.append(f"  └ {r['name']:<20} {r['model']} gpus {r['gpus']}{span} {r['url']} {health}")
+        for r in under.get(n["name"], []):
+            if show:
+                health = (f"unhealthy: {r['health_reason']}" if r.get("health_reason") else
+                          {True: "healthy", False: "not healthy", None: "-"}[r["healthy"]])
+                span = f" on {','.join(r['nodes'])}" if len(r["nodes"]) > 1 else ""
+                lines.append(f"  └ {r['name']:<20} {r['model']} gpus {r['gpus']}{span} {r['url']} {health}")
+            elif r.get("health_reason"):
+                lines.append(f"  └ {r['name']} {r['phase']} (unhealthy: {r['health_reason']})")
     job_rows = [r for r in replicas if r.get("placement") == "jobs"]
     if job_rows:
         lines.append("")
@@ -152,6 +183,8 @@ def render_status(
             phase = r["phase"] + ("*" if r.get("pinned") else "")
             lines.append(f"{r['name']:<24} {phase:<11} {r['job_id'] or '-'!s:<8} {state:<10} "
                          f"{','.join(r['nodes']) or '-':<12} {r['url'] or '-'}")
+            if r.get("health_reason"):
+                lines.append(f"  └ {r['phase']} (unhealthy: {r['health_reason']})")
     lines.append("")
     lines.append(f"{'MODEL':<28} {'SERVING':>7} {'NEEDED':>6}  LOAD")
     for m in models:
@@ -165,4 +198,5 @@ def render_status(
         lines.append("(* pinned: never lent)")
     for e in errors:
         lines.append(f"warning: {e}")
+    lines += [f"attention: {line}" for line in attention(replicas)]
     return "\n".join(lines)

@@ -18,7 +18,8 @@ def doctor(ctx: Context, as_json: bool) -> None:
     """Check the live cluster against what slurm-idle relies on.
 
     Reads `scontrol show config` / `show partition` and the nodes, makes a `sbatch --test-only`
-    submission (no job is created), queries the metrics and the engines, and looks at the
+    submission (no job is created), queries the metrics and each engine's /health (a serving
+    replica whose engine does not answer fails the engine check, by its URL), and looks at the
     agent's files. Each check is ok, warn or fail with the fix in one line. Changes nothing.
     Exit 0 when nothing fails (warnings allowed), 1 otherwise.
     """

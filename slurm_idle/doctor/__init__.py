@@ -19,7 +19,9 @@ __all__ = ["Check", "SiteFacts", "diagnose", "exit_code", "run_checks"]
 
 
 def _engine_facts(config: Config, http: Any) -> Any:
+    from slurm_idle.engine import HttpProbe
     from slurm_idle.httpdeadline import HttpResponse
+    from slurm_idle.replica_health import engine_down
 
     clients: dict[str | None, Any] = {}
 
@@ -38,8 +40,11 @@ def _engine_facts(config: Config, http: Any) -> Any:
             return f"container {container_name(engine.container, node, model)!r}: {exc}"
         return True
 
-    def facts(node: str, model: str, engine: EngineConfig) -> EngineFacts:
-        replica = config.replica(node)
+    def facts(node: str, model: str, engine: EngineConfig,
+              replica: ReplicaConfig | None = None) -> EngineFacts:
+        """One replica's engine (`replica`; None: the first headed on `node`): with two on
+        a node, each is asked at its own URL, so a dead one is not hidden by its neighbour."""
+        replica = replica or config.replica(node)
         url = replica.url.rstrip("/") if replica else ""
 
         def sleep_endpoint() -> int | None:
@@ -49,12 +54,16 @@ def _engine_facts(config: Config, http: Any) -> Any:
                 return None
             return int(resp.status)
 
+        down = engine_down(url, HttpProbe(http, engine.http_timeout_s).health(replica)) if replica else None
+        # A dead engine answers no endpoint: /is_sleeping's "start it in dev mode" would mislead.
         problems = engine_problems(
             engine, node, lambda n: container_exists(engine, n, model),
-            sleep_endpoint if engine.kind == "http-sleep" else None)
-        warning = replica_version_warning(http, replica, engine) if replica else None
+            sleep_endpoint if engine.kind == "http-sleep" and down is None else None)
+        warning = replica_version_warning(http, replica, engine) if replica and down is None else None
         return EngineFacts(node=node, model=model, kind=engine.kind, problems=problems,
-                           warnings=(warning,) if warning else ())
+                           warnings=(warning,) if warning else (),
+                           down=down.detail if down is not None else None,
+                           replica=replica.name if replica else "")
 
     return facts
 

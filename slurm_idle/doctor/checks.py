@@ -56,6 +56,10 @@ class EngineFacts:
     kind: str
     problems: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    # Why GET <url>/health did not answer 200 (replica_health.engine_down), None when it did.
+    # A failure only where the replica should be serving: a lent replica's engine is stopped.
+    down: str | None = None
+    replica: str = ""  # the replica's name; "": the first replica headed on `node`
 
 
 @dataclass(frozen=True)
@@ -384,17 +388,51 @@ def check_metrics(facts: SiteFacts, config: Config) -> list[Check]:
     phases = {n.name: derive_phase(n, config.slurm.tag).phase for n in facts.nodes or ()}
     serving = [r.name for m in config.models for r in m.replicas
                if all(takes_traffic(phases.get(n, Phase.UNKNOWN)) for n in r.nodes)]
-    blind = [n for n in serving if n not in facts.replicas or not facts.replicas[n].known]
+    missing = [n for n in serving if n not in facts.replicas or not facts.replicas[n].known]
+    # A dead engine has no series whatever the scrape config says: the engine check names it.
+    dead = [n for n in missing if n in _engines_down(facts)]
+    blind = [n for n in missing if n not in dead]
     if blind:
         return [Check(name, "fail",
                       f"no fresh series for serving replica(s) {', '.join(blind)} from {where}: "
-                      "check the scrape config (etc/prometheus.yml), metrics.instance_label and the URLs")]
+                      "check the scrape config (etc/prometheus.yml), metrics.instance_label and the URLs"
+                      + (f" ({', '.join(dead)}: engine down, see the engine check)" if dead else ""))]
+    if dead:
+        return [Check(name, "warn", f"no fresh series for {', '.join(dead)}: its engine is down "
+                      f"(see the engine check); {source} has fresh series for the other "
+                      f"{len(serving) - len(dead)} serving replica(s)")]
     return [Check(name, "ok", f"{source}: fresh series for all {len(serving)} serving replica(s)")]
 
 
+def _engines_down(facts: SiteFacts) -> set[str]:
+    """Names of the replicas whose engine did not answer /health."""
+    return {e.replica or e.node for e in facts.engines if e.down}
+
+
+def _serving_engines_down(facts: SiteFacts, config: Config) -> list[str]:
+    """`REPLICA: why` for each replica whose engine should answer /health and does not: one
+    that should be serving (every node of it takes traffic, as Slurm says; none when Slurm
+    could not be read), or any http-sleep one."""
+    phases = {n.name: derive_phase(n, config.slurm.tag).phase for n in facts.nodes or ()}
+    out = []
+    for e in facts.engines:
+        replica = next((r for m in config.models if m.name == e.model for r in m.replicas
+                        if (r.name == e.replica if e.replica else r.node == e.node)), None)
+        nodes = replica.nodes if replica is not None else (e.node,)
+        # http-sleep never stops its engine (a lent one sleeps): down is a failure in any phase.
+        if e.down and (e.kind == "http-sleep" or all(
+                takes_traffic(phases.get(n, Phase.UNKNOWN)) for n in nodes)):
+            out.append(f"{e.replica or e.node}: {e.down}")
+    return out
+
+
 def check_engines(facts: SiteFacts, config: Config) -> list[Check]:
+    """Each engine control can work (commands found, containers made, sleep mode on), and each
+    engine that should be serving answers /health: named by its URL, the cause of any stale
+    series the metrics check sees for it."""
     name = "engine"
-    problems = [f"{e.node}: {p}" for e in facts.engines for p in e.problems]
+    problems = [*_serving_engines_down(facts, config),
+                *(f"{e.node}: {p}" for e in facts.engines for p in e.problems)]
     warnings = [f"{e.node}: {w}" for e in facts.engines for w in e.warnings]
     if problems:
         return [Check(name, "fail", "; ".join(problems + warnings))]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_idle.commands import CommandRunner
-from slurm_idle.config import Config, EngineConfig
+from slurm_idle.config import Config, EngineConfig, ReplicaConfig
 from slurm_idle.doctor.checks import EngineFacts, SiteFacts, SubmitProbe
 from slurm_idle.errors import CommandError, SlurmIdleError
 from slurm_idle.metrics.serving import loads_by_replica
@@ -141,7 +141,7 @@ def gather(
     runner: CommandRunner,
     slurm: Any,
     metrics: Any,
-    engine_checks: Callable[[str, str, EngineConfig], EngineFacts],
+    engine_checks: Callable[[str, str, EngineConfig, ReplicaConfig], EngineFacts],
     router_states: Callable[[list[str]], dict[str, str]] | None = None,
 ) -> SiteFacts:
     """Read everything the checks need; parts that fail are recorded in `errors`.
@@ -166,7 +166,7 @@ def gather(
     replicas_list = [(m.name, r) for m in config.models for r in m.replicas]
     loads = read("replicas", lambda: metrics.replica_loads(replicas_list))
     replicas = loads_by_replica(replicas_list, loads) if loads is not None else None
-    engines = tuple(engine_checks(r.node, m, config.engine_for(m)) for m, r in replicas_list)
+    engines = tuple(engine_checks(r.node, m, config.engine_for(m), r) for m, r in replicas_list)
     paths = tuple(
         (key, value, path_problem(value))
         for key, value in (("journal", config.paths.journal), ("lock", config.paths.lock),

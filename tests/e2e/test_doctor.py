@@ -94,6 +94,60 @@ def test_doctor_healthy_then_misconfigured(own_sandbox: Any) -> None:
     assert "gpu2 has 0 GPU(s)" in failing(checks)["slurm.nodes"]
 
 
+def test_a_stopped_engine_is_named_by_status_and_doctor(own_sandbox: Any) -> None:
+    """One serving replica's engine stopped: `status` shows it unhealthy with its /health URL
+    and an `attention:` line (text and --json); `doctor`'s engine check fails naming that URL,
+    and the metrics check does not blame the scrape config. No tick runs between the stop and
+    the looking (this sandbox runs no agent): a tick would repair the replica (restart its
+    engine, action `repair`) and there would be nothing left to see. The engine is started
+    again at the end."""
+    from slurm_idle.testing.waiting import poll
+
+    sb = own_sandbox
+
+    def cli(*args: str) -> Any:
+        return sb.run([sys.executable, "-m", "slurm_idle.cli", *args], timeout=180)
+
+    assert cli("tick").returncode == 0  # adopts the pool: some replicas serving
+    # Every serving replica's series fresh first (at once after the test above; alone, on a
+    # brand-new sandbox, Prometheus needs a few scrapes), so that a stale series below can only
+    # be the stopped engine's.
+    metrics: dict[str, str] = {}
+
+    def fresh() -> bool:
+        metrics.update(doctor(sb)[1]["metrics"])
+        return metrics["status"] == "ok"
+
+    try:
+        poll(fresh, 120, "fresh series for every serving replica", interval_s=2.0)
+    except AssertionError:
+        pytest.fail(f"doctor's metrics check never passed within 120 s: {metrics}")
+    rows = json.loads(cli("status", "--json").stdout)["replicas"]
+    # A whole-node replica (its emulator is stopped by node name); not gpu2, whose GPUs the
+    # test before took away.
+    row = next(r for r in rows if r["phase"] == "serving" and r["placement"] == "nodes"
+               and r["name"] == r["nodes"][0] and r["name"] != "gpu2")
+    name, url = row["name"], row["url"].rstrip("/")
+    assert sb.engine_stop(name)
+    try:
+        text = cli("status").stdout
+        assert f"{name} serving (unhealthy: engine not answering GET {url}/health" in text, text
+        assert f"attention: {name} engine not answering /health" in text, text
+        doc = json.loads(cli("status", "--json").stdout)
+        mine = next(r for r in doc["replicas"] if r["name"] == name)
+        assert mine["phase"] == "serving" and mine["healthy"] is False, mine
+        assert f"GET {url}/health" in mine["health_reason"], mine
+        assert f"{name} engine not answering /health" in doc["attention"], doc["attention"]
+        rc, checks = doctor(sb)
+        assert rc == 1
+        assert checks["engine"]["status"] == "fail"
+        assert f"{name}: engine not answering GET {url}/health" in checks["engine"]["detail"]
+        assert "scrape config" not in checks["metrics"]["detail"], checks["metrics"]
+    finally:
+        sb.engine_start(name)
+        poll(lambda: sb.status()["emulators"][name]["healthy"], 60, f"{name} healthy again")
+
+
 def test_power_saving_on_real_slurm(own_sandbox: Any, tmp_path: Path) -> None:
     """Slurm 22.05 powers a lent node down: it stays `lent`; status and doctor name the serving
     nodes power saving may suspend; reclaim drains it, asks POWER_UP and, the fake node never

@@ -428,3 +428,93 @@ def test_replica_job_partition_checked_only_with_jobs_placement() -> None:
         f"models: {jobs_model.replace('port_base: 9000', 'port_base: 9000, partition: gpu-serve')}"]))
     (check,) = check_replica_job_partitions(facts_22(), other)
     assert check.status == "fail" and "gpu-serve (replica jobs) does not exist" in check.detail
+
+
+# --- a dead engine: named by the engine check, not blamed on the scrape config ---------------
+
+
+def test_a_dead_serving_engine_fails_the_engine_check_by_its_health_url() -> None:
+    """A serving replica whose engine does not answer /health fails `engine`, naming its URL;
+    the lent gpu1's stopped engine is expected and not named."""
+    down = "engine not answering GET http://gpu4:8000/health (connection refused)"
+    facts = facts_22(engines=(EngineFacts("gpu1", "m", "command", down="engine not answering x"),
+                              EngineFacts("gpu4", "m", "command", down=down)))
+    check = check_engines(facts, config())[0]
+    assert check.status == "fail"
+    assert check.detail == f"gpu4: {down}"
+    lent_only = facts_22(engines=(EngineFacts("gpu1", "m", "command", down="engine not answering x"),))
+    assert check_engines(lent_only, config())[0].status == "ok"
+
+
+def test_metrics_do_not_blame_the_scrape_config_for_a_dead_engine() -> None:
+    """No series from a replica whose engine is down points to the engine check; a replica
+    with a live engine and no series still blames the scrape config."""
+    replicas = {"gpu1": ReplicaLoad("m", "gpu1", known=False), "gpu2": ReplicaLoad("m", "gpu2"),
+                "gpu3": ReplicaLoad("m", "gpu3"), "gpu4": ReplicaLoad("m", "gpu4", known=False)}
+    dead = (EngineFacts("gpu4", "m", "command", down="engine not answering GET http://gpu4:8000/health"),)
+    check = check_metrics(facts_22(replicas=replicas, engines=dead), config())[0]
+    assert check.status == "warn", check
+    assert "scrape config" not in check.detail and "gpu4" in check.detail
+    assert "engine check" in check.detail
+    replicas["gpu3"] = ReplicaLoad("m", "gpu3", known=False)
+    check = check_metrics(facts_22(replicas=replicas, engines=dead), config())[0]
+    assert check.status == "fail" and "scrape config" in check.detail
+    assert "gpu3" in check.detail.split(":")[0] and "gpu4: engine down" in check.detail
+
+
+def test_engine_facts_name_a_dead_engine_and_skip_its_sleep_endpoint() -> None:
+    """The doctor asks each engine for /health: refused reads `engine not answering GET
+    URL/health (connection refused)`, and an http-sleep engine that is down is not told to
+    start in dev mode (its /is_sleeping is not the problem)."""
+    from slurm_idle.doctor import _engine_facts
+    from slurm_idle.errors import EngineError
+
+    class Refusing:
+        def request(self, method: str, url: str, timeout: float) -> object:
+            raise EngineError(f"{method} {url}: [Errno 111] Connection refused")
+
+    cfg = parse_config("engine: {kind: http-sleep}\nmodels: [{name: m, replicas: "
+                       "[{node: gpu1, url: 'http://127.0.0.1:8001'}]}]")
+    facts = _engine_facts(cfg, Refusing())("gpu1", "m", cfg.engine_for("m"))
+    assert facts.down == "engine not answering GET http://127.0.0.1:8001/health (connection refused)"
+    assert facts.problems == ()
+    [check] = check_engines(SiteFacts(engines=(facts,)), cfg)
+    assert check.status == "fail" and "http://127.0.0.1:8001/health" in check.detail
+
+
+def test_two_replicas_on_a_node_are_each_asked_for_health() -> None:
+    """Two replicas on gpu5, the one on port 8001 dead: the engine check names it by its
+    name and its own /health URL (each replica asked at its URL, not the node's first)."""
+    from slurm_idle.doctor import _engine_facts
+    from slurm_idle.doctor.gather import gather
+    from slurm_idle.errors import CommandError, EngineError
+    from slurm_idle.httpdeadline import HttpResponse
+    from slurm_idle.lifecycle import format_reason
+    from slurm_idle.model import Phase
+    from slurm_idle.testing.fakes import FakeMetrics, FakeSlurm
+
+    class Http:
+        def request(self, method: str, url: str, timeout: float) -> HttpResponse:
+            if ":8001/" in url:
+                raise EngineError(f"{method} {url}: [Errno 111] Connection refused")
+            return HttpResponse(200, b'{"version": "0.20.0"}' if url.endswith("/version") else b"")
+
+    class NoSlurmCommands:
+        def run(self, argv: object, input: str | None = None, timeout: float | None = None) -> object:
+            raise CommandError(["scontrol"], 1, "not in this test")
+
+    two = parse_config("""
+engine: {kind: command, start_command: 'true', stop_command: 'true'}
+models:
+  - {name: m, gpus_per_replica: 4, nodes: gpu5, replicas_per_node: 2,
+     url: 'http://127.0.0.1:{port}', ports: [8000, 8001]}
+""")
+    slurm = FakeSlurm.with_nodes(["gpu5"], gpus=8)
+    slurm.drain("gpu5", format_reason(two.slurm.tag, Phase.SERVING, 0.0))
+    facts = gather(two, NoSlurmCommands(), slurm, FakeMetrics(), _engine_facts(two, Http()))
+    [check] = check_engines(facts, two)
+    dead = next(r.name for r in two.models[0].replicas if r.url.endswith(":8001"))
+    assert check.status == "fail", check.detail
+    assert check.detail.startswith(
+        f"{dead}: engine not answering GET http://127.0.0.1:8001/health (connection refused)"), check.detail
+    assert ":8000/health" not in check.detail
