@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from slurm_idle import admin_jobs
 from slurm_idle.agent import Agent
-from slurm_idle.errors import SlurmIdleError
+from slurm_idle.errors import BadInput, Refused, SlurmIdleError
 from slurm_idle.journal import AdminRecord, StepOutcome
 from slurm_idle.lifecycle import DRAINED_PHASES, format_reason
 from slurm_idle.lock import lock_holder, try_lock
@@ -77,12 +77,12 @@ def _under_lock(agent: Agent, fn: Callable[[], T]) -> T:
 
 
 def node_view(obs: Observation, node: str) -> NodeView:
-    """The observed view of a pool node; SlurmIdleError for another name."""
+    """The observed view of a pool node; BadInput (exit 2) for another name."""
     for v in obs.nodes:
         if v.name == node:
             return v
     pool = ", ".join(v.name for v in obs.nodes)
-    raise SlurmIdleError(f"{node} is not a pool node (pool: {pool})")
+    raise BadInput(f"{node} is not a pool node (pool: {pool})")
 
 
 def group_of(obs: Observation, agent: Agent, node: str) -> GroupView:
@@ -90,23 +90,29 @@ def group_of(obs: Observation, agent: Agent, node: str) -> GroupView:
     for g in group_views(obs, agent.config):
         if node in g.group.nodes:
             return g
-    raise SlurmIdleError(f"{node} is not a pool node")
+    raise BadInput(f"{node} is not a pool node")
 
 
-def _run(agent: Agent, action: Action, obs: Observation) -> list[StepResult]:
-    steps = agent.run_actions([action], obs)
+#: Called with each step as it ends (the CLI prints it then: a reclaim that waits out the lent
+#: jobs' grace and an engine's start says how far it got, step by step, as it goes).
+OnStep = Callable[[StepResult], None]
+
+
+def _run(agent: Agent, action: Action, obs: Observation,
+         on_step: OnStep | None = None) -> list[StepResult]:
+    steps = agent.run_actions([action], obs, on_step=on_step)
     _count_transitions(agent, steps)
     return steps
 
 
 def _pin_by_reclaim(agent: Agent, name: str, action: Action, obs: Observation,
-                    dry_run: bool) -> AdminResult:
+                    dry_run: bool, on_step: OnStep | None = None) -> AdminResult:
     """Pinning a lent node or replica: reclaim it, `obs` already showing it pinned (so the
     reclaim's planner never lends it again). Shared by node and replica-job pins."""
     if dry_run:
         return AdminResult("pin", name, True, action,
                            message=f"would reclaim {name} and keep it serving")
-    steps = _run(agent, action, obs)
+    steps = _run(agent, action, obs, on_step)
     result = AdminResult("pin", name, False, action, steps)
     if any(s.outcome is StepOutcome.ERROR for s in steps):
         raise AdminFailed(f"pin {name}: reclaiming it failed: {steps[-1].error}", result)
@@ -124,37 +130,60 @@ def _count_transitions(agent: Agent, steps: list[StepResult]) -> None:
                            if s.outcome is StepOutcome.OK])
 
 
-def force(agent: Agent, node: str, kind: ActionKind, dry_run: bool = False) -> AdminResult:
+def force(agent: Agent, node: str, kind: ActionKind, dry_run: bool = False,
+          on_step: OnStep | None = None, notify: Callable[[str], None] | None = None
+          ) -> AdminResult:
     """`lend NODE` (serving -> lent) or `reclaim NODE` (lent or unknown -> serving) through the
     normal transition path, for the node's whole lend group. Refuses an admin's node, a pinned
-    node (lend), and a group in another phase. A failed step is a SlurmIdleError."""
-    return _under_lock(agent, lambda: _force(agent, node, kind, dry_run))
+    node (lend), and a group in another phase (Refused, exit 3); an unknown node is BadInput
+    (exit 2). A failed step is AdminFailed (exit 1).
+
+    `on_step` gets each step as it ends; `notify` a line before a wait the admin would
+    otherwise sit through in silence (a reclaim giving the lent jobs their grace)."""
+    return _under_lock(agent, lambda: _force(agent, node, kind, dry_run, on_step, notify))
 
 
-def _force(agent: Agent, node: str, kind: ActionKind, dry_run: bool) -> AdminResult:
+def grace_wait(agent: Agent, group: GroupView) -> str | None:
+    """What a reclaim of `group` is about to wait for: the lend partition's jobs on it, warned
+    and given `slurm.requeue_grace_s` to checkpoint (None: no job, or no grace)."""
+    slurm = agent.config.slurm
+    ids = sorted({j.job_id for j in group.jobs if j.partition == slurm.lend_partition})
+    if not ids or slurm.requeue_grace_s <= 0:
+        return None
+    return (f"reclaim {group.name}: {slurm.lend_partition} job(s) {', '.join(map(str, ids))} "
+            f"get up to {slurm.requeue_grace_s:g}s (slurm.requeue_grace_s) to stop before "
+            "their requeue; waiting ...")
+
+
+def _force(agent: Agent, node: str, kind: ActionKind, dry_run: bool,
+           on_step: OnStep | None = None,
+           notify: Callable[[str], None] | None = None) -> AdminResult:
     if admin_jobs.is_replica_name(node):  # MODEL#INDEX: a placement: jobs replica
-        return admin_jobs.force(agent, node, kind, dry_run)
+        return admin_jobs.force(agent, node, kind, dry_run, on_step)
     obs = agent.observe()
     view = node_view(obs, node)
     if view.phase is Phase.ADMIN:
-        raise SlurmIdleError(f"{node} is drained by an admin ({view.node.reason!r}); slurm-idle "
-                             "never touches it")
+        raise Refused(f"{node} is drained by an admin ({view.node.reason!r}); slurm-idle "
+                      "never touches it")
     if kind is ActionKind.LEND and view.pinned:
-        raise SlurmIdleError(f"{node} is pinned; `slurm-idle unpin {node}` first")
+        raise Refused(f"{node} is pinned; `slurm-idle unpin {node}` first")
     group = group_of(obs, agent, node)
     if group.phase is Phase.ADMIN:
-        raise SlurmIdleError(f"{node} is in lend group {','.join(group.group.nodes)}, which an "
-                             "admin drained; slurm-idle never touches it")
+        raise Refused(f"{node} is in lend group {','.join(group.group.nodes)}, which an "
+                      "admin drained; slurm-idle never touches it")
     wanted = Phase.SERVING if kind is ActionKind.LEND else Phase.LENT
     if group.phase is not wanted and not (kind is ActionKind.RECLAIM and group.phase is Phase.UNKNOWN):
-        raise SlurmIdleError(
+        raise Refused(
             f"{node} is {group.phase.value}, not {wanted.value}; cannot {kind.value} it now"
             " (see `slurm-idle status`)"
         )
     # The group moves as one: the action names its key node, from the group's phase.
     action = replace(action_for_admin(replace(view, phase=group.phase), kind,
                                       f"admin: slurm-idle {kind.value} {node}"), node=group.name)
-    steps = [] if dry_run else _run(agent, action, obs)
+    wait = grace_wait(agent, group) if kind is ActionKind.RECLAIM and not dry_run else None
+    if wait is not None and notify is not None:
+        notify(wait)
+    steps = [] if dry_run else _run(agent, action, obs, on_step)
     result = AdminResult(kind.value, node, dry_run, action, steps)
     failed = [s for s in steps if s.outcome is StepOutcome.ERROR]
     if failed:
@@ -162,10 +191,11 @@ def _force(agent: Agent, node: str, kind: ActionKind, dry_run: bool) -> AdminRes
     return result
 
 
-def pin(agent: Agent, node: str, dry_run: bool = False) -> AdminResult:
+def pin(agent: Agent, node: str, dry_run: bool = False,
+        on_step: OnStep | None = None) -> AdminResult:
     """Keep NODE serving: `pinned` in its Reason (the planner never lends it). A lent node (or
-    one not managed yet) is reclaimed first and kept."""
-    return _under_lock(agent, lambda: _set_pin(agent, node, True, dry_run))
+    one not managed yet) is reclaimed first and kept (`on_step`: each of its steps as it ends)."""
+    return _under_lock(agent, lambda: _set_pin(agent, node, True, dry_run, on_step))
 
 
 def unpin(agent: Agent, node: str, dry_run: bool = False) -> AdminResult:
@@ -173,14 +203,15 @@ def unpin(agent: Agent, node: str, dry_run: bool = False) -> AdminResult:
     return _under_lock(agent, lambda: _set_pin(agent, node, False, dry_run))
 
 
-def _set_pin(agent: Agent, node: str, pinned: bool, dry_run: bool) -> AdminResult:
+def _set_pin(agent: Agent, node: str, pinned: bool, dry_run: bool,
+             on_step: OnStep | None = None) -> AdminResult:
     if admin_jobs.is_replica_name(node):  # MODEL#INDEX: a placement: jobs replica
-        return admin_jobs.set_pin(agent, node, pinned, dry_run)
+        return admin_jobs.set_pin(agent, node, pinned, dry_run, on_step)
     command = "pin" if pinned else "unpin"
     obs = agent.observe()
     view = node_view(obs, node)
     if view.phase is Phase.ADMIN:
-        raise SlurmIdleError(f"{node} is drained by an admin ({view.node.reason!r}); not touching it")
+        raise Refused(f"{node} is drained by an admin ({view.node.reason!r}); not touching it")
     if view.phase in DRAINED_PHASES:
         reason = format_reason(agent.config.slurm.tag, view.phase, view.phase_since or obs.now,
                                pinned)
@@ -198,8 +229,8 @@ def _set_pin(agent: Agent, node: str, pinned: bool, dry_run: bool) -> AdminResul
         pinned_view = replace(view, pinned=True)
         action = action_for_admin(pinned_view, ActionKind.RECLAIM, f"admin: slurm-idle pin {node}")
         return _pin_by_reclaim(agent, node, action, replace(obs, nodes=tuple(
-            pinned_view if v.name == node else v for v in obs.nodes)), dry_run)
-    raise SlurmIdleError(f"{node} is {view.phase.value}; cannot pin it now")
+            pinned_view if v.name == node else v for v in obs.nodes)), dry_run, on_step)
+    raise Refused(f"{node} is {view.phase.value}; cannot pin it now")
 
 
 def _write_reason(agent: Agent, view: NodeView, command: str, reason: str) -> None:

@@ -15,14 +15,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from slurm_idle.errors import SlurmIdleError
+from slurm_idle.errors import BadInput, Refused, SlurmIdleError
 from slurm_idle.journal import AdminRecord, StepOutcome
 from slurm_idle.lifecycle import job_edge_for
 from slurm_idle.model import Action, ActionKind, JobReplica, Observation, Phase
 from slurm_idle.replicajobs import format_comment
 
 if TYPE_CHECKING:  # admin.py imports this module
-    from slurm_idle.admin import AdminResult
+    from slurm_idle.admin import AdminResult, OnStep
     from slurm_idle.agent import Agent
 
 #: Phases whose replica has a job of ours to carry a pin (a Comment to rewrite).
@@ -35,12 +35,12 @@ def is_replica_name(name: str) -> bool:
 
 
 def replica_view(obs: Observation, name: str) -> JobReplica:
-    """The observed replica `name`; SlurmIdleError naming the known ones for another name."""
+    """The observed replica `name`; BadInput (exit 2) naming the known ones for another name."""
     for r in obs.replica_jobs:
         if r.name == name:
             return r
     known = ", ".join(r.name for r in obs.replica_jobs) or "none: no model has placement: jobs"
-    raise SlurmIdleError(f"{name} is not a replica of a placement: jobs model (replicas: {known})")
+    raise BadInput(f"{name} is not a replica of a placement: jobs model (replicas: {known})")
 
 
 def _action(r: JobReplica, kind: ActionKind, reason: str) -> Action:
@@ -50,27 +50,30 @@ def _action(r: JobReplica, kind: ActionKind, reason: str) -> Action:
                   {"index": r.index, **({"job_id": r.job_id} if r.job_id is not None else {})})
 
 
-def force(agent: Agent, name: str, kind: ActionKind, dry_run: bool) -> AdminResult:
-    """`lend MODEL#INDEX` (serving, not pinned) or `reclaim MODEL#INDEX` (lent)."""
+def force(agent: Agent, name: str, kind: ActionKind, dry_run: bool,
+          on_step: OnStep | None = None) -> AdminResult:
+    """`lend MODEL#INDEX` (serving, not pinned) or `reclaim MODEL#INDEX` (lent); `on_step`
+    gets each step as it ends."""
     from slurm_idle.admin import AdminFailed, AdminResult, _run
 
     obs = agent.observe()
     r = replica_view(obs, name)
     if kind is ActionKind.LEND and r.pinned:
-        raise SlurmIdleError(f"{name} is pinned; `slurm-idle unpin {name}` first")
+        raise Refused(f"{name} is pinned; `slurm-idle unpin {name}` first")
     wanted = Phase.SERVING if kind is ActionKind.LEND else Phase.LENT
     if r.phase is not wanted:
-        raise SlurmIdleError(f"{name} is {r.phase.value}, not {wanted.value}; cannot {kind.value} "
-                             "it now (see `slurm-idle status`)")
+        raise Refused(f"{name} is {r.phase.value}, not {wanted.value}; cannot {kind.value} "
+                      "it now (see `slurm-idle status`)")
     action = _action(r, kind, f"admin: slurm-idle {kind.value} {name}")
-    steps = [] if dry_run else _run(agent, action, obs)
+    steps = [] if dry_run else _run(agent, action, obs, on_step)
     result = AdminResult(kind.value, name, dry_run, action, steps)
     if any(s.outcome is StepOutcome.ERROR for s in steps):
         raise AdminFailed(f"{kind.value} {name} failed: {steps[-1].error}", result)
     return result
 
 
-def set_pin(agent: Agent, name: str, pinned: bool, dry_run: bool) -> AdminResult:
+def set_pin(agent: Agent, name: str, pinned: bool, dry_run: bool,
+            on_step: OnStep | None = None) -> AdminResult:
     """`pin` / `unpin` of a replica: its job's Comment rewritten, or (pin of a lent replica)
     the replica reclaimed with the pin in its new job's Comment."""
     from slurm_idle.admin import AdminResult, _pin_by_reclaim
@@ -99,9 +102,9 @@ def set_pin(agent: Agent, name: str, pinned: bool, dry_run: bool) -> AdminResult
         kept = replace(r, pinned=True)
         action = _action(kept, ActionKind.RECLAIM, f"admin: slurm-idle pin {name}")
         return _pin_by_reclaim(agent, name, action, replace(obs, replica_jobs=tuple(
-            kept if x.name == name else x for x in obs.replica_jobs)), dry_run)
-    raise SlurmIdleError(f"{name} is {r.phase.value}; cannot pin it now (pin it once it is "
-                         "lent: that reclaims it)")
+            kept if x.name == name else x for x in obs.replica_jobs)), dry_run, on_step)
+    raise Refused(f"{name} is {r.phase.value}; cannot pin it now (pin it once it is "
+                  "lent: that reclaims it)")
 
 
 def _write_comment(agent: Agent, r: JobReplica, command: str, comment: str) -> None:

@@ -194,15 +194,23 @@ class Agent:
         return result
 
     def run_actions(
-        self, actions: Sequence[Action], observation: Observation, deadline: float | None = None
+        self, actions: Sequence[Action], observation: Observation, deadline: float | None = None,
+        on_step: Callable[[StepResult], None] | None = None,
     ) -> list[StepResult]:
         """Apply actions (admin commands use this too), a thread per node up to `max_workers`,
-        by `deadline` (default: the tick budget from now)."""
+        by `deadline` (default: the tick budget from now). `on_step` sees each step once it is
+        journaled (an admin's command prints it then, not after the last one)."""
         if deadline is None:
             deadline = self.clock() + self.config.timeouts.tick_budget_s
+
+        def journal_step(step: StepResult) -> None:
+            self._journal_step(step)
+            if on_step is not None:
+                on_step(step)
+
         driver = NodeDriver(
             self.config, self.slurm, self.engine_for, self.clock, self.sleep,
-            on_step=self._journal_step, on_event=self._journal_event, router=self.router,
+            on_step=journal_step, on_event=self._journal_event, router=self.router,
             trust=self.trust,
         )
         groups = {g.name: g for g in group_views(observation, self.config)}
@@ -212,7 +220,7 @@ class Agent:
         if any(r.duplicates for r in observation.replica_jobs) or any(
                 a.node in replica_jobs for a in actions):
             jobs = JobDriver(self.config, self.slurm, self.engine_for, self.clock, self.sleep,
-                             on_step=self._journal_step, router=self.router, trust=self.trust)
+                             on_step=journal_step, router=self.router, trust=self.trust)
             for record in jobs.cancel_duplicates(observation.replica_jobs):
                 self._journal_event(record)
             todo += [(jobs.drive, replica_jobs[a.node], a) for a in actions if a.node in replica_jobs]

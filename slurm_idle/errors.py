@@ -7,18 +7,59 @@ into a single clear line and a non-zero exit code, never a traceback.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What every `slurm-idle` command's exit status means: the one table (also in --help)."""
+
+    OK = 0
+    FAILED = 1  # an action failed (a Slurm call, an engine, the lock held by a tick)
+    BAD_INPUT = 2  # bad input, usage or config: unknown node, missing file, bad flag
+    REFUSED = 3  # refused by a safety rule, or a feature not built yet
+    INTERRUPTED = 130  # Ctrl-C / SIGINT
+
+
+EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
+    ExitCode.OK: "ok (also: nothing to do)",
+    ExitCode.FAILED: "an action failed (Slurm, an engine, the router; the lock held by a tick)",
+    ExitCode.BAD_INPUT: ("bad input, usage or config (unknown node, missing file, bad flag, "
+                         "port in use)"),
+    ExitCode.REFUSED: "refused by a safety rule (admin-drained, pinned, wrong phase), or not built",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+
+def exit_code_table() -> str:
+    """The table as the lines `slurm-idle --help` shows (code, two spaces, meaning): written
+    once here so the help, the README and the error classes cannot disagree."""
+    return "\n".join(f"{int(code):>3}  {text}" for code, text in EXIT_CODE_MEANINGS.items())
 
 
 class SlurmIdleError(Exception):
     """Base of every error slurm-idle raises on purpose."""
 
-    exit_code = 1
+    exit_code: int = ExitCode.FAILED
 
 
 class ConfigError(SlurmIdleError):
     """The configuration (or a job spec) is missing, unreadable or invalid."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
+
+
+class BadInput(SlurmIdleError):
+    """What the user typed names nothing there is (an unknown node or replica, a missing
+    file) or cannot be used (a port in use): the command, not the pool, must change."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class Refused(SlurmIdleError):
+    """A safety rule refused the command (an admin-drained node, a pin, a phase the lifecycle
+    has no edge from): nothing was changed."""
+
+    exit_code = ExitCode.REFUSED
 
 
 class CommandError(SlurmIdleError):
@@ -47,4 +88,4 @@ class RouterError(SlurmIdleError):
 class NotBuiltYet(SlurmIdleError):
     """A command exists in the CLI but its feature has not been built yet."""
 
-    exit_code = 3
+    exit_code = ExitCode.REFUSED

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, TypeAlias
 
-from slurm_idle.errors import SlurmIdleError
+from slurm_idle.errors import ExitCode, SlurmIdleError
 from slurm_idle.journal import iso
 from slurm_idle.model import Phase, SlurmNode
 from slurm_idle.powersave import powered_only
@@ -160,7 +160,10 @@ JOB_EDGES: tuple[Edge, ...] = (
 
 
 class IllegalTransition(SlurmIdleError):
-    """A phase change that is not in the edge table."""
+    """A phase change that is not in the edge table: the lifecycle's safety rule refused it
+    (exit 3, like any refusal), nothing was changed."""
+
+    exit_code = ExitCode.REFUSED
 
 
 class Lifecycle:

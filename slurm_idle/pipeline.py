@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from slurm_idle.errors import SlurmIdleError
+from slurm_idle.errors import BadInput, SlurmIdleError
 from slurm_idle.jobs import (
     JobSpec,
     SubmitOptions,
@@ -180,8 +180,8 @@ def read_pipeline_record(root: Path, name: str) -> dict[str, Any]:
     path = root / "pipelines" / f"{name}.json"
     try:
         data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SlurmIdleError(
+    except FileNotFoundError:  # a name nothing was submitted as: bad input (exit 2)
+        raise BadInput(
             f"no record of a pipeline named {name!r} in {path.parent} "
             "(was it submitted with `slurm-idle pipeline run` by this user?)"
         ) from None

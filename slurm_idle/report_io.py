@@ -190,8 +190,8 @@ def write_plot(report: Report, path: str) -> None:
     ax.step(x, used, where="post", color="C1", label="GPUs used by idle jobs")
     ax.set_ylim(bottom=0)
     ax.set_ylabel("GPUs (hourly mean)")
-    ax.set_title(
-        f"slurm-idle: {report.gpu_hours:.1f} GPU-h used, "
+    ax.set_title(  # rounded as the text report (render_text): 0.03, not 0.0
+        f"slurm-idle: {report.gpu_hours:.2f} GPU-h used, "
         f"{report.savings:.2f} {report.currency} saved"
     )
     formatter = mdates.DateFormatter("%m-%d %H:%M", tz=tz)  # type: ignore[no-untyped-call]

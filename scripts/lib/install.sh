@@ -10,6 +10,13 @@ APT_PACKAGES=(slurmctld slurmd slurm-client munge prometheus mariadb-server slur
 # Rootless container jobs (job_policy.runtime: podman): podman, its subuid helpers, its init.
 APT_PACKAGES+=(podman uidmap catatonit)
 
+# Progress on stderr, one line per long step, with the seconds since the install started: the
+# apt and pip steps take a minute or more on a fresh machine and print nothing themselves.
+_SLURM_IDLE_T0=${_SLURM_IDLE_T0:-$SECONDS}
+_progress() {
+  printf 'slurm-idle: [%4ss] %s\n' "$((SECONDS - _SLURM_IDLE_T0))" "$*" >&2
+}
+
 _need_root() {
   if [ "$(id -u)" != 0 ]; then
     echo "slurm-idle: this step installs Debian packages and starts daemons: run it as root" >&2
@@ -24,7 +31,7 @@ install_system_packages() {
   done
   if [ ${#missing[@]} -gt 0 ]; then
     _need_root
-    echo "slurm-idle: installing ${missing[*]}" >&2
+    _progress "installing ${#missing[@]} Debian packages (${missing[*]}) ..."
     export DEBIAN_FRONTEND=noninteractive
     apt-get -o DPkg::Lock::Timeout=600 update -qq
     # policy-rc.d keeps Debian's own service units from starting: the sandbox runs its own daemons.
@@ -39,6 +46,7 @@ install_system_packages() {
       echo "slurm-idle: apt-get install failed (exit $rc); see the messages above" >&2
       return "$rc"
     fi
+    _progress "Debian packages installed"
   fi
   return 0
 }
@@ -46,12 +54,15 @@ install_system_packages() {
 install_python_env() {
   local py=${PYTHON:-python3}
   if [ ! -x .venv/bin/python ]; then
+    _progress "creating .venv ..."
     "$py" -m venv .venv
   fi
   local stamp=.venv/.slurm-idle-installed
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    _progress "installing Python packages into .venv ..."
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     .venv/bin/python -m pip install -q -e '.[test,plot,web,browser-test]'
     touch "$stamp"
+    _progress "Python packages installed"
   fi
 }

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 import click
 
 from slurm_idle.config import Config, load_config, resolve_config_path
-from slurm_idle.errors import NotBuiltYet, SlurmIdleError
+from slurm_idle.errors import ExitCode, NotBuiltYet, SlurmIdleError
 
 if TYPE_CHECKING:
     from slurm_idle.agent import Agent
@@ -86,15 +86,16 @@ def log_fatal(message: str) -> None:
             handler.handle(record)
 
 
-def run_guarded(command: click.Command, argv: list[str] | None = None) -> NoReturn:
+def run_guarded(command: click.Command, argv: list[str] | None = None, **extra: Any) -> NoReturn:
     """Run the click app; SlurmIdleError becomes a line per problem on stderr and its exit code.
 
     Anything else (a bug, an OSError nobody turned into a SlurmIdleError) is one line and
     exit 1 too; `-v` shows its traceback. Both lines also go to syslog under `--syslog`.
+    `extra` goes to click (`obj=Context(agent_factory=...)`: tests and embedding scripts).
     """
     try:
         # Without standalone mode click *returns* the code of `ctx.exit(n)` / `Exit(n)`.
-        rc = command.main(args=argv, prog_name="slurm-idle", standalone_mode=False)
+        rc = command.main(args=argv, prog_name="slurm-idle", standalone_mode=False, **extra)
         if isinstance(rc, int) and not isinstance(rc, bool):
             sys.exit(rc)
     except SlurmIdleError as exc:
@@ -106,14 +107,14 @@ def run_guarded(command: click.Command, argv: list[str] | None = None) -> NoRetu
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("slurm-idle: aborted", err=True)
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except BrokenPipeError:
         sys.exit(0)
     except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
@@ -128,5 +129,5 @@ def run_guarded(command: click.Command, argv: list[str] | None = None) -> NoRetu
             hint = " (run with -v for the traceback)"
         click.echo(f"slurm-idle: error: {type(exc).__name__}: {exc}{hint}", err=True)
         log_fatal(f"error: {type(exc).__name__}: {exc}")
-        sys.exit(1)
-    sys.exit(0)
+        sys.exit(ExitCode.FAILED)
+    sys.exit(ExitCode.OK)

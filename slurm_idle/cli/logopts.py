@@ -1,7 +1,7 @@
-"""-v/-q/--syslog on every command, not only before it.
+"""-v/-q/--syslog/--log on every command, not only before it.
 
 Admins type `slurm-idle tick -v` as often as `slurm-idle -v tick` (and the alert texts say the
-former), so every leaf command takes the three logging options too; given there, they are
+former), so every leaf command takes the logging options too; given there, they are
 merged with the group's and logging is set up again before the command runs.
 """
 
@@ -11,7 +11,11 @@ from typing import Any
 
 import click
 
-LOG_OPTION_NAMES = ("verbose", "quiet", "syslog")
+from slurm_idle.logs import LOG_TARGETS
+
+LOG_OPTION_NAMES = ("verbose", "quiet", "syslog", "log")
+LOG_HELP = ("Where the decision lines (each plan and step) go: syslog (as --syslog) or stderr "
+            "(without -v's debug lines). Default: syslog with --syslog, stderr only with -v.")
 
 
 def log_options() -> list[click.Option]:
@@ -19,22 +23,26 @@ def log_options() -> list[click.Option]:
     return [
         click.Option(
             ["-v", "--verbose"], count=True,
-            help="More log output: -v adds debug lines (observations, every Slurm command and "
+            help="More log output on stderr: -v adds the decision lines and debug lines "
+            "(observations, every Slurm command and "
             "Prometheus query with its duration), -vv the libraries' HTTP requests too.",
         ),
-        click.Option(["-q", "--quiet"], is_flag=True, help="Only warnings and errors on stderr."),
-        click.Option(["--syslog"], is_flag=True, help="Also send log lines to syslog (/dev/log)."),
+        click.Option(["-q", "--quiet"], is_flag=True, help="Only errors on stderr (no warnings)."),
+        click.Option(["--syslog"], is_flag=True,
+                     help="Send the decision log lines to syslog (/dev/log); stderr shows them "
+                     "only with -v."),
+        click.Option(["--log"], type=click.Choice(LOG_TARGETS), default=None, help=LOG_HELP),
     ]
 
 
-def apply_log_options(verbose: int, quiet: bool, syslog: bool) -> None:
+def apply_log_options(verbose: int, quiet: bool, syslog: bool, log: str | None = None) -> None:
     """Set up logging from the options and remember them for subcommands to merge with."""
     from slurm_idle.logs import setup_logging
 
-    setup_logging(verbose=verbose, quiet=quiet, syslog=syslog)
+    setup_logging(verbose=verbose, quiet=quiet, syslog=syslog, log=log)
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
-        ctx.meta["slurm_idle.log"] = (verbose, quiet, syslog)
+        ctx.meta["slurm_idle.log"] = (verbose, quiet, syslog, log)
 
 
 class LoggedCommand(click.Command):
@@ -45,10 +53,12 @@ class LoggedCommand(click.Command):
         self.params.extend(log_options())
 
     def invoke(self, ctx: click.Context) -> Any:
-        verbose, quiet, syslog = (ctx.params.pop(name) for name in LOG_OPTION_NAMES)
-        if verbose or quiet or syslog:
-            g_verbose, g_quiet, g_syslog = ctx.meta.get("slurm_idle.log", (0, False, False))
-            apply_log_options(g_verbose + verbose, g_quiet or quiet, g_syslog or syslog)
+        verbose, quiet, syslog, log = (ctx.params.pop(name) for name in LOG_OPTION_NAMES)
+        if verbose or quiet or syslog or log:
+            g_verbose, g_quiet, g_syslog, g_log = ctx.meta.get("slurm_idle.log",
+                                                               (0, False, False, None))
+            apply_log_options(g_verbose + verbose, g_quiet or quiet, g_syslog or syslog,
+                              log or g_log)
         return super().invoke(ctx)
 
 

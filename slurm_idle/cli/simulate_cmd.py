@@ -8,7 +8,7 @@ import click
 
 from slurm_idle.cli import main
 from slurm_idle.cli.common import Context, echo_json, pass_ctx
-from slurm_idle.errors import ConfigError
+from slurm_idle.errors import BadInput, ConfigError
 
 DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
 
@@ -83,6 +83,9 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
     from slurm_idle.sim.output import plot_run, write_timeline
     from slurm_idle.traces import SyntheticModel, read_trace, synthetic_trace
 
+    if trace and not synthetic and not os.path.isfile(trace):
+        # What was typed first: a missing trace is the error, whatever the fleet or config.
+        raise BadInput(f"{trace}: trace file not found")
     for path, option in ((timeline, "--timeline"), (plot, "--plot")):
         if path:
             check_output(path, option)  # before the run: root never writes through a symlink

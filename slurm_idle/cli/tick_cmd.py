@@ -14,7 +14,7 @@ import click
 
 from slurm_idle.cli import main
 from slurm_idle.cli.common import Context, echo_json, pass_ctx
-from slurm_idle.errors import SlurmIdleError
+from slurm_idle.errors import BadInput, ExitCode, SlurmIdleError
 from slurm_idle.journal import (
     AdminRecord,
     Journal,
@@ -24,12 +24,16 @@ from slurm_idle.journal import (
     TickRecord,
     TransitionRecord,
 )
+from slurm_idle.logs import get_logger
 from slurm_idle.model import ActionKind
 from slurm_idle.status import group_rows, model_rows, node_rows, render_status, replica_rows
 
 if TYPE_CHECKING:
     from slurm_idle.admin import AdminResult
-    from slurm_idle.agent import Agent
+    from slurm_idle.agent import Agent, TickResult
+    from slurm_idle.steps import StepResult
+
+log = get_logger(__name__)
 
 
 @main.command()
@@ -39,33 +43,46 @@ if TYPE_CHECKING:
 def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
     """One reconcile pass: lock, observe, plan, act, journal.
 
-    Run it from cron every minute. Another tick still running makes this one exit 0 at once.
-    Transitions that need longer than the tick budget (engine cold start, jobs leaving a node)
-    are left in their phase, written in Slurm, and carried on by the next tick.
+    Run it from cron every minute. It prints one line per transition made (stdout) and
+    nothing at all when nothing happened, so cron mails only news; warnings and errors go to
+    stderr once, the decision lines to syslog with --syslog (and to stderr with -v; -q leaves
+    stderr only the errors). Another tick still running makes this one exit 0 at once,
+    silently (-v says so). Transitions that need longer than the tick budget (engine cold
+    start, jobs leaving a node) are left in their phase, written in Slurm, and carried on by
+    the next tick.
     """
     agent = ctx.agent(read_only=dry_run)
     result = agent.tick(dry_run=dry_run)
     if as_json:
         echo_json(result.as_json() | {"dry_run": dry_run})
-    elif result.lock_problem:
-        pass  # the agent logged it as an error (stderr, and syslog under cron); exit 1 below
     elif result.locked_out:
-        click.echo(f"slurm-idle: {result.locked_out}; nothing to do", err=True)
+        # Another tick overlapping is routine, not news for cron's mail: a log line (-v).
+        log.info("%s; nothing to do", result.locked_out)
+    elif dry_run and not result.error:
+        _print_dry_run(result)
     elif not result.error:
-        for plan in result.plans:
-            click.echo(f"{plan.model}: {plan.serving_replicas} serving, {plan.needed_replicas} needed ({plan.reason})")
-        if not result.actions:
-            click.echo("no action")
-        for action in result.actions:
-            prefix = "would " if dry_run else ""
-            click.echo(f"{prefix}{action.kind.value} {action.node}: {action.from_phase.value} -> "
-                       f"{action.to_phase.value}: {action.reason}")
+        # Each transition once; nothing at all when nothing happened (cron mails only news).
+        # The plans and the per-step log lines go to syslog (--syslog) and, with -v, stderr.
         for step in result.steps:
-            click.echo(f"  {step.node} {step.from_phase.value} -> {step.to_phase.value} "
-                       f"[{step.outcome}] {step.duration_s:.1f}s" + (f": {step.error}" if step.error else ""))
+            why = step.error or step.detail
+            click.echo(f"{step.action} {step.node}: {step.from_phase.value} -> "
+                       f"{step.to_phase.value} [{step.outcome}] {step.duration_s:.1f}s: "
+                       f"{step.reason}" + (f" ({why})" if why else ""))
     if result.error or result.lock_problem:
-        # The agent already logged "tick failed: ..." (stderr, and syslog under cron).
-        raise click.exceptions.Exit(1)
+        # The agent already logged it as an error: one line on stderr (and syslog under cron).
+        raise click.exceptions.Exit(ExitCode.FAILED)
+
+
+def _print_dry_run(result: TickResult) -> None:
+    """`tick --dry-run` is asked for by a person: the plans and what would be done."""
+    for plan in result.plans:
+        click.echo(f"{plan.model}: {plan.serving_replicas} serving, {plan.needed_replicas} needed "
+                   f"({plan.reason})")
+    if not result.actions:
+        click.echo("no action")
+    for action in result.actions:
+        click.echo(f"would {action.kind.value} {action.node}: {action.from_phase.value} -> "
+                   f"{action.to_phase.value}: {action.reason}")
 
 
 @main.command()
@@ -147,25 +164,33 @@ def _lock_warning(path: str, now: float) -> list[str]:
 def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
     """Why the latest decisions were taken (for NODE, or all nodes), from the journal.
 
-    Shows phase changes, router calls and an admin's pin/unpin, newest last.
+    Shows phase changes, router calls and an admin's pin/unpin in the order they happened,
+    newest last. A node whose phase now (as `status` shows it) is not where its journal left
+    it gets a line saying the journal predates its current state (a restarted pool).
     """
+    from slurm_idle.explain import in_event_order, stale_nodes
+
     config = ctx.config()
-    records = list(Journal(Path(config.paths.journal)).typed())
-    transitions = [r for r in records if isinstance(r, TransitionRecord | RouterRecord | AdminRecord)
-                   and (node is None or r.node == node
-                        or (isinstance(r, TransitionRecord) and node in r.nodes))]
-    ticks = [r for r in records if isinstance(r, TickRecord)]
     replica_jobs = {f"{m.name}#{i}" for m in config.models if m.job is not None
                     for i in range(m.job.replicas)}  # `placement: jobs`: NODE may be model#index
     if node is not None and node not in config.pool_nodes and node not in replica_jobs:
-        raise SlurmIdleError(f"{node} is not a pool node (nor a replica job, MODEL#INDEX) in "
-                             f"{ctx.resolved_config_path}")
+        raise BadInput(f"{node} is not a pool node (nor a replica job, MODEL#INDEX) in "
+                       f"{ctx.resolved_config_path}")
+    records = list(Journal(Path(config.paths.journal)).typed())
+    transitions = in_event_order(
+        r for r in records if isinstance(r, TransitionRecord | RouterRecord | AdminRecord)
+        and (node is None or r.node == node
+             or (isinstance(r, TransitionRecord) and node in r.nodes)))
+    ticks = [r for r in records if isinstance(r, TickRecord)]
     shown = transitions[-last:]
+    phases = _current_phases(ctx) if transitions else {}
+    stale = stale_nodes(transitions, {n: p for n, p in phases.items() if node in (None, n)})
     if as_json:
         echo_json({"transitions": [r.to_json() for r in shown if isinstance(r, TransitionRecord)],
                    "router": [r.to_json() for r in shown if isinstance(r, RouterRecord)],
                    "admin": [r.to_json() for r in shown if isinstance(r, AdminRecord)],
-                   "last_tick": ticks[-1].to_json() if ticks else None})
+                   "last_tick": ticks[-1].to_json() if ticks else None,
+                   "journal_predates": [n.to_json() for n in stale]})
         return
     if not shown:
         click.echo(f"no transitions journaled{' for ' + node if node else ''} in {config.paths.journal}")
@@ -185,14 +210,37 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
             continue
         click.echo(f"{r.time or '?'} {r.node}: {r.from_phase} -> {r.to_phase} [{r.outcome}] "
                    f"because {r.reason}{err}")
+    for node_note in stale:
+        click.echo(node_note.line())
     if ticks:
         t = ticks[-1]
         click.echo(f"last tick {t.time}: needed {t.needed}, serving {t.serving}, "
                    f"{t.actions} action(s), {t.errors} error(s)")
 
 
-def _print_result(result: AdminResult, as_json: bool) -> None:
-    """An admin command's action and steps (lend, reclaim, pin of a lent node) or its line."""
+def _current_phases(ctx: Context) -> dict[str, str]:
+    """Each pool node's phase now, as `status` shows it (read from Slurm alone: the phase lives
+    in the node's Reason and Comment, no metrics needed); empty when Slurm cannot be read
+    (explain still shows the journal, it just cannot tell whether it is current)."""
+    from slurm_idle.lifecycle import derive_phase
+
+    config = ctx.config()
+    try:
+        nodes = {n.name: n for n in ctx.agent(read_only=True).slurm.nodes()}
+    except (SlurmIdleError, OSError):
+        return {}
+    return {name: derive_phase(nodes[name], config.slurm.tag).phase.value
+            for name in config.pool_nodes if name in nodes}
+
+
+def _step_line(s: StepResult) -> str:
+    return (f"{s.node} {s.from_phase.value} -> {s.to_phase.value} [{s.outcome}] "
+            f"{s.duration_s:.1f}s" + (f": {s.error}" if s.error else ""))
+
+
+def _print_result(result: AdminResult, as_json: bool, streamed: bool = False) -> None:
+    """An admin command's action and steps (lend, reclaim, pin of a lent node) or its line;
+    `streamed`: the steps were printed as they ended (not again)."""
     action, steps, dry_run = result.action, result.steps, result.dry_run
     if action is None or (result.command in ("pin", "unpin") and dry_run):
         click.echo(result.message)
@@ -205,30 +253,45 @@ def _print_result(result: AdminResult, as_json: bool) -> None:
     if dry_run:
         click.echo(f"would {action.kind.value} {action.node}: {action.from_phase.value} -> "
                    f"{action.to_phase.value}")
-    for s in steps:
-        click.echo(f"{s.node} {s.from_phase.value} -> {s.to_phase.value} [{s.outcome}] "
-                   f"{s.duration_s:.1f}s" + (f": {s.error}" if s.error else ""))
+    if not streamed:
+        for s in steps:
+            click.echo(_step_line(s))
     if result.waiting:
         click.echo(f"{action.node} is still {steps[-1].from_phase.value}; the next tick carries on")
 
 
 def _admin(ctx: Context, command: str, node: str, dry_run: bool, as_json: bool = False) -> None:
     """Run one admin command (slurm_idle.admin) and print what it did; a failed step prints
-    the steps taken, then the error line."""
+    the steps taken, then the error line.
+
+    Without --json each step is printed as it ends (a reclaim waits out the lent jobs' grace
+    and the engine's start: a minute or more), and a line on stderr says before the grace
+    what is being waited for."""
     from slurm_idle import admin
 
     agent = ctx.agent(read_only=dry_run)
+    printed: list[StepResult] = []
+
+    def on_step(step: StepResult) -> None:
+        click.echo(_step_line(step))
+        printed.append(step)
+
+    def notify(line: str) -> None:
+        click.echo(f"slurm-idle: {line}", err=True)
+
+    live = None if as_json else on_step
     try:
         if command == "pin":
-            result = admin.pin(agent, node, dry_run)
+            result = admin.pin(agent, node, dry_run, on_step=live)
         elif command == "unpin":
             result = admin.unpin(agent, node, dry_run)
         else:
-            result = admin.force(agent, node, ActionKind(command), dry_run)
+            result = admin.force(agent, node, ActionKind(command), dry_run, on_step=live,
+                                 notify=None if as_json else notify)
     except admin.AdminFailed as exc:
-        _print_result(exc.result, as_json)
+        _print_result(exc.result, as_json, streamed=bool(printed))
         raise
-    _print_result(result, as_json)
+    _print_result(result, as_json, streamed=bool(printed))
 
 
 @main.command()
@@ -254,7 +317,9 @@ def lend(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
 def reclaim(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
     """Force NODE from lent back to serving (admin): jobs requeued, vLLM restarted.
 
-    MODEL#INDEX: a `placement: jobs` replica's job is submitted (Slurm preempts idle jobs)."""
+    MODEL#INDEX: a `placement: jobs` replica's job is submitted (Slurm preempts idle jobs).
+    Each step is printed as it ends; before the lent jobs' grace (slurm.requeue_grace_s) a
+    line on stderr says which jobs are given it."""
     _admin(ctx, "reclaim", node, dry_run, as_json)
 
 

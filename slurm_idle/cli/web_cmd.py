@@ -35,7 +35,7 @@ def web(ctx: Context, host: str, port: int, cache_s: float) -> None:
     """
     from slurm_idle.cli.jobs_cmd import _config
     from slurm_idle.pipeline import state_dir
-    from slurm_idle.web import create_app, serve
+    from slurm_idle.web import check_bindable, create_app, serve
     from slurm_idle.web.data import LiveData
 
     cfg = _config(ctx)
@@ -44,6 +44,7 @@ def web(ctx: Context, host: str, port: int, cache_s: float) -> None:
     local = pwd.getpwuid(os.getuid()).pw_name if os.getuid() != 0 else None
     app = create_app(LiveData(cfg, state_dir(), ttl_s=cache_s), timezone=tz, user_header=header,
                      local_user=local)
+    check_bindable(host, port)  # before `serving http://...`: a port in use is bad input
     click.echo(f"slurm-idle web: serving http://{host}:{port}/ (read-only; Ctrl-C stops)",
                err=True)
     serve(app, host, port)

@@ -342,7 +342,8 @@ def _run(root: Path, base: int | None, keep: bool) -> DemoReport:
     started = time.monotonic()
     print(f"bringing the sandbox up under {root} ...", flush=True)
     try:
-        sb.up()
+        # One line per part as it is ready (stderr: the story's output stays as it was).
+        sb.up(progress=lambda line: print(f"sandbox: {line}", file=sys.stderr, flush=True))
         print(f"sandbox up in {time.monotonic() - started:.1f}s", flush=True)
         return Story(sb, out=lambda s: print(s, flush=True)).run()
     finally:

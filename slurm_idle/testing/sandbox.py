@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -359,7 +360,8 @@ class Sandbox:
 
     # --- lifecycle -----------------------------------------------------------------------
 
-    def up(self, timeout_s: float = 240.0) -> dict[str, float]:
+    def up(self, timeout_s: float = 240.0,
+           progress: Callable[[str], None] | None = None) -> dict[str, float]:
         """Start whatever is not running and wait until all is ready.
 
         Each part gets up to `timeout_s` (an upper bound: it returns as soon as all is ready,
@@ -367,13 +369,15 @@ class Sandbox:
         each starting nine slurmd at once, and a 90 s wait for every node to register ran out
         there once (24.11 lane, all its sandbox tests in error).
 
-        Returns when each part was ready, in seconds since up() began (cumulative), and total.
+        Returns when each part was ready, in seconds since up() began (cumulative), and total;
+        `progress` (the CLI's stderr) gets one line as each part is ready, so a start that
+        takes a minute on a loaded machine is not a silent one.
         A start that fails stops what this call started (everything, when nothing ran
         before), so no daemon outlives the error, which names the part and its log's last lines.
         """
         before = self._recorded()
         try:
-            return self._up(timeout_s)
+            return self._up(timeout_s, progress)
         except BaseException:
             self._undo_up(before)
             raise
@@ -388,9 +392,16 @@ class Sandbox:
             if before.get(name) != pid:
                 self._pidfile(name).clear()
 
-    def _up(self, timeout_s: float) -> dict[str, float]:
+    def _up(self, timeout_s: float,
+            progress: Callable[[str], None] | None = None) -> dict[str, float]:
         t0 = time.monotonic()
         timings: dict[str, float] = {}
+
+        def ready(part: str) -> None:
+            timings[part] = time.monotonic() - t0
+            if progress is not None:
+                progress(f"[{timings[part]:4.0f}s] {part} ready")
+
         lay = self.layout
         self._check_ports()  # first: a port in use is the more useful message of the two
         self._write_files()
@@ -410,37 +421,37 @@ class Sandbox:
             self.engine_start(node, start_delay_s=0)
         # -db: foreground, so it is our child and stopped by pid like the rest.
         self._spawn("haproxy", ["haproxy", "-db", "-f", str(lay.haproxy_cfg)])
-        self._start_mariadb(timings, t0)
+        self._start_mariadb(ready)
         self._wait("munged", lambda: lay.munge_socket.exists())
-        timings["munged"] = time.monotonic() - t0
+        ready("munged")
         self._spawn("slurmdbd", ["slurmdbd", "-D"])
         self._wait("slurmdbd", lambda: procs.port_open(lay.dbd_port), timeout_s)
-        timings["slurmdbd"] = time.monotonic() - t0
+        ready("slurmdbd")
         # -c: a cold start forgets old jobs and node states, so nodes come up plain IDLE.
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(self.slurm_conf)])
         self._wait("slurmctld", lambda: self.run(["scontrol", "ping"], timeout=10).stdout.count("UP") > 0, timeout_s)
-        timings["slurmctld"] = time.monotonic() - t0
+        ready("slurmctld")
         for node in (*ALL_NODES, sandboxconf.JOBS_NODE):
             self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.slurm_conf)])
         self._wait(f"slurmd-{ALL_NODES[-1]}", lambda: self._nodes_ready(), timeout_s)
         self.jobs_node(False)  # placement: jobs' node, closed until a test opens it
-        timings["slurmd"] = time.monotonic() - t0
+        ready("slurmd")
         self._wait("slurmdbd", lambda: self.run(["sacct", "-n", "-X"], timeout=10).returncode == 0, timeout_s)
-        timings["sacct"] = time.monotonic() - t0
+        ready("sacct")
         self._wait("prometheus", lambda: _http_get(f"{self.prometheus_url}/-/ready")[0] == 200, timeout_s)
-        timings["prometheus"] = time.monotonic() - t0
+        ready("prometheus")
         for r in REPLICAS:
             self._wait(f"emulator-{r.name}",
                        lambda n=r.name: _http_get(f"{self.emulator_url(n)}/health")[0] == 200,
                        timeout_s)
-        timings["emulators"] = time.monotonic() - t0
+        ready("emulators")
         self._wait("prometheus", lambda: self._targets()["up"] == len(REPLICAS), timeout_s)
-        timings["scraped"] = time.monotonic() - t0
+        ready("scraped")
         self._wait("haproxy", lambda: all(self.router_states().get(r.name) == "UP"
                                           for r in REPLICAS), timeout_s)
-        timings["haproxy"] = time.monotonic() - t0
+        ready("haproxy")
         self._wait("dockerd", lambda: _unix_http(lay.docker_socket, "/_ping")[0] == 200, timeout_s)
-        timings["dockerd"] = time.monotonic() - t0
+        ready("dockerd")
         timings["total"] = time.monotonic() - t0
         return {k: round(v, 2) for k, v in timings.items()}
 
@@ -526,7 +537,7 @@ class Sandbox:
                         f"port {port} (for {name}) is already in use by another process; "
                         f"choose another base port (now {self.base_port}) or root")
 
-    def _start_mariadb(self, timings: dict[str, float], t0: float) -> None:
+    def _start_mariadb(self, ready: Callable[[str], None]) -> None:
         lay = self.layout
         datadir = self.root / "mysql"
         if self._pidfile("mariadb").read() is None and not (datadir / "mysql").is_dir():
@@ -550,7 +561,7 @@ class Sandbox:
             f"GRANT ALL ON slurm_acct_db.* TO '{DB_USER}'@'127.0.0.1';")
         if not ok:
             raise RuntimeError("sandbox: could not create the slurm database user in MariaDB")
-        timings["mariadb"] = time.monotonic() - t0
+        ready("mariadb")
 
     def _sql(self, sql: str) -> bool:
         r = subprocess.run(["mariadb", "--no-defaults", f"--socket={self.layout.mysql_socket}",

@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sb = Sandbox(root, base, engine_start_delay_s=getattr(args, "engine_start_delay_s", None))
         if args.cmd == "up":
-            timings = sb.up()
+            timings = sb.up(progress=lambda line: print(f"sandbox: {line}", file=sys.stderr,
+                                                         flush=True))
             steps = ", ".join(f"{k} {v:.1f}s" for k, v in timings.items() if k != "total")
             print(f"sandbox up in {timings['total']:.1f}s ({steps})")
             where = "" if args.root is None else f" --root {shlex.quote(str(root))}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurm_idle.errors import SlurmIdleError
+from slurm_idle.errors import BadInput, SlurmIdleError
 
 
 def create_app(data: Any, timezone: str = "UTC", user_header: str | None = None,
@@ -27,6 +27,26 @@ def create_app(data: Any, timezone: str = "UTC", user_header: str | None = None,
             "`slurm-idle web` needs the web extra: pip install 'slurm-idle[web]'"
         ) from None
     return make_app(data, timezone, user_header=user_header, local_user=local_user)
+
+
+def check_bindable(host: str, port: int) -> None:
+    """BadInput (exit 2) naming the port when HOST:PORT cannot be listened on (in use, or an
+    address this machine does not have): said before anything claims to be serving."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise BadInput(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+    with socket.socket(family, kind, proto) as sock:
+        # As the server will: a port left in TIME_WAIT is free, a listening one is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror} (is another "
+                           "`slurm-idle web` running? choose another --port)") from None
 
 
 def serve(app: Any, host: str, port: int, threads: int = 4) -> None:

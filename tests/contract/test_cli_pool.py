@@ -68,19 +68,25 @@ def test_tick_dry_run_changes_nothing(sb: Any) -> None:
 
 
 def test_tick_adopts_and_second_tick_is_locked_out(sb: Any) -> None:
-    """A tick adopts every node into serving; a tick started while another holds the lock exits 0."""
+    """A tick adopts every node into serving, printing each transition once (stdout, no log
+    line repeating it on stderr); a tick started while another holds the lock exits 0 and
+    prints nothing (cron mails only news), `-v` says why."""
     proc = cli(sb, "tick")
     assert proc.returncode == 0, proc.stderr
     assert set(phases(sb).values()) == {"serving"}
+    lines = proc.stdout.splitlines()
+    assert lines and all(ln.startswith("adopt gpu") for ln in lines), proc.stdout
+    assert len(set(lines)) == len(lines) and " INFO " not in proc.stderr, proc.stderr
     lock = load_config(sb.config_path).paths.lock
     fd = os.open(lock, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         proc = cli(sb, "tick")
+        verbose = cli(sb, "tick", "-v")
     finally:
         os.close(fd)
-    assert proc.returncode == 0
-    assert "another tick is running" in proc.stderr
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert verbose.returncode == 0 and "another tick is running" in verbose.stderr
 
 
 def test_pin_lend_reclaim_explain(sb: Any) -> None:
@@ -90,7 +96,7 @@ def test_pin_lend_reclaim_explain(sb: Any) -> None:
     node = next(n for n in cli_json(sb, "status")["nodes"] if n["name"] == "gpu1")
     assert node["reason"].startswith("slurm-idle:serving") and node["reason"].endswith("pinned")
     refused = cli(sb, "lend", "gpu1")
-    assert refused.returncode == 1 and "pinned" in refused.stderr
+    assert refused.returncode == 3 and "pinned" in refused.stderr  # a safety rule refused it
     assert cli(sb, "unpin", "gpu1").returncode == 0
     doc = cli_json(sb, "lend", "gpu1")
     assert [s["to"] for s in doc["steps"]] == ["retiring", "lending", "lent"]
@@ -112,7 +118,7 @@ def test_admin_node_refused_by_commands(sb: Any) -> None:
     sb.run(["scontrol", "update", "nodename=gpu2", "state=DRAIN", "reason=admin: disk check"], check=True)
     for cmd in ("lend", "reclaim", "pin"):
         proc = cli(sb, cmd, "gpu2")
-        assert proc.returncode == 1 and "admin" in proc.stderr, (cmd, proc.stderr)
+        assert proc.returncode == 3 and "admin" in proc.stderr, (cmd, proc.stderr)
     assert cli(sb, "tick").returncode == 0
     node = next(n for n in cli_json(sb, "status")["nodes"] if n["name"] == "gpu2")
     assert (node["phase"], node["reason"]) == ("admin", "admin: disk check")

@@ -126,7 +126,7 @@ def test_a_stranger_holding_the_lock_past_the_budget_is_reported(private: Path) 
                               text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        first = cli("--config", str(cfg), "tick")
+        first = cli("--config", str(cfg), "tick", "-v")  # locked out: silent without -v
         assert first.returncode == 0 and "another tick is running" in first.stderr
         time.sleep(1.5)
         second = cli("--config", str(cfg), "tick")

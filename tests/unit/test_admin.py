@@ -166,7 +166,8 @@ def test_cli_lend_json_prints_the_library_steps(tmp_path: Path) -> None:
 
 
 def test_cli_pin_and_refusal(tmp_path: Path) -> None:
-    """`pin` prints one line; `lend` of the pinned node exits 1 with the library's reason."""
+    """`pin` prints one line; `lend` of the pinned node fails with the library's refusal
+    (unguarded here: run_guarded turns it into exit 3, tests/unit/test_exit_codes.py)."""
     agent, _ = adopted(tmp_path)
     code, out = cli(tmp_path, agent, "pin", "gpu1")
     assert (code, out.strip()) == (0, "gpu1 pinned (serving)")

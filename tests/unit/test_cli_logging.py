@@ -59,15 +59,24 @@ def test_verbose_logs_every_slurm_command_with_its_duration(
         setup_logging()
 
 
-def test_default_level_hides_debug_and_quiet_hides_info() -> None:
+def stderr_level() -> int:
+    (handler,) = [h for h in logging.getLogger(LOGGER_NAME).handlers
+                  if type(h) is logging.StreamHandler]
+    return handler.level
+
+
+def test_stderr_gets_warnings_by_default_decisions_with_v_and_errors_with_q() -> None:
+    """The decision (INFO) lines are made at every level, for syslog; stderr shows them only
+    with -v, and -q leaves it only the errors."""
     logger = logging.getLogger(LOGGER_NAME)
     try:
         setup_logging()
         assert logger.isEnabledFor(logging.INFO) and not logger.isEnabledFor(logging.DEBUG)
+        assert stderr_level() == logging.WARNING
         setup_logging(verbose=1)
-        assert logger.isEnabledFor(logging.DEBUG)
+        assert logger.isEnabledFor(logging.DEBUG) and stderr_level() == logging.DEBUG
         setup_logging(quiet=True)
-        assert not logger.isEnabledFor(logging.INFO)
+        assert logger.isEnabledFor(logging.INFO) and stderr_level() == logging.ERROR
     finally:
         setup_logging()
 

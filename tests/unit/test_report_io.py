@@ -169,6 +169,23 @@ def test_plot_is_a_png(tmp_path: Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_title_rounds_as_the_text_report(tmp_path: Path) -> None:
+    """The plot's title gives GPU-h used to two places, as the text report does (0.03, not 0.0)."""
+    matplotlib = pytest.importorskip("matplotlib")
+    from dataclasses import replace
+
+    from slurm_idle.report_io import write_plot
+    from slurm_idle.report_model import render_text
+
+    r = replace(make_report(parse_config(CONFIG), 0.0, 3600.0, 3600.0, [],
+                            journal_path=str(tmp_path / "none.jsonl")), gpu_hours=0.03)
+    path = tmp_path / "r.svg"
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as text, not as glyph paths
+        write_plot(r, str(path))
+    assert f"slurm-idle: 0.03 GPU-h used, {r.savings:.2f} {r.currency} saved" in path.read_text()
+    assert "0.03" in render_text(r).splitlines()[2]
+
+
 def test_savefig_errors_are_slurm_idle_errors(tmp_path: Path) -> None:
     """A plot that cannot be written (its directory vanished) is one clear error."""
     pytest.importorskip("matplotlib")

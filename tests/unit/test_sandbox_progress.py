@@ -1,0 +1,25 @@
+"""The sandbox's `up` says as each part is ready, with the seconds since it began (no daemons:
+the start and wait steps are stubbed on the instance)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from slurm_idle.testing.sandbox import Sandbox
+
+
+def test_up_prints_one_line_per_part_as_it_is_ready(tmp_path: Path) -> None:
+    """Every part up() times gets one progress line, in order, `[  Ns] PART ready`."""
+    sb = Sandbox(tmp_path, 30000, job_submit_lua=None)
+    noop: Any = lambda *a, **k: None
+    for name in ("_check_ports", "_write_files", "_keep_lease", "_spawn", "_wait",
+                 "engine_start", "jobs_node"):
+        setattr(sb, name, noop)
+    sb._start_mariadb = lambda ready: ready("mariadb")  # type: ignore[method-assign]
+    lines: list[str] = []
+    timings = sb._up(1.0, progress=lines.append)
+    assert all(re.fullmatch(r"\[ +\d+s\] [a-z]+ ready", ln) for ln in lines), lines
+    assert [ln.split("] ")[1].split()[0] for ln in lines] == [k for k in timings if k != "total"]
+    assert len(lines) == len(timings) - 1 > 5
