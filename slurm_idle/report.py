@@ -7,7 +7,7 @@ Pure aggregation over two record streams, so every number is unit-testable:
 - the agent's journal (slurm_idle/journal.py): `transition` records give lends, reclaims, the
   reclaim latency and each node's phase timeline.
 
-Conventions (documented in `--help` and the README):
+Conventions (documented in `--help` and docs/admin.md):
 - GPU-hours are allocated GPUs (TRES `gres/gpu`) x wall time, clipped to the period and split
   per day at local midnight of the report's timezone. A run still going counts up to `now`.
 - A preemption is a run that ended PREEMPTED (Slurm preempted it) or REQUEUED* (the agent's

@@ -35,7 +35,7 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
               "unit). Models from a config keep their own placement.")
 @click.option("--queue-s", type=float, default=None,
               help="placement jobs: Slurm's delay from sbatch to the replica job's start, "
-              "GraceTime aside (default: the sandbox's measured value, see README).")
+              "GraceTime aside (default: the sandbox's measured value, see docs/benchmarks.md).")
 @click.option("--prompt-weight", type=float, default=0.1, show_default=True,
               help="Demand model: cost of a prompt token relative to a generated one (without "
               "--config the slurm-idle policy weighs prompts the same).")

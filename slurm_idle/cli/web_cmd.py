@@ -24,7 +24,7 @@ def web(ctx: Context, host: str, port: int, cache_s: float) -> None:
 
     Pages: / (pool: nodes and phases, lent GPU-hours, 24-hour plot, GPUs expected lendable
     in the next hours), /jobs?user=NAME (jobs with preemptions and failures apart, log tails,
-    pipeline DAGs). JSON: /api/pool and /api/jobs?user=NAME (shapes in the README). The jobs
+    pipeline DAGs). JSON: /api/pool and /api/jobs?user=NAME (shapes in docs/researchers.md). The jobs
     and pipelines are those recorded in this user's state dir ($SLURM_IDLE_STATE_DIR).
     Needs `pip install 'slurm-idle[web]'`.
 

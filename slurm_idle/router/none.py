@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from slurm_idle.router import UNKNOWN, RouterTarget
 
 WARNING = ("router: none: no router is told before a replica stops; clients may see errors "
-           "at every lend (set `router:` in the config, see README 'The request router')")
+           "at every lend (set `router:` in the config, see docs/admin.md 'The request router')")
 
 
 class NoRouter:

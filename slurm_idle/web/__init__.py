@@ -7,7 +7,7 @@ production-grade, no C build). Plots are PNGs drawn here with matplotlib; the pa
 nothing from elsewhere (no CDN, no JavaScript framework).
 
 Only GET routes exist: the view changes nothing. It has no login of its own: it binds
-127.0.0.1 by default; a site exposes it behind its SSO / reverse proxy (README, "Web view").
+127.0.0.1 by default; a site exposes it behind its SSO / reverse proxy (docs/admin.md, "The web view, for a site").
 """
 
 from __future__ import annotations

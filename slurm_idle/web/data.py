@@ -3,7 +3,7 @@
 `status` (wiring.build_agent -> observe -> status.node_rows/model_rows), `report`
 (report_io.fetch_runs/make_report, report.journal_facts), `jobs` (jobview.job_rows) and
 `pipeline status` (pipeline.live_status, dag) all do the real work; this module only calls
-them, joins their rows and shapes `/api/pool` and `/api/jobs` (README documents both shapes).
+them, joins their rows and shapes `/api/pool` and `/api/jobs` (docs/researchers.md documents both shapes).
 A part that fails (Prometheus down, accounting off) becomes a line in `errors`, never a 500.
 
 Who sees what: every job is listed (as `squeue` lists them), but a job's log tail and a
@@ -44,7 +44,7 @@ MAX_CACHED = 64  # documents kept (the pool, then one per ?user= and viewer), le
 
 
 class PoolData(Protocol):
-    """What the web app renders: two JSON documents (see README, "Web view")."""
+    """What the web app renders: two JSON documents (see docs/researchers.md, "The web view")."""
 
     def pool(self) -> dict[str, Any]: ...
 
