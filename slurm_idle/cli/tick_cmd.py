@@ -47,7 +47,8 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
     nothing at all when nothing happened, so cron mails only news; warnings and errors go to
     stderr once, the decision lines to syslog with --syslog (and to stderr with -v; -q leaves
     stderr only the errors). Another tick still running makes this one exit 0 at once,
-    silently (-v says so). Transitions that need longer than the tick budget (engine cold
+    silently (-v says so). A step that failed ([error]) or is stuck past its phase's timeout
+    ([stuck]) makes the tick exit 1; the next tick retries it. Transitions that need longer than the tick budget (engine cold
     start, jobs leaving a node) are left in their phase, written in Slurm, and carried on by
     the next tick.
     """
@@ -68,8 +69,10 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
             click.echo(f"{step.action} {step.node}: {step.from_phase.value} -> "
                        f"{step.to_phase.value} [{step.outcome}] {step.duration_s:.1f}s: "
                        f"{step.reason}" + (f" ({why})" if why else ""))
-    if result.error or result.lock_problem:
-        # The agent already logged it as an error: one line on stderr (and syslog under cron).
+    if result.errors:
+        # A step that failed or is stuck past its phase's timeout, the tick itself, or a
+        # stranger's lock: exit 1 as every command does for a failed action (a systemd timer
+        # shows the unit failed). The agent already logged each as an error, once.
         raise click.exceptions.Exit(ExitCode.FAILED)
 
 

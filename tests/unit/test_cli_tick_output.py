@@ -200,3 +200,31 @@ def test_log_syslog_is_syslog(tmp_path: Path, syslog_socket: socket.socket) -> N
     except BlockingIOError:
         pass
     assert any("plan: lend gpu1" in m for m in messages), messages
+
+
+def test_a_tick_whose_step_failed_exits_1_and_says_it_once(tmp_path: Path) -> None:
+    """A failed action exits 1 in every command (the exit-code table): a tick whose lend step
+    errors (Slurm refused the drain) prints that step once on stdout with [error] and exits 1,
+    so a systemd timer shows the unit failed; the next tick retries it."""
+    agent, slurm = adopted(tmp_path)
+    lend_gpu1_once(agent)
+    slurm.fail_on.add("drain")  # type: ignore[attr-defined]
+    result = tick(tmp_path, agent, "tick")
+    assert result.exit_code == 1, result.output
+    (line,) = result.stdout.splitlines()
+    assert line.startswith("lend gpu1: serving -> retiring [error]"), line
+    assert "drain failed (injected)" in line
+    assert result.stderr.count("drain failed (injected)") <= 1, result.stderr
+
+
+def test_a_tick_json_with_a_failed_step_exits_1_too(tmp_path: Path) -> None:
+    """--json does not change what the exit status means: the JSON, then exit 1."""
+    import json
+
+    agent, slurm = adopted(tmp_path)
+    lend_gpu1_once(agent)
+    slurm.fail_on.add("drain")  # type: ignore[attr-defined]
+    result = tick(tmp_path, agent, "tick", "--json")
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert [s["outcome"] for s in doc["steps"]] == ["error"], doc["steps"]
