@@ -244,6 +244,7 @@ class Agent:
                 log.warning("%s", problem)
             if not dry_run:
                 self._report_foreign(obs)
+                self._remember_unhealthy(obs)
             if log.isEnabledFor(logging.DEBUG):
                 log_observation(obs)
             if self.router is not None and not dry_run:
@@ -298,6 +299,13 @@ class Agent:
             self.journal.record(ForeignReplicaJobRecord(ts=obs.now, job_id=job.job_id,
                                                         user=job.user, nodes=job.nodes,
                                                         replica=job.replica, why=job.why))
+
+    def _remember_unhealthy(self, obs: Observation) -> None:
+        """Since when each replica meant to serve has been unhealthy, for `status`."""
+        from slurm_idle.replica_health import unhealthy_names
+        from slurm_idle.unhealthy_since import remember, since_path
+
+        remember(since_path(self.config.paths.journal), unhealthy_names(obs, self.config), obs.now)
 
     def _journal_step(self, step: StepResult) -> None:
         assert self.journal is not None

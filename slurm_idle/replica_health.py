@@ -87,6 +87,16 @@ def unhealthy(url: str, health: EngineHealth | None, load: ReplicaLoad | None) -
     return None
 
 
+def unhealthy_names(obs: Observation, config: Config) -> list[str]:
+    """The replicas meant to serve that a tick's own view (metrics, identity checks; no
+    /health asked) finds unhealthy, both placements: what unhealthy_since remembers."""
+    names = [r.name for g in group_views(obs, config) if takes_traffic(g.phase)
+             for r in g.group.replicas if r.url and unhealthy(r.url, None, g.load(r))]
+    names += [j.name for j in obs.replica_jobs if takes_traffic(j.phase) and j.url
+              and unhealthy(j.url, None, j.load)]
+    return names
+
+
 def serving_replicas(obs: Observation, config: Config) -> list[tuple[str, ReplicaConfig]]:
     """(model, replica) of every replica whose phase takes traffic, both placements."""
     from slurm_idle.jobdriver import probe_config

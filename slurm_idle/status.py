@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ from slurm_idle.lifecycle import takes_traffic
 from slurm_idle.model import ModelPlan, Observation, Phase, ReplicaLoad
 from slurm_idle.replica_health import attention, unhealthy
 from slurm_idle.topology import group_views
+from slurm_idle.unhealthy_since import clock_time
 
 if TYPE_CHECKING:
     from slurm_idle.engine import EngineHealth
@@ -146,15 +148,24 @@ def model_rows(obs: Observation, plans: Sequence[ModelPlan]) -> list[dict[str, A
     return rows
 
 
+def _unhealthy(row: Mapping[str, Any], now: float) -> str:
+    """`unhealthy: why since 12:01` (no since when no tick has seen it unhealthy yet)."""
+    since = row.get("unhealthy_since")
+    return f"unhealthy: {row['health_reason']}" + (f" since {clock_time(since, now)}" if since else "")
+
+
 def render_status(
     nodes: list[dict[str, Any]],
     models: list[dict[str, Any]],
     errors: Sequence[str],
     replicas: Sequence[dict[str, Any]] = (),
+    now: float | None = None,
 ) -> str:
     """A table for humans; with several replicas on a node (or one spanning nodes), each is
-    listed under its head node, as is any replica meant to serve that is unhealthy (with why);
-    `attention:` lines close it, one per such replica, so the last lines say what to look at."""
+    listed under its head node, as is any replica meant to serve that is unhealthy (with why,
+    and since when a tick first saw it so); `attention:` lines close it, one per such replica,
+    so the last lines say what to look at. `now`: what "today" is for the since times."""
+    now = time.time() if now is None else now
     lines = [f"{'NODE':<12} {'PHASE':<11} {'SLURM':<18} {'GPUS':<6} {'JOBS':<12} REASON"]
     under: dict[str, list[dict[str, Any]]] = {}
     for r in replicas:
@@ -168,12 +179,12 @@ def render_status(
         lines.append(f"{n['name']:<12} {phase:<11} {n['slurm_state']:<18} {gpus:<6} {jobs:<12} {n['reason']}")
         for r in under.get(n["name"], []):
             if show:
-                health = (f"unhealthy: {r['health_reason']}" if r.get("health_reason") else
+                health = (_unhealthy(r, now) if r.get("health_reason") else
                           {True: "healthy", False: "not healthy", None: "-"}[r["healthy"]])
                 span = f" on {','.join(r['nodes'])}" if len(r["nodes"]) > 1 else ""
                 lines.append(f"  └ {r['name']:<20} {r['model']} gpus {r['gpus']}{span} {r['url']} {health}")
             elif r.get("health_reason"):
-                lines.append(f"  └ {r['name']} {r['phase']} (unhealthy: {r['health_reason']})")
+                lines.append(f"  └ {r['name']} {r['phase']} ({_unhealthy(r, now)})")
     job_rows = [r for r in replicas if r.get("placement") == "jobs"]
     if job_rows:
         lines.append("")
@@ -184,7 +195,7 @@ def render_status(
             lines.append(f"{r['name']:<24} {phase:<11} {r['job_id'] or '-'!s:<8} {state:<10} "
                          f"{','.join(r['nodes']) or '-':<12} {r['url'] or '-'}")
             if r.get("health_reason"):
-                lines.append(f"  └ {r['phase']} (unhealthy: {r['health_reason']})")
+                lines.append(f"  └ {r['phase']} ({_unhealthy(r, now)})")
     lines.append("")
     lines.append(f"{'MODEL':<28} {'SERVING':>7} {'NEEDED':>6}  LOAD")
     for m in models:

@@ -97,12 +97,14 @@ def status(ctx: Context, as_json: bool) -> None:
     Phases: serving, retiring, lending, lent, reclaiming, starting, admin (drained by someone
     else: never touched), unknown (not managed yet, or down). Each replica meant to serve is
     asked for /health now; one that fails it, is asleep, is not the expected engine or has no
-    fresh metrics is shown `unhealthy` with why (its /health URL), and listed again in closing
-    `attention:` lines. `--json`: each replica's `healthy`, `health_reason`, `health_summary`,
-    and a top-level `attention` list.
+    fresh metrics is shown `unhealthy` with why (its /health URL) and since when a tick first
+    saw it so (UTC), and listed again in closing `attention:` lines. `--json`: each replica's
+    `healthy`, `health_reason`, `health_summary`, `unhealthy_since`, and a top-level
+    `attention` list.
     """
     from slurm_idle.doctor import status_warnings
     from slurm_idle.replica_health import attention, probe_serving
+    from slurm_idle.unhealthy_since import annotate, read, since_path
 
     agent = ctx.agent(read_only=True)
     obs = agent.observe()
@@ -112,12 +114,13 @@ def status(ctx: Context, as_json: bool) -> None:
               *_lock_warning(agent.config.paths.lock, obs.now)]
     router_line = _add_router_states(agent, nodes)
     replicas = replica_rows(obs, agent.config, probe_serving(obs, agent.config, agent.engine_for))
+    annotate(replicas, read(since_path(agent.config.paths.journal)))
     if as_json:
         echo_json({"nodes": nodes, "models": models, "errors": errors,
                    "replicas": replicas, "groups": group_rows(obs, agent.config),
                    "attention": attention(replicas)})
     else:
-        click.echo(render_status(nodes, models, errors, replicas))
+        click.echo(render_status(nodes, models, errors, replicas, now=obs.now))
         if router_line:
             click.echo(router_line)
 
