@@ -74,7 +74,9 @@ def unhealthy(url: str, health: EngineHealth | None, load: ReplicaLoad | None) -
         down = engine_down(url, health)
         if down is not None:
             return down
-        if health.foreign is not None:
+        if health.foreign is not None and health.foreign_proven:
+            # Only a proof: an identity this user cannot read (the store is the agent's, 0700)
+            # or a /v1/models slow to answer tells nothing (observe counts it the same way).
             return Unhealthy("endpoint is not the expected engine",
                              f"{url} is not the expected engine ({health.foreign})")
     if load is not None and load.foreign:

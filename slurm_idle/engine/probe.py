@@ -86,6 +86,10 @@ class EngineHealth:
     # Why the endpoint is not the expected engine (another server on the port, our container
     # not running...), None when it proved to be ours: a foreign /health 200 is not serving.
     foreign: str | None = None
+    # True when the endpoint proved not to be ours (an answer not our engine's); False when it
+    # only could not be confirmed (no answer in time, the identity store unreadable to this
+    # user). Both keep it out of service; only a proof makes `status` call it another server.
+    foreign_proven: bool = False
 
     @property
     def serving(self) -> bool:
@@ -286,7 +290,8 @@ class _HttpHealth:
         identity = self.identify(replica)
         if identity.ours:
             return health
-        return replace(health, foreign=identity.why or "not confirmed to be the expected engine")
+        return replace(health, foreign=identity.why or "not confirmed to be the expected engine",
+                       foreign_proven=identity.ours is False)
 
     def version(self, replica: ReplicaConfig) -> str | None:
         return self.probe.version(replica)

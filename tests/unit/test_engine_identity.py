@@ -415,3 +415,33 @@ def test_the_emulator_lists_every_served_name_as_vllm_does() -> None:
     assert [d["id"] for d in models_reply(emu)["data"]] == [MODEL, "slurm-idle-abc"]
     assert serves(emu, MODEL) and serves(emu, "slurm-idle-abc") and not serves(emu, "other")
     assert 'model_name="m"' in emu.model.render().decode()
+
+
+def test_an_identity_this_user_cannot_read_is_untold_and_status_does_not_blame_the_engine(
+    tmp_path: Path,
+) -> None:
+    """An admin's `status` runs as a user who cannot read the agent's identity store (0700):
+    the engine is not admitted on that (health not serving, `foreign` says why) but nothing is
+    proven, so status does not call it another server; a squatter proven foreign still is."""
+    from slurm_idle.replica_health import unhealthy
+
+    port = Port(names=(MODEL,))
+    engine, _ = command_engine(tmp_path, port)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text(PREFIX + "0" * 32 + "\n")
+    # A symlink at the replica's file: read without following it fails as an unreadable file
+    # does (a permission error needs a non-root user; the suite runs as root).
+    IdentityStore(tmp_path / "ids").issue("gpu1")
+    [issued] = list((tmp_path / "ids").iterdir())
+    issued.unlink()
+    issued.symlink_to(elsewhere)
+    health = engine.health(REPLICA)
+    assert health.up and not health.serving and health.foreign is not None
+    assert not health.foreign_proven and "cannot read the engine identity" in health.foreign
+    assert unhealthy("http://x", health, ReplicaLoad(model=MODEL, node="gpu1")) is None
+    issued.unlink()
+    IdentityStore(tmp_path / "ids").issue("gpu1")  # readable again; the port lacks the name
+    health = engine.health(REPLICA)
+    assert health.foreign_proven
+    problem = unhealthy("http://x", health, ReplicaLoad(model=MODEL, node="gpu1"))
+    assert problem is not None and problem.summary == "endpoint is not the expected engine"

@@ -121,7 +121,10 @@ def test_a_failing_health_answer_and_other_reasons() -> None:
     up = EngineHealth(up=True, awake=True)
     assert unhealthy(url, up, ReplicaLoad("m", "gpu1")) is None
     assert unhealthy(url, EngineHealth(up=True, awake=False), ReplicaLoad("m", "gpu1")).summary == "engine asleep"  # type: ignore[union-attr]
-    assert "not the expected engine" in unhealthy(url, EngineHealth(up=True, awake=True, foreign="x"), None).detail  # type: ignore[union-attr]
+    proven = EngineHealth(up=True, awake=True, foreign="x", foreign_proven=True)
+    assert "not the expected engine" in unhealthy(url, proven, None).detail  # type: ignore[union-attr]
+    untold = EngineHealth(up=True, awake=True, foreign="no answer in time")
+    assert unhealthy(url, untold, ReplicaLoad("m", "gpu1")) is None  # nothing proven
     assert unhealthy(url, up, ReplicaLoad("m", "gpu1", known=False)).summary == "no fresh metrics"  # type: ignore[union-attr]
 
 
