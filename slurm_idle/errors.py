@@ -14,7 +14,7 @@ class ExitCode(IntEnum):
     """What every `slurm-idle` command's exit status means: the one table (also in --help)."""
 
     OK = 0
-    FAILED = 1  # an action failed (a Slurm call, an engine, the lock held by a tick)
+    FAILED = 1  # an action or a check failed (a Slurm call, an engine, a doctor check)
     BAD_INPUT = 2  # bad input, usage or config: unknown node, missing file, bad flag
     REFUSED = 3  # refused by a safety rule, or a feature not built yet
     INTERRUPTED = 130  # Ctrl-C / SIGINT
@@ -22,7 +22,8 @@ class ExitCode(IntEnum):
 
 EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "ok (also: nothing to do)",
-    ExitCode.FAILED: "an action failed (Slurm, an engine, the router; the lock held by a tick)",
+    ExitCode.FAILED: ("an action or a check failed (Slurm, an engine, the router, a tick's step, "
+                      "a doctor check; an admin command finding the tick lock held)"),
     ExitCode.BAD_INPUT: ("bad input, usage or config (unknown node, missing file, bad flag, "
                          "port in use)"),
     ExitCode.REFUSED: "refused by a safety rule (admin-drained, pinned, wrong phase), or not built",

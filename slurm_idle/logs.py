@@ -58,8 +58,14 @@ def setup_logging(verbose: int = 0, quiet: bool = False, syslog: bool = False,
                             "not kept (-v shows them on stderr)")
     logger.propagate = False
     for problem in problems:
-        logger.warning("%s", problem)
+        if problem not in _warned:  # setup runs again when log options follow the command
+            _warned.add(problem)
+            logger.warning("%s", problem)
     return problems
+
+
+#: Setup problems already said in this process: each once, not once per setup_logging call.
+_warned: set[str] = set()
 
 
 def get_logger(name: str) -> logging.Logger:

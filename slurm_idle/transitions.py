@@ -206,8 +206,9 @@ class NodeDriver:
             nodes=tuple(view.group.nodes) if len(view.nodes) > 1 else (),
         )
         # A step carried over (waiting) or left to an admin (skipped) is the normal course: a
-        # decision line; only a failed or stuck one is a warning, the one line stderr gets.
-        level = log.warning if outcome in (StepOutcome.ERROR, StepOutcome.STUCK) else log.info
+        # decision line; a failed or stuck one is an error (the tick exits 1), the one line
+        # stderr gets, even under -q.
+        level = log.error if outcome in (StepOutcome.ERROR, StepOutcome.STUCK) else log.info
         level(
             "%s %s -> %s: %s [%s%s]",
             ",".join(v.name for v in view.nodes), view.phase.value, to_phase.value, reason, outcome,

@@ -26,6 +26,8 @@ def agent(ctx: Context, as_json: bool) -> None:
     instead of the cron entry or the tick timer (both may run: the lock keeps passes apart).
     SIGTERM or SIGINT stop it between passes; a pass in flight ends within
     timeouts.tick_budget_s and leaves any transition in Slurm for the next tick to carry on.
+    Its decision lines go to syslog with --syslog (as the shipped unit runs it), to stderr with
+    --log stderr or -v; without either, stderr gets only warnings and errors.
     """
     from slurm_idle.loop import run_loop
 

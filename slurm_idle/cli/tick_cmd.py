@@ -44,11 +44,11 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
     """One reconcile pass: lock, observe, plan, act, journal.
 
     Run it from cron every minute. It prints one line per transition made (stdout) and
-    nothing at all when nothing happened, so cron mails only news; warnings and errors go to
-    stderr once, the decision lines to syslog with --syslog (and to stderr with -v; -q leaves
-    stderr only the errors). Another tick still running makes this one exit 0 at once,
-    silently (-v says so). A step that failed ([error]) or is stuck past its phase's timeout
-    ([stuck]) makes the tick exit 1; the next tick retries it. Transitions that need longer than the tick budget (engine cold
+    nothing at all when nothing happened (a step still waiting changed nothing), so cron mails
+    only news; warnings and errors go to stderr once, the decision lines to syslog with
+    --syslog (and to stderr with -v; -q leaves stderr only the errors). Another tick still running makes this one exit 0 at once,
+    silently (-v says so). A step that failed or is stuck past its phase's timeout is an error
+    line on stderr and makes the tick exit 1; the next tick retries it. Transitions that need longer than the tick budget (engine cold
     start, jobs leaving a node) are left in their phase, written in Slurm, and carried on by
     the next tick.
     """
@@ -59,16 +59,20 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
     elif result.locked_out:
         # Another tick overlapping is routine, not news for cron's mail: a log line (-v).
         log.info("%s; nothing to do", result.locked_out)
-    elif dry_run and not result.error:
-        _print_dry_run(result)
-    elif not result.error:
-        # Each transition once; nothing at all when nothing happened (cron mails only news).
-        # The plans and the per-step log lines go to syslog (--syslog) and, with -v, stderr.
+    elif dry_run:
+        if not result.error:
+            _print_dry_run(result)
+    else:
+        # Each transition made, once (even when the tick failed after making it); nothing at
+        # all when nothing happened, so cron mails only news. A step carried over (waiting)
+        # or left to an admin (skipped) changed nothing: a decision line for syslog (--syslog)
+        # and -v. A failed or stuck one is an error: its one line on stderr is the step's own
+        # log line (transitions.py), and the tick exits 1 below.
         for step in result.steps:
-            why = step.error or step.detail
-            click.echo(f"{step.action} {step.node}: {step.from_phase.value} -> "
-                       f"{step.to_phase.value} [{step.outcome}] {step.duration_s:.1f}s: "
-                       f"{step.reason}" + (f" ({why})" if why else ""))
+            if step.outcome is StepOutcome.OK:
+                click.echo(f"{step.action} {step.node}: {step.from_phase.value} -> "
+                           f"{step.to_phase.value} [ok] {step.duration_s:.1f}s: {step.reason}"
+                           + (f" ({step.detail})" if step.detail else ""))
     if result.errors:
         # A step that failed or is stuck past its phase's timeout, the tick itself, or a
         # stranger's lock: exit 1 as every command does for a failed action (a systemd timer
@@ -170,8 +174,8 @@ def _lock_warning(path: str, now: float) -> list[str]:
 def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
     """Why the latest decisions were taken (for NODE, or all nodes), from the journal.
 
-    Shows phase changes, router calls and an admin's pin/unpin in the order they happened,
-    newest last. A node whose phase now (as `status` shows it) is not where its journal left
+    Shows phase changes, router calls and an admin's pin/unpin of the nodes and replicas in
+    the config now, in the order they happened, newest last. A node whose phase now (as `status` shows it) is not where its journal left
     it gets a line saying the journal predates its current state (a restarted pool).
     """
     from slurm_idle.explain import in_event_order, stale_nodes
@@ -183,10 +187,13 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
         raise BadInput(f"{node} is not a pool node (nor a replica job, MODEL#INDEX) in "
                        f"{ctx.resolved_config_path}")
     records = list(Journal(Path(config.paths.journal)).typed())
+    # The current pool's nodes and replicas only: a journal kept across a pool's change (a
+    # node taken out of the config, a model renamed) must not explain what is no longer there.
+    wanted = {node} if node is not None else set(config.pool_nodes) | replica_jobs
     transitions = in_event_order(
         r for r in records if isinstance(r, TransitionRecord | RouterRecord | AdminRecord)
-        and (node is None or r.node == node
-             or (isinstance(r, TransitionRecord) and node in r.nodes)))
+        and (r.node in wanted or (isinstance(r, TransitionRecord) and wanted & set(r.nodes))
+             or (isinstance(r, RouterRecord) and r.replica in wanted)))
     ticks = [r for r in records if isinstance(r, TickRecord)]
     shown = transitions[-last:]
     phases = _current_phases(ctx) if transitions else {}

@@ -74,8 +74,18 @@ def problems_of(exc: ValidationError, root: type[BaseModel], positions: Position
                 close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.6)
                 suggestion = close[0] if close else None
         problems.append(ConfigProblem(dotted(loc), describe_error(error), line, column, suggestion))
+    problems = _without_echoed_missing(problems)
     # In file order, as an editor walks it (pydantic reports unknown keys after the fields).
     return sorted(problems, key=lambda p: (p.line is None, p.line or 0, p.column or 0))
+
+
+def _without_echoed_missing(problems: list[ConfigProblem]) -> list[ConfigProblem]:
+    """A misspelled required key (`ulr`) is one mistake, not two: drop the `missing 'url'`
+    when its unknown sibling's suggestion is that key (the suggestion already says it)."""
+    meant = {p.path.rsplit(".", 1)[0] + "." + p.suggestion if "." in p.path else p.suggestion
+             for p in problems if p.suggestion and p.path}
+    return [p for p in problems
+            if not (p.message.startswith("missing required key") and p.path in meant)]
 
 
 def significant_errors(exc: ValidationError) -> list[ErrorDetails]:

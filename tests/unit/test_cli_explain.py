@@ -126,3 +126,31 @@ def test_an_unfinished_step_agrees_with_either_phase() -> None:
     assert stale_nodes([rec], {"gpu1": "serving"}) == []
     assert stale_nodes([rec], {"gpu1": "retiring"}) == []
     assert [s.node for s in stale_nodes([rec], {"gpu1": "lent"})] == ["gpu1"]
+
+
+def test_only_the_current_pools_nodes_are_explained(tmp_path: Path) -> None:
+    """A journal kept across a pool change (gpu9 was in the pool, is not any more): `explain`
+    without NODE shows gpu1's records, not gpu9's; `explain gpu9` refuses it (exit 2)."""
+    cfg = setup(tmp_path)
+    Journal(tmp_path / "j.jsonl").append({"event": "transition", "ts": 2000.0, "node": "gpu9",
+                                          "from": "serving", "to": "retiring", "outcome": "ok",
+                                          "reason": "old pool"})
+    proc = run_cli("--config", str(cfg), "explain")
+    assert proc.returncode == 0, proc.stderr
+    assert "gpu9" not in proc.stdout and "gpu1: lent -> reclaiming" in proc.stdout
+    assert run_cli("--config", str(cfg), "explain", "gpu9").returncode == 2
+
+
+def test_a_replica_jobs_router_calls_are_explained_by_its_name(tmp_path: Path) -> None:
+    """A replica job's router record carries the node it ran on (any node of the serve
+    partition, maybe none of the pool's) and its name: `explain` finds it by the name."""
+    journal = Journal(tmp_path / "j.jsonl")
+    journal.append({"event": "router", "ts": 1000.0, "node": "gpu7", "replica": "jm#1",
+                    "model": "jm", "router": "file", "call": "add", "reason": "serving",
+                    "outcome": "ok"})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(CONFIG.format(journal=journal.path).replace(
+        "models: [", "models: [{name: jm, placement: jobs, job: {replicas: 2, command: serve}}, "))
+    for args in (("explain",), ("explain", "jm#1")):
+        proc = run_cli("--config", str(cfg), *args)
+        assert proc.returncode == 0 and "gpu7: joined the router (file)" in proc.stdout, proc.stdout

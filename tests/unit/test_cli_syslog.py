@@ -58,3 +58,24 @@ def test_without_syslog_nothing_is_sent(
     syslog_socket.settimeout(0.2)
     with pytest.raises(TimeoutError):
         syslog_socket.recv(4096)
+
+
+def test_a_missing_syslog_socket_is_said_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`slurm-idle --syslog config check X -v` sets logging up twice (the options after the
+    command too): on a host without /dev/log the warning is one line, not one per setup (cron
+    would mail it every minute twice)."""
+    from slurm_idle import logs
+
+    monkeypatch.setattr(logs, "SYSLOG_SOCKET", str(tmp_path / "no-log"))
+    monkeypatch.setattr(logs, "_warned", set())
+    good = tmp_path / "c.yaml"
+    good.write_text("models: []\n")
+    try:
+        run_guarded(main, ["--syslog", "--config", str(good), "config", "check", str(good), "-v"])
+    except SystemExit:
+        pass
+    finally:
+        setup_logging()
+    assert capsys.readouterr().err.count("no syslog socket") == 1

@@ -73,25 +73,32 @@ def test_a_tick_that_lends_prints_each_transition_once(tmp_path: Path) -> None:
     assert result.stderr == ""
 
 
-def test_a_step_carried_over_is_news_once_not_a_warning(tmp_path: Path) -> None:
-    """An engine not healthy by the tick budget leaves its node starting: the tick prints that
-    step once on stdout ([waiting], the next tick carries on); stderr stays empty, since a
-    carry-over is the normal course, not a warning."""
+def test_a_step_still_waiting_is_not_news(tmp_path: Path) -> None:
+    """An engine not healthy by the tick budget leaves its node starting: the edge taken
+    (reclaiming -> starting) is printed, the wait for serving is not (no phase changed: a
+    10-minute cold start must not mail every minute); exit 0; -v shows the waiting step's
+    decision line on stderr."""
     from slurm_idle.lifecycle import format_reason
 
     from .test_agent import T0, continue_all, make_agent
 
-    agent, slurm, engine, _, _ = make_agent(tmp_path, planner=continue_all)
-    slurm.node_map["gpu3"] = slurm.node_map["gpu3"].__class__(
-        name="gpu3", state="idle", flags=frozenset({"DRAIN"}),
-        reason=format_reason("slurm-idle", Phase.RECLAIMING, T0))
-    engine.up["gpu3"] = False
-    engine.start_delay_polls = 50  # 50 s of polling > the 10 s budget
-    result = tick(tmp_path, agent, "tick")
+    def waiting_agent() -> Agent:
+        agent, slurm, engine, _, _ = make_agent(tmp_path, planner=continue_all)
+        slurm.node_map["gpu3"] = slurm.node_map["gpu3"].__class__(
+            name="gpu3", state="idle", flags=frozenset({"DRAIN"}),
+            reason=format_reason("slurm-idle", Phase.RECLAIMING, T0))
+        engine.up["gpu3"] = False
+        engine.start_delay_polls = 50  # 50 s of polling > the 10 s budget
+        return agent
+
+    result = tick(tmp_path, waiting_agent(), "tick")
     assert result.exit_code == 0, result.output
-    waiting = [ln for ln in result.stdout.splitlines() if "[waiting]" in ln]
-    assert len(waiting) == 1 and waiting[0].startswith("continue gpu3: "), result.stdout
+    gpu3 = [ln for ln in result.stdout.splitlines() if ln.startswith("continue gpu3: ")]
+    assert [ln.split(" [")[0] for ln in gpu3] == ["continue gpu3: reclaiming -> starting"], gpu3
+    assert "[waiting]" not in result.stdout, result.stdout
     assert result.stderr == ""
+    verbose = tick(tmp_path, waiting_agent(), "tick", "-v")
+    assert "gpu3 starting -> serving" in verbose.stderr and "[waiting" in verbose.stderr, verbose.stderr
 
 
 def test_verbose_adds_the_decision_lines_on_stderr(tmp_path: Path) -> None:
@@ -204,17 +211,19 @@ def test_log_syslog_is_syslog(tmp_path: Path, syslog_socket: socket.socket) -> N
 
 def test_a_tick_whose_step_failed_exits_1_and_says_it_once(tmp_path: Path) -> None:
     """A failed action exits 1 in every command (the exit-code table): a tick whose lend step
-    errors (Slurm refused the drain) prints that step once on stdout with [error] and exits 1,
-    so a systemd timer shows the unit failed; the next tick retries it."""
-    agent, slurm = adopted(tmp_path)
-    lend_gpu1_once(agent)
-    slurm.fail_on.add("drain")  # type: ignore[attr-defined]
-    result = tick(tmp_path, agent, "tick")
-    assert result.exit_code == 1, result.output
-    (line,) = result.stdout.splitlines()
-    assert line.startswith("lend gpu1: serving -> retiring [error]"), line
-    assert "drain failed (injected)" in line
-    assert result.stderr.count("drain failed (injected)") <= 1, result.stderr
+    errors (Slurm refused the drain) says so in exactly one line, on stderr (an error: even
+    under -q), nothing on stdout (no phase changed), and exits 1 so a systemd timer shows the
+    unit failed; the next tick retries it."""
+    for flags in ((), ("-q",)):
+        agent, slurm = adopted(tmp_path)
+        lend_gpu1_once(agent)
+        slurm.fail_on.add("drain")  # type: ignore[attr-defined]
+        result = tick(tmp_path, agent, "tick", *flags)
+        assert result.exit_code == 1, (flags, result.output)
+        assert result.stdout == "", result.stdout
+        assert result.output.count("drain failed (injected)") == 1, result.output
+        (line,) = result.stderr.splitlines()
+        assert "ERROR gpu1 serving -> retiring" in line and "[error" in line, line
 
 
 def test_a_tick_json_with_a_failed_step_exits_1_too(tmp_path: Path) -> None:
@@ -228,3 +237,22 @@ def test_a_tick_json_with_a_failed_step_exits_1_too(tmp_path: Path) -> None:
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
     assert [s["outcome"] for s in doc["steps"]] == ["error"], doc["steps"]
+
+
+def test_transitions_made_are_printed_even_when_the_tick_then_fails(tmp_path: Path) -> None:
+    """A tick that lends gpu1 and then fails (writing the file_sd targets) still prints the three
+    transitions it made, then its error line, and exits 1."""
+    from slurm_idle.errors import SlurmIdleError
+
+    agent, _ = adopted(tmp_path)
+    lend_gpu1_once(agent)
+
+    def broken(*args: object) -> None:
+        raise SlurmIdleError("file_sd not writable (injected)")
+
+    agent._write_file_sd = broken  # type: ignore[method-assign]
+    result = tick(tmp_path, agent, "tick")
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert [ln.split(" [")[0] for ln in lines] == [f"lend gpu1: {e}" for e in LEND_STEPS], lines
+    assert "file_sd not writable (injected)" in result.stderr

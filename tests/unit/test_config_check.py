@@ -96,6 +96,18 @@ def test_unknown_keys_are_answered_with_the_closest_valid_key_at_their_level(
     assert unknown and unknown[0].suggestion == meant
 
 
+def test_a_misspelled_required_key_is_one_problem_not_two() -> None:
+    """`ulr:` for the required `url` is the unknown key with its suggestion, not that and a
+    `missing required key ... url` besides; a required key missing with no look-alike still is."""
+    text = MINIMAL + "  - name: n\n    replicas: [{node: gpu9, ulr: 'http://gpu9:1'}]\n"
+    found = problems(text).problems
+    assert [(p.path, p.suggestion) for p in found] == [("models.1.replicas.0.ulr", "url")], found
+    found = problems(MINIMAL + "  - nodes: gpu7\n    nmae: n\n").problems
+    assert [(p.path, p.suggestion) for p in found] == [("models.1.nmae", "name")], found
+    found = problems(MINIMAL + "  - nodes: gpu7\n    zzzz: n\n").problems
+    assert sorted(p.path for p in found) == ["models.1.name", "models.1.zzzz"]
+
+
 def test_a_missing_key_points_at_the_mapping_that_lacks_it() -> None:
     """`models.1.name` is not in the file: the problem is located at the item that needs it."""
     found = problems(MINIMAL + "  - nodes: gpu7\n").problems
