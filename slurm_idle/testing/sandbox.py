@@ -7,6 +7,11 @@ then sweeps processes carrying this sandbox's marker (slurmstepd, containerd) or
 cluster name (job processes), and unmounts dockerd's netns. Config texts live in
 sandboxconf.py, pid handling in procs.py, the emulator in emulator.py.
 
+`up` also builds the demo's images into the sandbox's dockerd (testing/images.py), because its
+config never pulls (`job_policy.pull: never`); dockerd runs with its HTTP(S) proxy on a loopback
+port of the block (sandboxconf.dockerd_proxy_env), so not even a pull made on purpose resolves a
+registry's name off the machine.
+
 Nodes: gpu1-gpu4 (4 GPUs, one replica each, the default config) and gpu5-gpu7 (8 GPUs: two
 replicas on gpu5, one over gpu[6-7]; their own config, `topology_config_path`; issue 13).
 
@@ -281,12 +286,14 @@ class Sandbox:
                                      + [p for p in env.get("PYTHONPATH", "").split(":") if p])
         return env
 
-    def _spawn(self, name: str, argv: list[str]) -> bool:
-        """Start `name` unless it already runs; True when it was started now."""
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> bool:
+        """Start `name` unless it already runs (with `env` over the daemons' environment); True
+        when it was started now."""
         pf = self._pidfile(name)
         if pf.read() is not None:
             return False
-        procs.spawn(argv, self.layout.log / f"{name}.out", self._daemon_env(), pf, cwd=self.root)
+        procs.spawn(argv, self.layout.log / f"{name}.out", {**self._daemon_env(), **(env or {})},
+                    pf, cwd=self.root)
         return True
 
     def _check_alive(self, name: str) -> None:
@@ -415,7 +422,8 @@ class Sandbox:
             "dockerd", f"--config-file={root}/docker/daemon.json", "--iptables=false",
             "--ip-masq=false", "--bridge=none", "--storage-driver=vfs",
             f"--data-root={root}/docker/data", f"--exec-root={root}/docker/exec",
-            f"--pidfile={lay.run}/dockerd.pid", f"--host=unix://{lay.docker_socket}"])
+            f"--pidfile={lay.run}/dockerd.pid", f"--host=unix://{lay.docker_socket}"],
+            env=sandboxconf.dockerd_proxy_env(lay))
         self._spawn("prometheus", self._prometheus_argv())
         for node in ALL_NODES:
             self.engine_start(node, start_delay_s=0)
@@ -452,8 +460,28 @@ class Sandbox:
         ready("haproxy")
         self._wait("dockerd", lambda: _unix_http(lay.docker_socket, "/_ping")[0] == 200, timeout_s)
         ready("dockerd")
+        self._build_images()
+        ready("images")
         timings["total"] = time.monotonic() - t0
         return {k: round(v, 2) for k, v in timings.items()}
+
+    def _build_images(self) -> None:
+        """The demo's images in the sandbox's dockerd (kept when there): job_policy.pull is
+        never here, so `slurm-idle submit etc/examples/demo-job.yaml` runs right after `up`."""
+        import docker
+        import docker.errors
+
+        from slurm_idle.testing.images import build_demo_image
+
+        client = docker.DockerClient(base_url=self.docker_host, timeout=120)
+        try:
+            build_demo_image(client)
+        except (docker.errors.DockerException, RuntimeError, OSError,
+                subprocess.CalledProcessError) as exc:
+            raise RuntimeError(f"sandbox: building the demo images failed: "
+                               f"{' '.join(str(exc).split())}") from exc
+        finally:
+            client.close()
 
     def _prometheus_argv(self) -> list[str]:
         root, lay = self.root, self.layout
