@@ -8,9 +8,10 @@ cluster name (job processes), and unmounts dockerd's netns. Config texts live in
 sandboxconf.py, pid handling in procs.py, the emulator in emulator.py.
 
 `up` also builds the demo's images into the sandbox's dockerd (testing/images.py), because its
-config never pulls (`job_policy.pull: never`); dockerd runs with its HTTP(S) proxy on a loopback
-port of the block (sandboxconf.dockerd_proxy_env), so not even a pull made on purpose resolves a
-registry's name off the machine.
+config never pulls (`job_policy.pull: never`). dockerd runs with its HTTP(S) proxy on a loopback
+port of the block and, in a mount namespace of its own, an /etc/resolv.conf naming a closed
+loopback resolver (sandboxconf.dockerd_proxy_env, with_private_resolver), so not even a pull
+made on purpose sends a DNS query or a registry request off the machine.
 
 Nodes: gpu1-gpu4 (4 GPUs, one replica each, the default config) and gpu5-gpu7 (8 GPUs: two
 replicas on gpu5, one over gpu[6-7]; their own config, `topology_config_path`; issue 13).
@@ -348,6 +349,7 @@ class Sandbox:
             key.chmod(0o400)
         (self.root / "prometheus.yml").write_text(sandboxconf.prometheus_yml(lay))
         (self.root / "docker" / "daemon.json").write_text("{}\n")
+        (self.root / "docker" / "resolv.conf").write_text(sandboxconf.dockerd_resolv_conf())
         lay.config_path.write_text(sandboxconf.slurm_idle_config(lay, self.tokens_per_s_per_replica))
         lay.topology_config_path.write_text(
             sandboxconf.topology_config(lay, self.tokens_per_s_per_replica))
@@ -418,11 +420,11 @@ class Sandbox:
                                f"--socket={lay.munge_socket}", f"--pid-file={lay.run}/munged.pid",
                                f"--log-file={lay.log}/munged.log",
                                f"--seed-file={root}/munge/munged.seed"])
-        self._spawn("dockerd", [
+        self._spawn("dockerd", sandboxconf.with_private_resolver(root / "docker" / "resolv.conf", [
             "dockerd", f"--config-file={root}/docker/daemon.json", "--iptables=false",
             "--ip-masq=false", "--bridge=none", "--storage-driver=vfs",
             f"--data-root={root}/docker/data", f"--exec-root={root}/docker/exec",
-            f"--pidfile={lay.run}/dockerd.pid", f"--host=unix://{lay.docker_socket}"],
+            f"--pidfile={lay.run}/dockerd.pid", f"--host=unix://{lay.docker_socket}"]),
             env=sandboxconf.dockerd_proxy_env(lay))
         self._spawn("prometheus", self._prometheus_argv())
         for node in ALL_NODES:
@@ -556,7 +558,12 @@ class Sandbox:
                                f"{_tail(self.layout.log / 'portlease.out')}")
 
     def _check_ports(self) -> None:
-        """Fail fast when a port of a part we are about to start is taken by someone else."""
+        """Fail fast when a port of a part we are about to start is taken by someone else, or
+        when a DNS server listens where dockerd's closed resolver must be (it would answer)."""
+        if not procs.dns_port_closed(sandboxconf.CLOSED_RESOLVER):
+            raise RuntimeError(f"a DNS server listens on {sandboxconf.CLOSED_RESOLVER}:53, the "
+                               "sandbox's dockerd's closed resolver: stop it, or a missing "
+                               "image's registry lookup could leave the machine")
         running = self._recorded()
         for name, numbers in self._ports().items():
             for port in numbers:

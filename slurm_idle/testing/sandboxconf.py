@@ -42,6 +42,10 @@ HAPROXY_TOPOLOGY = 9  # the topology model's own frontend (clients pick a model 
 # port (nothing listens unless a test does) instead of resolving a registry's name in the
 # host's DNS. Not bound by the sandbox itself.
 REGISTRY_TRAP = 4
+# dockerd's only DNS server (its own /etc/resolv.conf, in a mount namespace of its own): a
+# loopback address nothing listens on, so a lookup fails at once and never leaves the machine.
+# Measured: with the proxy alone, a pull still asked the host's resolver for `docker.io`.
+CLOSED_RESOLVER = "127.255.53.53"
 HAPROXY_BACKEND = "vllm"
 HAPROXY_TOPOLOGY_BACKEND = "vllm-large"
 PORT_SPAN = 40  # 36-38: gpu8 and its replica jobs (placement: jobs)
@@ -379,6 +383,21 @@ def dockerd_proxy_env(lay: Layout) -> dict[str, str]:
     env = {name: trap for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
     env.update({"NO_PROXY": "", "no_proxy": ""})
     return env
+
+
+def dockerd_resolv_conf() -> str:
+    """dockerd's /etc/resolv.conf: the closed loopback resolver only, one try, no search list."""
+    return f"nameserver {CLOSED_RESOLVER}\noptions timeout:1 attempts:1\n"
+
+
+def with_private_resolver(resolv_conf: Path, argv: list[str]) -> list[str]:
+    """`argv` in a mount namespace of its own whose /etc/resolv.conf is `resolv_conf` (bound
+    over it there only; the host's stays as it is). Propagation is slave: mounts made on the
+    host later still show inside (a job's mount sources), the daemon's own (its netns file,
+    container roots) never show outside and go with the namespace. `unshare` and `sh` exec,
+    so the pid spawned is the daemon's."""
+    return ["unshare", "--mount", "--propagation", "slave", "sh", "-c",
+            'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv_conf), *argv]
 
 
 def haproxy_cfg(lay: Layout) -> str:

@@ -245,3 +245,19 @@ def test_the_sandbox_never_pulls_and_dockerds_registry_requests_stay_on_loopback
             *(lay.emulator_port(r.name) for r in sandboxconf.REPLICAS),
             *(lay.jobs_port_base + i for i in range(sandboxconf.JOBS_REPLICAS))]
     assert lay.registry_trap_port not in used
+
+
+def test_dockerds_resolver_is_a_closed_loopback_address_only() -> None:
+    """dockerd's private resolv.conf names one nameserver, on loopback, tried once; the wrapper
+    binds it over /etc/resolv.conf in a mount namespace of dockerd's own and execs the daemon."""
+    import ipaddress
+
+    lines = sandboxconf.dockerd_resolv_conf().splitlines()
+    servers = [ln.split()[1] for ln in lines if ln.startswith("nameserver")]
+    assert servers == [sandboxconf.CLOSED_RESOLVER]
+    assert ipaddress.ip_address(servers[0]).is_loopback
+    assert not any(ln.startswith(("search", "domain")) for ln in lines)
+    argv = sandboxconf.with_private_resolver(Path("/sb/docker/resolv.conf"), ["dockerd", "-D"])
+    assert argv[:4] == ["unshare", "--mount", "--propagation", "slave"]
+    assert 'mount --bind "$0" /etc/resolv.conf && exec "$@"' in argv
+    assert argv[-3:] == ["/sb/docker/resolv.conf", "dockerd", "-D"]

@@ -35,7 +35,13 @@ def test_up_ends_with_the_demo_images_built_on_a_dockerd_that_cannot_reach_a_reg
     for name in ("_check_ports", "_write_files", "_keep_lease", "engine_start", "jobs_node"):
         setattr(sb, name, noop)
     envs: dict[str, Any] = {}
-    sb._spawn = lambda name, argv, env=None: envs.setdefault(name, env)  # type: ignore[method-assign,assignment,misc,return-value]
+    argvs: dict[str, list[str]] = {}
+
+    def spawn(name: str, argv: list[str], env: dict[str, str] | None = None) -> bool:
+        envs[name], argvs[name] = env, argv
+        return True
+
+    sb._spawn = spawn  # type: ignore[method-assign]
     order: list[str] = []
     sb._wait = lambda name, *a, **k: order.append(name)  # type: ignore[method-assign,assignment,return-value]
     sb._start_mariadb = lambda ready: ready("mariadb")  # type: ignore[method-assign]
@@ -43,3 +49,7 @@ def test_up_ends_with_the_demo_images_built_on_a_dockerd_that_cannot_reach_a_reg
     timings = sb._up(1.0)
     assert order[-2:] == ["dockerd", "images"] and "images" in timings
     assert envs["dockerd"]["HTTPS_PROXY"] == f"http://127.0.0.1:{sb.layout.registry_trap_port}"
+    # ... and its own /etc/resolv.conf, naming only the closed loopback resolver
+    wrapped = argvs["dockerd"]
+    assert wrapped[:2] == ["unshare", "--mount"] and wrapped[wrapped.index("dockerd") - 1] == str(
+        tmp_path / "docker" / "resolv.conf")
