@@ -145,6 +145,11 @@ class JobPolicyConfig(_Strict):
     # that is root on the node) or docker (its socket is root-equivalent: every researcher who
     # can use it is root on the node; choose it only where the site accepts that).
     runtime: Literal["podman", "docker"] = "podman"
+    # When the runner may ask a registry for a job's image: `missing` (only when it is not on
+    # the node), `always` (every run), `never` (the image must be on the node already: no
+    # registry is asked, not even its name resolved; a missing image fails the job before any
+    # container starts, in one line naming the image, the node and how to load it).
+    pull: Literal["never", "missing", "always"] = "missing"
 
     @field_validator("mount_prefixes")
     @classmethod

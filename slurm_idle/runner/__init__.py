@@ -42,6 +42,13 @@ marker file (the checkpoint dir, else the user's state dir) before exiting 0; a 
 same job id finds it and exits 0 at once without starting anything. Slurm 24.05+ may start a
 finished job once more after a preemption (docs/slurm-releases.md).
 
+The image comes from the engine's store as the node's `job_policy.pull` allows: `never` asks no
+registry (not even a name lookup) and fails a job whose image is not there with exit 70, before
+any container starts, in one line naming the image, the node and how to load it there
+(`docker load`, or `podman load` as the job's user: a rootless store is the user's own);
+`missing` pulls an absent image, `always` every run. One rule (container.ensure_image) for
+docker and rootless podman alike.
+
 The container always runs as the job's uid:gid, unprivileged, with no-new-privileges, never
 with the engine socket mounted, with `init=True`, and is always removed (finally, plus a
 label-based sweep of leftovers of the same job at start and `--cleanup JOBID` for an Epilog).

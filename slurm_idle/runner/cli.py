@@ -18,6 +18,7 @@ from slurm_idle.pipeline import state_dir
 from slurm_idle.podman import PodmanService
 from slurm_idle.runner.container import (
     LABEL_JOB,
+    PullPolicy,
     engine_sockets,
     remove_job_containers,
     slurm_context,
@@ -100,7 +101,7 @@ def _main(argv: Sequence[str] | None, signals: Signals) -> int:
             report.say(f"rootless podman service at {host}")
         elif host is None:
             host = os.environ.get("DOCKER_HOST")
-        return _run(args, host, spec, service is not None, signals, report)
+        return _run(args, host, spec, service is not None, signals, report, policy.pull)
     except SlurmIdleError as exc:
         report.say(f"error: {exc}")
         return EXIT_START_FAILED
@@ -129,7 +130,7 @@ def _sweep_without_api(
 
 def _run(
     args: argparse.Namespace, host: str | None, spec: JobSpec | None, rootless: bool,
-    signals: Signals, report: Reporter,
+    signals: Signals, report: Reporter, pull: PullPolicy = "missing",
 ) -> int:
     try:
         client = _client(host)
@@ -147,6 +148,7 @@ def _run(
     grace = args.grace_s if args.grace_s is not None else spec.grace_s
     settings = RunSettings(
         grace_s=grace, gpu_mode=args.gpu_mode,
+        pull=pull, engine="podman" if rootless else "docker",
         engine_sockets=engine_sockets(host),
         # Rootless: the container's root is the job's user outside (its user namespace), so
         # files it writes in the mounts are the user's; a uid inside would be a subuid.

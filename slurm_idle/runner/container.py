@@ -1,14 +1,16 @@
 """Container setup for the in-job runner: what the container is created with, and the host side.
 
 Pure parts (the step environment, the container's environment, GPUs and create() arguments)
-are apart from the few engine calls (pulling the image, sweeping leftovers) and host checks
-(mount sources, the engine socket). See the package docstring for the rules they follow.
+are apart from the few engine calls (the image as job_policy.pull allows, sweeping leftovers)
+and host checks (mount sources, the engine socket). See the package docstring for the rules
+they follow.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,8 @@ LABEL_NAME = "slurm-idle.name"
 PARAMS_TARGET = "/run/slurm-idle/params.json"
 
 GpuMode = Literal["auto", "nvidia", "env", "off"]
+PullPolicy = Literal["never", "missing", "always"]  # the node's job_policy.pull
+Engine = Literal["docker", "podman"]  # what serves the docker API the runner talks to
 
 
 class Say(Protocol):
@@ -43,6 +47,7 @@ class SlurmContext:
     cuda_visible_devices: str | None = None
     job_name: str = ""
     cluster: str = ""  # SLURM_CLUSTER_NAME: with the job id, names the completion marker and the run ledger
+    node: str = ""  # SLURMD_NODENAME: named in messages an admin acts on (a missing image)
 
 
 def slurm_context(environ: Mapping[str, str]) -> SlurmContext:
@@ -64,6 +69,7 @@ def slurm_context(environ: Mapping[str, str]) -> SlurmContext:
         cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
         job_name=environ.get("SLURM_JOB_NAME", ""),
         cluster=environ.get("SLURM_CLUSTER_NAME", ""),
+        node=environ.get("SLURMD_NODENAME", ""),
     )
 
 
@@ -232,11 +238,41 @@ def write_params(spec: JobSpec) -> tuple[str | None, str | None]:
     return tmp, path
 
 
-def ensure_image(client: Any, image: str, report: Say) -> None:
+class ImageMissing(SlurmIdleError):
+    """The job's image is not on the node and job_policy.pull is never."""
+
+
+#: How an admin puts an image on a node, per engine: a rootless podman store is the job's
+#: user's own, so root loading it into docker's (or root's podman's) would not help.
+LOAD_HINTS: dict[Engine, str] = {
+    "docker": "docker load -i IMAGE.tar on that node",
+    "podman": "podman load -i IMAGE.tar as the job's user on that node",
+}
+
+
+def ensure_image(client: Any, image: str, report: Say, pull: PullPolicy = "missing",
+                 node: str = "", engine: Engine = "docker") -> None:
+    """Have `image` on the node as job_policy.pull says: `never` only looks in the engine's
+    store (no registry is asked, not even its name resolved) and raises ImageMissing, one line
+    naming the image, the node and how to load it; `missing` pulls what is absent; `always`
+    pulls every run.
+
+    One rule for every engine the runner drives through the docker SDK: docker and Podman's
+    compatible API (4.3, measured) both answer an absent image with a 404 saying "No such
+    image" (Podman rewrites its own "image not known" for docker-py), which the SDK raises as
+    ImageNotFound. Any other error is the engine's, reported as it is.
+    """
     import docker.errors
 
-    try:
-        client.images.get(image)
-    except docker.errors.ImageNotFound:
-        report.say(f"pulling {image}")
-        client.images.pull(image)
+    if pull != "always":
+        try:
+            client.images.get(image)
+            return
+        except docker.errors.ImageNotFound:
+            if pull == "never":
+                where = node or socket.gethostname()
+                raise ImageMissing(
+                    f"image {image} is not on node {where} and job_policy.pull is never (no "
+                    f"registry is asked): load it there first ({LOAD_HINTS[engine]})") from None
+    report.say(f"pulling {image}")
+    client.images.pull(image)

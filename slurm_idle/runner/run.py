@@ -186,7 +186,7 @@ def _run_once(
         use_dr = wants_device_requests(settings.gpu_mode, runtimes)
         if settings.gpu_mode == "off":
             ctx = replace(ctx, gpus=(), cuda_visible_devices=None)
-        ensure_image(client, spec.image, report)
+        ensure_image(client, spec.image, report, settings.pull, ctx.node, settings.engine)
         if signals.stop_requested():
             report.say("stop signal before the container started: nothing to checkpoint")
             return EXIT_PREEMPTED

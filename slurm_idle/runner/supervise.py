@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from slurm_idle.jobs import ENGINE_SOCKETS, EXIT_PREEMPTED, EXIT_REQUEUE_ME
-from slurm_idle.runner.container import GpuMode
+from slurm_idle.runner.container import Engine, GpuMode, PullPolicy
 
 
 class Clock(Protocol):
@@ -92,6 +92,8 @@ class Signals:
 class RunSettings:
     grace_s: float = 30.0
     gpu_mode: GpuMode = "auto"
+    pull: PullPolicy = "missing"  # the node's job_policy.pull (container.ensure_image)
+    engine: Engine = "docker"  # names how to load a missing image (a rootless store is the user's)
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)
     poll_s: float = 0.2

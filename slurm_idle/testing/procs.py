@@ -179,6 +179,18 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return not port_open(port, host)
 
 
+def dns_port_closed(host: str) -> bool:
+    """Nothing serves DNS on host:53, UDP or TCP (nor on the wildcard address: a bind here then
+    fails too), so a query sent there is refused at once."""
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind((host, 53))
+            except OSError:
+                return False
+    return True
+
+
 def mounts_under(root: Path) -> list[str]:
     """Mount points below `root`, deepest first (to unmount dockerd's netns etc.)."""
     prefix = str(root).rstrip("/") + "/"

@@ -7,6 +7,12 @@ then sweeps processes carrying this sandbox's marker (slurmstepd, containerd) or
 cluster name (job processes), and unmounts dockerd's netns. Config texts live in
 sandboxconf.py, pid handling in procs.py, the emulator in emulator.py.
 
+`up` also builds the demo's images into the sandbox's dockerd (testing/images.py), because its
+config never pulls (`job_policy.pull: never`). dockerd runs with its HTTP(S) proxy on a loopback
+port of the block and, in a mount namespace of its own, an /etc/resolv.conf naming a closed
+loopback resolver (sandboxconf.dockerd_proxy_env, with_private_resolver), so not even a pull
+made on purpose sends a DNS query or a registry request off the machine.
+
 Nodes: gpu1-gpu4 (4 GPUs, one replica each, the default config) and gpu5-gpu7 (8 GPUs: two
 replicas on gpu5, one over gpu[6-7]; their own config, `topology_config_path`; issue 13).
 
@@ -281,12 +287,14 @@ class Sandbox:
                                      + [p for p in env.get("PYTHONPATH", "").split(":") if p])
         return env
 
-    def _spawn(self, name: str, argv: list[str]) -> bool:
-        """Start `name` unless it already runs; True when it was started now."""
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> bool:
+        """Start `name` unless it already runs (with `env` over the daemons' environment); True
+        when it was started now."""
         pf = self._pidfile(name)
         if pf.read() is not None:
             return False
-        procs.spawn(argv, self.layout.log / f"{name}.out", self._daemon_env(), pf, cwd=self.root)
+        procs.spawn(argv, self.layout.log / f"{name}.out", {**self._daemon_env(), **(env or {})},
+                    pf, cwd=self.root)
         return True
 
     def _check_alive(self, name: str) -> None:
@@ -341,6 +349,7 @@ class Sandbox:
             key.chmod(0o400)
         (self.root / "prometheus.yml").write_text(sandboxconf.prometheus_yml(lay))
         (self.root / "docker" / "daemon.json").write_text("{}\n")
+        (self.root / "docker" / "resolv.conf").write_text(sandboxconf.dockerd_resolv_conf())
         lay.config_path.write_text(sandboxconf.slurm_idle_config(lay, self.tokens_per_s_per_replica))
         lay.topology_config_path.write_text(
             sandboxconf.topology_config(lay, self.tokens_per_s_per_replica))
@@ -411,11 +420,12 @@ class Sandbox:
                                f"--socket={lay.munge_socket}", f"--pid-file={lay.run}/munged.pid",
                                f"--log-file={lay.log}/munged.log",
                                f"--seed-file={root}/munge/munged.seed"])
-        self._spawn("dockerd", [
+        self._spawn("dockerd", sandboxconf.with_private_resolver(root / "docker" / "resolv.conf", [
             "dockerd", f"--config-file={root}/docker/daemon.json", "--iptables=false",
             "--ip-masq=false", "--bridge=none", "--storage-driver=vfs",
             f"--data-root={root}/docker/data", f"--exec-root={root}/docker/exec",
-            f"--pidfile={lay.run}/dockerd.pid", f"--host=unix://{lay.docker_socket}"])
+            f"--pidfile={lay.run}/dockerd.pid", f"--host=unix://{lay.docker_socket}"]),
+            env=sandboxconf.dockerd_proxy_env(lay))
         self._spawn("prometheus", self._prometheus_argv())
         for node in ALL_NODES:
             self.engine_start(node, start_delay_s=0)
@@ -452,8 +462,28 @@ class Sandbox:
         ready("haproxy")
         self._wait("dockerd", lambda: _unix_http(lay.docker_socket, "/_ping")[0] == 200, timeout_s)
         ready("dockerd")
+        self._build_images()
+        ready("images")
         timings["total"] = time.monotonic() - t0
         return {k: round(v, 2) for k, v in timings.items()}
+
+    def _build_images(self) -> None:
+        """The demo's images in the sandbox's dockerd (kept when there): job_policy.pull is
+        never here, so `slurm-idle submit etc/examples/demo-job.yaml` runs right after `up`."""
+        import docker
+        import docker.errors
+
+        from slurm_idle.testing.images import build_demo_image
+
+        client = docker.DockerClient(base_url=self.docker_host, timeout=120)
+        try:
+            build_demo_image(client)
+        except (docker.errors.DockerException, RuntimeError, OSError,
+                subprocess.CalledProcessError) as exc:
+            raise RuntimeError(f"sandbox: building the demo images failed: "
+                               f"{' '.join(str(exc).split())}") from exc
+        finally:
+            client.close()
 
     def _prometheus_argv(self) -> list[str]:
         root, lay = self.root, self.layout
@@ -528,7 +558,12 @@ class Sandbox:
                                f"{_tail(self.layout.log / 'portlease.out')}")
 
     def _check_ports(self) -> None:
-        """Fail fast when a port of a part we are about to start is taken by someone else."""
+        """Fail fast when a port of a part we are about to start is taken by someone else, or
+        when a DNS server listens where dockerd's closed resolver must be (it would answer)."""
+        if not procs.dns_port_closed(sandboxconf.CLOSED_RESOLVER):
+            raise RuntimeError(f"a DNS server listens on {sandboxconf.CLOSED_RESOLVER}:53, the "
+                               "sandbox's dockerd's closed resolver: stop it, or a missing "
+                               "image's registry lookup could leave the machine")
         running = self._recorded()
         for name, numbers in self._ports().items():
             for port in numbers:

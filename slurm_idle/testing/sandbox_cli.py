@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-port", type=int, default=None,
                    help=f"first of {sandboxconf.PORT_SPAN} ports (default {DEFAULT_BASE_PORT} for the default root)")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Command)
-    u = sub.add_parser("up", help="start everything (idempotent)")
+    u = sub.add_parser("up", help="start everything and build the demo images into its "
+                       "dockerd, which never pulls (idempotent)")
     u.add_argument("--engine-start-delay-s", type=float, default=None,
                    help="simulated cold start of engine-start (kept for later engine-start calls)")
     sub.add_parser("down", help="stop everything started here, by pid")

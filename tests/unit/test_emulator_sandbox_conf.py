@@ -224,3 +224,40 @@ def test_a_port_in_time_wait_is_not_bindable_for_a_new_block() -> None:
         reuse.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         reuse.bind(("127.0.0.1", port))  # the old check's view: "free"
     assert not ports.port_bindable(port)
+
+
+def test_the_sandbox_never_pulls_and_dockerds_registry_requests_stay_on_loopback() -> None:
+    """job_policy.pull is never in the sandbox's config; dockerd's proxy variables (both
+    spellings, NO_PROXY emptied) send any registry request to a loopback port of the sandbox's
+    own block that no part of the sandbox binds, so a registry's name is never resolved."""
+    lay = layout()
+    doc = yaml.safe_load(sandboxconf.slurm_idle_config(lay, 100.0))
+    assert doc["job_policy"]["pull"] == "never"
+    env = sandboxconf.dockerd_proxy_env(lay)
+    trap = f"http://127.0.0.1:{lay.registry_trap_port}"
+    assert {k: env[k] for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")} == {
+        k: trap for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+    assert env["NO_PROXY"] == env["no_proxy"] == ""
+    assert lay.base_port <= lay.registry_trap_port < lay.base_port + sandboxconf.PORT_SPAN
+    used = [lay.ctld_port, lay.dbd_port, lay.mysql_port, lay.prometheus_port, lay.haproxy_port,
+            lay.base_port + sandboxconf.HAPROXY_TOPOLOGY, lay.jobs_slurmd_port,
+            *(lay.slurmd_port(n) for n in sandboxconf.ALL_NODES),
+            *(lay.emulator_port(r.name) for r in sandboxconf.REPLICAS),
+            *(lay.jobs_port_base + i for i in range(sandboxconf.JOBS_REPLICAS))]
+    assert lay.registry_trap_port not in used
+
+
+def test_dockerds_resolver_is_a_closed_loopback_address_only() -> None:
+    """dockerd's private resolv.conf names one nameserver, on loopback, tried once; the wrapper
+    binds it over /etc/resolv.conf in a mount namespace of dockerd's own and execs the daemon."""
+    import ipaddress
+
+    lines = sandboxconf.dockerd_resolv_conf().splitlines()
+    servers = [ln.split()[1] for ln in lines if ln.startswith("nameserver")]
+    assert servers == [sandboxconf.CLOSED_RESOLVER]
+    assert ipaddress.ip_address(servers[0]).is_loopback
+    assert not any(ln.startswith(("search", "domain")) for ln in lines)
+    argv = sandboxconf.with_private_resolver(Path("/sb/docker/resolv.conf"), ["dockerd", "-D"])
+    assert argv[:4] == ["unshare", "--mount", "--propagation", "slave"]
+    assert 'mount --bind "$0" /etc/resolv.conf && exec "$@"' in argv
+    assert argv[-3:] == ["/sb/docker/resolv.conf", "dockerd", "-D"]
