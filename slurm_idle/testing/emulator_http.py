@@ -208,6 +208,7 @@ class AsyncServer:
         server = await self.start(host, port)
         on_listening(server.sockets[0].getsockname()[1])
         stopped = asyncio.Event()
+        stopping: list[asyncio.Task[None]] = []  # holds the task (the loop keeps a weak one)
 
         async def graceful() -> None:
             await loop.run_in_executor(self.pool, self.emu.shutdown, shutdown_timeout_s)
@@ -217,7 +218,7 @@ class AsyncServer:
         def on_signal() -> None:
             if not self.emu.shutting_down:
                 self.emu.shutting_down = True
-                loop.create_task(graceful())
+                stopping.append(loop.create_task(graceful()))
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
