@@ -18,6 +18,11 @@ replicas' states by hand), only a replica that HAProxy has in load balancing (no
 takes a share, as traffic arriving through the router would.
 The capacity model lives in engine_model.py.
 
+Serving (emulator_http.py): one asyncio loop, as vLLM's uvicorn, so a connection or a request
+queued in the engine costs a coroutine, not a thread; the simulation runs on one more thread. A
+request queues in the engine as in vLLM (`max_num_seqs` run, the rest wait, no limit on the
+queue); a client that goes away gets its request aborted, as vLLM aborts a disconnected one.
+
 Version: `GET /version` answers `--vllm-version` (default DEFAULT_VLLM_VERSION). Below 0.17
 the emulator behaves as those servers do: `/sleep` ignores `mode` and aborts whatever is in
 flight (slurm_idle.engine_version has the feature table).
@@ -29,22 +34,18 @@ Run: python -m slurm_idle.testing.emulator --port P --model sandbox-model --node
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
-import signal
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs, urlparse
-
-from prometheus_client import CONTENT_TYPE_LATEST
+from typing import Protocol, runtime_checkable
 
 from slurm_idle.engine_version import SLEEP_MODE_WAIT, supports
+from slurm_idle.testing.emulator_http import AsyncServer
 from slurm_idle.testing.engine_model import Capacity, EngineModel, Request
 
 TICK_S = 0.1
@@ -104,8 +105,20 @@ def haproxy_check(socket_path: str, backend: str, server: str) -> Callable[[], b
     return check
 
 
+@runtime_checkable
+class Done(Protocol):
+    """What finishing a request sets: a threading.Event, or the HTTP server's LoopEvent."""
+
+    def set(self) -> None: ...
+
+
+def _finished(req: Request) -> None:
+    if isinstance(req.done, Done):
+        req.done.set()
+
+
 class Emulator:
-    """The simulation thread and state shared by HTTP handlers (all under one lock)."""
+    """The simulation thread and the state shared with the HTTP server (all under one lock)."""
 
     def __init__(self, model: EngineModel, node: str, state_dir: Path | None, load_file: Path | None,
                  vllm_version: str = DEFAULT_VLLM_VERSION) -> None:
@@ -160,8 +173,7 @@ class Emulator:
             with self.lock:
                 rps = 0.0 if self.draining else self.share_rps
                 for req in self.model.step(now - last, rps):
-                    if isinstance(req.done, threading.Event):
-                        req.done.set()
+                    _finished(req)
             last = now
 
     # --- lifecycle API ------------------------------------------------------------------
@@ -182,8 +194,7 @@ class Emulator:
         with self.lock:
             if mode != "keep":
                 for req in self.model.abort_all():
-                    if isinstance(req.done, threading.Event):
-                        req.done.set()
+                    _finished(req)
             self.model.go_to_sleep(level)
             self.draining = False
         self.heartbeat()
@@ -207,128 +218,34 @@ class Emulator:
         with self.lock:
             aborted = self.model.abort_all()
             for req in aborted:
-                if isinstance(req.done, threading.Event):
-                    req.done.set()
+                _finished(req)
         return len(aborted)
 
-    def complete(self, prompt_tokens: int, max_tokens: int, timeout_s: float = 120.0) -> Request | None:
+    # --- requests -----------------------------------------------------------------------
+
+    def admit(self, prompt_tokens: int, max_tokens: int, done: Done) -> Request | None:
+        """Queue a request in the engine (None: sleeping, draining or stopping); `done` is
+        set when it finishes or is aborted."""
         with self.lock:
             if not self.model.awake or self.draining or self.shutting_down:
                 return None
             req = self.model.submit(prompt_tokens, max_tokens)
-            req.done = threading.Event()
-        assert isinstance(req.done, threading.Event)
-        req.done.wait(timeout_s)
+            req.done = done
         return req
 
+    def cancel(self, req: Request) -> None:
+        """Its client went away: abort the request (vLLM does) so it holds no place."""
+        with self.lock:
+            self.model.cancel(req)
+        _finished(req)
 
-def models_reply(emu: Emulator) -> dict[str, Any]:
-    """GET /v1/models as vLLM answers it: a model card per served name, each rooted at the
-    model (the first name)."""
-    root = emu.model.model_name
-    return {"object": "list", "data": [{
-        "id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-        "root": root, "parent": None, "max_model_len": 8192} for name in emu.served_names]}
-
-
-def serves(emu: Emulator, name: object) -> bool:
-    """Whether a completion naming `name` is this server's: any of its served names."""
-    return name in emu.served_names
-
-
-def make_handler(emu: Emulator) -> type[BaseHTTPRequestHandler]:
-    model_name = emu.model.model_name
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _json(self, code: int, obj: Any) -> None:
-            self._send(code, json.dumps(obj).encode())
-
-        def do_GET(self) -> None:
-            path = urlparse(self.path).path
-            if path == "/metrics":
-                with emu.lock:
-                    body = emu.model.render()
-                self._send(200, body, CONTENT_TYPE_LATEST)
-            elif path == "/health":
-                self._send(200, b"", "text/plain")
-            elif path == "/is_sleeping":
-                with emu.lock:
-                    self._json(200, {"is_sleeping": not emu.model.awake})
-            elif path == "/v1/models":
-                self._json(200, models_reply(emu))
-            elif path == "/version":
-                self._json(200, {"version": emu.vllm_version})
-            else:
-                self._json(404, {"detail": "Not Found"})
-
-        def do_POST(self) -> None:
-            url = urlparse(self.path)
-            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            if url.path == "/sleep":
-                try:
-                    level = int(query.get("level", "1"))
-                except ValueError:
-                    level = 0
-                mode = query.get("mode", "abort")
-                if not supports(emu.vllm_version, SLEEP_MODE_WAIT):
-                    mode = "abort"  # an old server never looks at `mode`
-                if level not in (1, 2) or mode not in ("abort", "wait", "keep"):
-                    self._json(400, {"detail": "level must be 1|2, mode abort|wait|keep"})
-                    return
-                emu.sleep(level, mode)
-                self._send(200, b"", "text/plain")
-            elif url.path == "/wake_up":
-                emu.wake_up()
-                self._send(200, b"", "text/plain")
-            elif url.path == "/v1/completions":
-                self._complete(raw)
-            else:
-                self._json(404, {"detail": "Not Found"})
-
-        def _complete(self, raw: bytes) -> None:
-            try:
-                body = json.loads(raw or b"{}")
-            except ValueError:
-                self._json(400, {"error": {"message": "invalid JSON", "type": "BadRequestError", "code": 400}})
-                return
-            if not serves(emu, body.get("model", model_name)):
-                self._json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
-                                           "type": "NotFoundError", "code": 404}})
-                return
-            prompt = body.get("prompt", "")
-            text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
-            prompt_tokens = max(1, len(text.split()))
-            max_tokens = int(body.get("max_tokens") or 16)
-            req = emu.complete(prompt_tokens, max_tokens)
-            if req is None:
-                why = "server is shutting down" if emu.shutting_down else "engine is sleeping"
-                self._json(503, {"error": {"message": why, "type": "ServiceUnavailable", "code": 503}})
-                return
-            generated = int(req.generated)
-            self._json(200, {
-                "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                "created": int(time.time()), "model": model_name,
-                "choices": [{"index": 0, "text": " tok" * generated, "logprobs": None,
-                             "finish_reason": req.finished_reason or "abort"}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
-                          "total_tokens": prompt_tokens + generated},
-            })
-
-    return Handler
+    def complete(self, prompt_tokens: int, max_tokens: int, timeout_s: float = 120.0) -> Request | None:
+        """Queue a request and wait for it on this thread (tests of the engine's behaviour)."""
+        done = threading.Event()
+        req = self.admit(prompt_tokens, max_tokens, done)
+        if req is not None and not done.wait(timeout_s):
+            self.cancel(req)
+        return req
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -373,37 +290,22 @@ def main(argv: list[str] | None = None) -> int:
         emu.in_router = haproxy_check(args.router_socket, args.router_backend, args.node)
     if args.start_delay_s > 0:
         time.sleep(args.start_delay_s)
-    ThreadingHTTPServer.allow_reuse_address = True
-    ThreadingHTTPServer.daemon_threads = True
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(emu))
-    emu.port = server.server_address[1]
-
-    def _graceful() -> None:
-        emu.shutdown(args.shutdown_timeout)
-        time.sleep(0.2)  # the aborted requests' answers leave before the sockets close
-        emu.stop.set()
-        server.shutdown()
-
-    def _stop(signum: int, frame: object) -> None:
-        if not emu.shutting_down:
-            emu.shutting_down = True
-            threading.Thread(target=_graceful, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    emu.heartbeat()
     sim = threading.Thread(target=emu.run, name="sim", daemon=True)
-    sim.start()
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES")  # the GPUs Slurm gave a replica job
-    print(f"vllm-emulator {args.model} node={args.node} listening on {args.host}:{emu.port}"
-          + (f" gpus={gpus} host={os.environ.get('SLURMD_NODENAME', '')}" if gpus is not None else ""),
-          flush=True)
+
+    def listening(port: int) -> None:
+        emu.port = port
+        emu.heartbeat()
+        sim.start()
+        print(f"vllm-emulator {args.model} node={args.node} listening on {args.host}:{port}"
+              + (f" gpus={gpus} host={os.environ.get('SLURMD_NODENAME', '')}" if gpus is not None else ""),
+              flush=True)
+
     try:
-        server.serve_forever(poll_interval=0.2)
+        asyncio.run(AsyncServer(emu).serve(args.host, args.port, args.shutdown_timeout, listening))
     finally:
         emu.stop.set()
         emu.forget()
-        server.server_close()
     return 0
 
 

@@ -62,7 +62,10 @@ class Request:
     first_token: float | None = None
     generated: float = 0.0
     finished_reason: str | None = None
-    done: object = None  # a threading.Event set by the emulator when finished
+    done: object = None  # an event the emulator sets when the request finished
+    # A simulated request's client is the model's own (it gives up after client_timeout_s);
+    # an HTTP request's is real: it times out on its own and the emulator cancels it then.
+    simulated: bool = False
 
 
 @dataclass
@@ -110,12 +113,13 @@ class EngineModel:
     def awake(self) -> bool:
         return self.sleep is SleepState.AWAKE
 
-    def submit(self, prompt_tokens: int | None = None, max_tokens: int | None = None) -> Request:
+    def submit(self, prompt_tokens: int | None = None, max_tokens: int | None = None,
+               simulated: bool = False) -> Request:
         """Queue one request (arriving now)."""
         req = Request(
             prompt_tokens=self.capacity.prompt_tokens if prompt_tokens is None else prompt_tokens,
             max_tokens=self.capacity.output_tokens if max_tokens is None else max(1, max_tokens),
-            arrived=self.now,
+            arrived=self.now, simulated=simulated,
         )
         self.waiting.append(req)
         self._admit()
@@ -132,13 +136,18 @@ class EngineModel:
         """Advance by dt seconds with `rps` simulated arrivals/s; return finished requests."""
         if self.awake:
             for _ in range(self.arrivals_for(rps, dt)):
-                self.submit()
+                self.submit(simulated=True)
         self.now += dt
         finished: list[Request] = []
+        real: list[Request] = []  # queued as long, but their clients decide when to give up
         while self.waiting and self.now - self.waiting[0].arrived > self.client_timeout_s:
             req = self.waiting.popleft()
-            self._finish(req, "abort")
-            finished.append(req)
+            if req.simulated:
+                self._finish(req, "abort")
+                finished.append(req)
+            else:
+                real.append(req)
+        self.waiting.extendleft(reversed(real))
         if self.awake and self.running:
             cap = self.capacity
             total = min(len(self.running) * cap.seq_tokens_per_s, cap.tokens_per_s) * dt
@@ -162,6 +171,16 @@ class EngineModel:
         self.running, self.waiting = [], deque()
         self._update_gauges()
         return aborted
+
+    def cancel(self, req: Request) -> None:
+        """The client of `req` went away: vLLM aborts such a request, freeing its place."""
+        if req.finished_reason is not None:
+            return
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self._finish(req, "abort")
+        self._admit()
+        self._update_gauges()
 
     def go_to_sleep(self, level: int) -> None:
         self.sleep = SleepState.WEIGHTS_OFFLOADED if level == 1 else SleepState.DISCARD_ALL

@@ -219,11 +219,13 @@ class Sandbox:
             "--max-tokens", str(max_tokens or loadgen.MAX_TOKENS)])
 
     def traffic_stop(self) -> None:
-        """Stop sending; requests in flight finish and are counted (the results are kept)."""
+        """Stop sending at once: requests in flight are cancelled and counted as `cancelled`,
+        not as failures (the results are kept). The generator exits within a second of
+        SIGTERM; the SIGKILL after 5 s is for one that does not."""
         pf = self._pidfile("loadgen")
         pid = pf.read()
         if pid is not None:
-            procs.terminate([pid], timeout_s=40)
+            procs.terminate([pid], timeout_s=5)
         pf.clear()
 
     def traffic_stats(self, since: float | None = None, until: float | None = None) -> dict[str, Any]:

@@ -74,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{sandboxconf.TOPOLOGY_MODEL}: gpu5's two replicas and the one over gpu[6-7])")
     ld.add_argument("--simulated", action="store_true",
                     help="set the emulators' background request rate (no client, no router)")
-    ls = sub.add_parser("load-stats", help="client-side outcome since the last `load`")
+    ls = sub.add_parser("load-stats", help="client-side outcome since the last `load`: the "
+                        "service's failures by reason (drain_failures: those a stopped or "
+                        "sleeping replica causes), and apart the requests the generator could "
+                        "not send (client_overload: 200 in flight at most) or cancelled when "
+                        "stopped")
     ls.add_argument("--json", action="store_true")
     jn = sub.add_parser("jobs-node", help="open (on) or close (off) gpu8, the node of the "
                         "`placement: jobs` model (its agent: --config $ROOT/slurm-idle-jobs.yaml)")
@@ -144,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                 p99 = "-" if stats["p99_s"] is None else f"{stats['p99_s']:.3f}s"
                 why = ", ".join(f"{k}: {v}" for k, v in stats["failures"].items())
                 print(f"requests {stats['requests']}, ok {stats['ok']}, failed {stats['failed']}"
-                      + (f" ({why})" if why else "") + f", p50 {p50}, p99 {p99}")
+                      + (f" ({why}; by a drain {stats['drain_failures']})" if why else "")
+                      + f", p50 {p50}, p99 {p99}; not sent (client_overload) "
+                      f"{stats['client_overload']}, cancelled {stats['cancelled']}")
             return 0
         if args.cmd == "jobs-node":
             sb.jobs_node(args.state == "on")

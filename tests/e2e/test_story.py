@@ -1,7 +1,7 @@
 """The whole lend/reclaim story on the real sandbox (issue 3's done-when), then its report.
 
 Low load lends >= 2 nodes; an admin's drain survives every later tick untouched; the demo
-container job runs on a lent node; load 500 brings every lent node back to serving with the
+container job runs on a lent node; a load rise brings every lent node back to serving with the
 job requeued (Restarts >= 1, never FAILED/CANCELLED); load down again and the job finishes,
 having resumed from its checkpoint. Afterwards `slurm-idle report --json` shows the demo job's
 GPU-hours and its preemption, matching sacct for that job (issue 7). The README's quote of the
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from slurm_idle.journal import Journal
-from slurm_idle.testing.demo import ADMIN_REASON, DemoReport, Story
+from slurm_idle.testing.demo import ADMIN_REASON, DemoReport, Story, verdict
 from tests.readme_excerpt import README, excerpt, missing_lines
 
 pytestmark = pytest.mark.sandbox
@@ -66,7 +66,7 @@ def test_admin_drain_is_never_touched(story: tuple[Any, DemoReport]) -> None:
 
 
 def test_high_load_reclaims_every_lent_node_and_requeues_the_job(story: tuple[Any, DemoReport]) -> None:
-    """Load 500 brings every lent node back with a healthy engine; the job is requeued, not failed."""
+    """The load rise brings every lent node back with a healthy engine; the job is requeued, not failed."""
     _, r = story
     assert r.reclaimed_all_serving
     assert set(r.reclaim_to_serving_s) == set(r.lent_nodes_at_low_load)
@@ -81,6 +81,15 @@ def test_job_resumes_from_checkpoint_and_completes(story: tuple[Any, DemoReport]
     assert r.resumed_from is not None and r.resumed_from > 0
     workload = [line for line in r.job_output_tail if not line.startswith("slurm-idle-run:")]
     assert workload[-1] == "done steps=120 sum=7260"
+
+
+def test_the_demo_verdict_is_ok(story: tuple[Any, DemoReport]) -> None:
+    """What `scripts/demo` would print: OK, so no client request through the router failed
+    because of a lend or a reclaim (aborted, reset, 502/503) or for an unexplained reason."""
+    _, r = story
+    ok, lines = verdict(r)
+    assert ok, (lines, r.client_traffic)
+    assert r.client_traffic["drain_failures"] == 0 and r.client_traffic["requests"] > 100
 
 
 def test_report_matches_sacct_for_the_demo_job(story: tuple[Any, DemoReport]) -> None:

@@ -6,13 +6,13 @@ import json
 import threading
 import time
 import urllib.request
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_idle.testing.emulator import Emulator, count_awake, make_handler, read_rps
+from slurm_idle.testing.emulator import Emulator, count_awake, read_rps
+from slurm_idle.testing.emulator_http import serve_in_thread
 from slurm_idle.testing.engine_model import Capacity, EngineModel
 
 LABELS = {"model_name": "m", "engine": "0"}
@@ -100,6 +100,24 @@ def test_throughput_matches_the_planner_capacity() -> None:
     assert Capacity().weighted_tokens_per_s(0.1) == pytest.approx(600.0)
 
 
+def test_a_queue_times_out_its_simulated_clients_not_the_real_ones() -> None:
+    """Simulated requests queued past client_timeout_s are given up (abort); a request that a
+    real client sent stays queued: that client decides when to give up (and the emulator then
+    cancels it, which frees its place at once)."""
+    m = EngineModel("m", Capacity(max_num_seqs=1), client_timeout_s=5.0)
+    running = m.submit(10, 10_000)  # holds the only place for 200 s
+    queued = m.submit(10, 10)
+    run(m, 10, 2.0)  # 20 simulated requests queue behind it; those older than 5 s give up
+    assert queued.finished_reason is None and queued in m.waiting
+    assert 0 < sample(m, "vllm:request_success_total", finished_reason="abort") <= 20
+    waiting = len(m.waiting)
+    m.cancel(queued)
+    assert queued.finished_reason == "abort" and queued not in m.waiting
+    assert len(m.waiting) == waiting - 1
+    m.cancel(running)
+    assert running not in m.running and len(m.running) == 1  # the next one took its place
+
+
 def test_sleep_aborts_work_and_stops_arrivals() -> None:
     """Sleeping aborts in-flight requests (counted as abort), flips the sleep gauge, takes no load."""
     m = EngineModel("m")
@@ -138,15 +156,11 @@ def test_read_rps_tolerates_missing_and_bad_files(tmp_path: Path) -> None:
 @pytest.fixture
 def served(tmp_path: Path):  # type: ignore[no-untyped-def]
     emu = Emulator(EngineModel("m"), "gpu1", tmp_path, None)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(emu))
-    threads = [threading.Thread(target=server.serve_forever, daemon=True),
-               threading.Thread(target=emu.run, daemon=True)]
-    for t in threads:
-        t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", emu
+    port, stop = serve_in_thread(emu)
+    threading.Thread(target=emu.run, daemon=True).start()
+    yield f"http://127.0.0.1:{port}", emu
     emu.stop.set()
-    server.shutdown()
-    server.server_close()
+    stop()
 
 
 def _call(url: str, data: bytes | None = None) -> tuple[int, bytes]:

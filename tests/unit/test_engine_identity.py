@@ -406,7 +406,8 @@ def test_the_planner_repairs_a_foreign_serving_replica_and_lends_nothing(tmp_pat
 def test_the_emulator_lists_every_served_name_as_vllm_does() -> None:
     """`--served-model-name MODEL IDENTITY`: /v1/models lists both (vLLM makes a model card
     per served name), a completion may name either, the metrics keep the first."""
-    from slurm_idle.testing.emulator import Emulator, models_reply, parse_args, serves
+    from slurm_idle.testing.emulator import Emulator, parse_args
+    from slurm_idle.testing.emulator_http import models_reply, serves
     from slurm_idle.testing.engine_model import EngineModel
 
     args = parse_args(["--port", "1", "--served-model-name", MODEL, "slurm-idle-abc"])

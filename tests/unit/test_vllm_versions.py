@@ -7,7 +7,6 @@ import json
 import threading
 import urllib.request
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,8 @@ from slurm_idle.engine_version import (
     version_from_body,
     version_warning,
 )
-from slurm_idle.testing.emulator import DEFAULT_VLLM_VERSION, Emulator, make_handler
+from slurm_idle.testing.emulator import DEFAULT_VLLM_VERSION, Emulator
+from slurm_idle.testing.emulator_http import serve_in_thread
 from slurm_idle.testing.engine_model import EngineModel
 
 
@@ -57,15 +57,11 @@ def test_warnings_name_the_feature_the_engine_kind_relies_on() -> None:
 @pytest.fixture
 def emulator(request: Any, tmp_path: Path) -> Iterator[tuple[ReplicaConfig, Emulator]]:
     emu = Emulator(EngineModel("m"), "gpu1", tmp_path, None, vllm_version=request.param)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(emu))
-    threads = [threading.Thread(target=server.serve_forever, daemon=True),
-               threading.Thread(target=emu.run, daemon=True)]
-    for t in threads:
-        t.start()
-    yield ReplicaConfig(node="gpu1", url=f"http://127.0.0.1:{server.server_address[1]}"), emu
+    port, stop = serve_in_thread(emu)
+    threading.Thread(target=emu.run, daemon=True).start()
+    yield ReplicaConfig(node="gpu1", url=f"http://127.0.0.1:{port}"), emu
     emu.stop.set()
-    server.shutdown()
-    server.server_close()
+    stop()
 
 
 def _post(url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
