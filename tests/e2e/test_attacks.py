@@ -10,7 +10,6 @@ serving) for the report.
 from __future__ import annotations
 
 import json
-import pwd
 import shutil
 import subprocess
 import sys
@@ -39,11 +38,9 @@ MAX_TICKS = 2
 @pytest.fixture(scope="module")
 def attacker() -> str:
     """An unprivileged local user (created once, like a researcher's account)."""
-    try:
-        pwd.getpwnam(ATTACKER)
-    except KeyError:
-        subprocess.run(["useradd", "-m", ATTACKER], check=True, capture_output=True)
-    return ATTACKER
+    from slurm_idle.testing.users import ensure_user
+
+    return ensure_user(ATTACKER).pw_name
 
 
 def cli(sb: Any, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import subprocess
 import sys
 import time
@@ -89,10 +88,9 @@ def test_an_unprivileged_user_is_refused_the_serve_partition(sandbox: Any) -> No
     EnforcePartLimits (partition_mgr.c validate_group) and otherwise accepts the job and never
     starts it ("uid N not in group permitted to use this partition", node_scheduler.c). Either
     way it can never take a lent node."""
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "-m", "-s", "/bin/sh", USER], check=True)
+    from slurm_idle.testing.users import ensure_user
+
+    ensure_user(USER)
     part = load_config(sandbox.config_path).slurm.serve_partition
     env = [f"{k}={v}" for k, v in sandbox.env().items()]
     proc = subprocess.run(

@@ -11,7 +11,6 @@ running such a job (issue 24, item 1) requeues it and leaves no container behind
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -45,14 +44,9 @@ def as_user(argv: list[str], env: dict[str, str], **kw: Any) -> subprocess.Compl
 def site(sandbox: Any) -> Iterator[dict[str, Any]]:
     if os.geteuid() != 0 or shutil.which("podman") is None or shutil.which("runuser") is None:
         pytest.skip("needs root, podman and runuser")
-    try:
-        pw = pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "-m", "-s", "/bin/sh", USER], check=True)
-        pw = pwd.getpwnam(USER)
-    if not os.path.isdir(pw.pw_dir):  # made by another module without a home: the work lives there
-        os.makedirs(pw.pw_dir, mode=0o755)
-        os.chown(pw.pw_dir, pw.pw_uid, pw.pw_gid)
+    from slurm_idle.testing.users import ensure_user
+
+    pw = ensure_user(USER)  # with a home: the work lives there
     # Rootless podman needs a user namespace. The kernel refuses one to a process in a chroot
     # (clone(2): EPERM), which is how `scripts/test --debian 13` runs the suite: skip there,
     # saying so; the 22.05 lane runs these tests on the machine itself.
