@@ -59,7 +59,12 @@ def test_http_sleep_engine_sleeps_and_wakes_emulator(sandbox: Any) -> None:
     replica = config.replica("gpu3")
     assert replica is not None
     engine = HttpSleepEngine(EngineConfig(kind="http-sleep", stop_timeout_s=10, start_timeout_s=10))
-    assert engine.health(replica).serving
+    # A module run before this one on the same worker (the suite is sharded) may have left
+    # gpu3's engine stopped or asleep: launch it (a no-op when running), then wake it.
+    sandbox.engine_start("gpu3")
+    wait_for(lambda: engine.health(replica).up, 30, "up")
+    engine.start(replica)
+    wait_for(lambda: engine.health(replica).serving, 30, "serving")
     try:
         engine.stop(replica)
         wait_for(lambda: engine.released(replica), 10, "asleep")

@@ -74,6 +74,16 @@ def test_agent_reclaims_within_a_fast_interval_and_stops_on_sigterm(
     journal = Path(config.paths.journal)
     reset_cluster(sb, base.paths.journal)
 
+    def drained() -> bool:
+        loads = build_agent(config, with_textfile=False, read_only=True).observe().models
+        return all(m.known and m.waiting == 0 and m.running == 0 for m in loads)
+
+    # Quiet before the agent's first tick: every engine up and no queue left by a module run
+    # before this one on the same worker (sharded suite), or that tick reclaims at once.
+    poll(lambda: all(e["healthy"] for e in sb.status()["emulators"].values()), 60,
+         "every emulator healthy", interval_s=1.0)
+    poll(drained, 180, "no request queued or running", interval_s=2.0)
+
     def phases() -> dict[str, Phase]:
         return {v.name: v.phase for v in build_agent(config, with_textfile=False,
                                                      read_only=True).observe().nodes}
@@ -121,11 +131,6 @@ def test_agent_reclaims_within_a_fast_interval_and_stops_on_sigterm(
             agent.kill()
             agent.wait()
         sb.load(0.0)  # the session's sandbox is shared: leave it quiet for the next test
-
-        def drained() -> bool:
-            loads = build_agent(config, with_textfile=False, read_only=True).observe().models
-            return all(m.known and m.waiting == 0 and m.running == 0 for m in loads)
-
         poll(drained, 180, "the surge's queue drained", interval_s=2.0)
     first_start = min(started.values())
     next_tick = first_tick + TICK_S
