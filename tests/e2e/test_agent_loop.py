@@ -41,6 +41,22 @@ def cli(sb: Any, env: dict[str, str], *args: str) -> subprocess.CompletedProcess
     return proc
 
 
+def why_reclaimed(journal: Path, since: float) -> list[tuple[str, str, str, str]]:
+    """(node, from, to, reason) of gpu1's and gpu2's transitions journaled since `since`: what
+    to look at when the reclaim came before the load rise (a state left by a module run
+    earlier on the same worker)."""
+    out = []
+    for line in journal.read_text().splitlines() if journal.exists() else []:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r.get("event") == "transition" and float(r.get("ts", 0)) >= since \
+                and r.get("node") in ("gpu1", "gpu2"):
+            out.append((r["node"], r.get("from", ""), r.get("to", ""), r.get("reason", "")))
+    return out
+
+
 def tick_times(journal: Path) -> list[float]:
     if not journal.exists():
         return []
@@ -141,7 +157,8 @@ def test_agent_reclaims_within_a_fast_interval_and_stops_on_sigterm(
           f"after the rise (serving ~{cron_start + max(serving.values()) - first_start:.1f}s)")
     assert agent.returncode == 0, err
     stats = json.loads(out)
-    assert stats["ticks"] >= 1 and stats["fast_checks"] >= 1
+    assert stats["ticks"] >= 1 and stats["fast_checks"] >= 1, (
+        stats, first_start, why_reclaimed(journal, first_tick - TICK_S))
     # the queue must last policy.queue_sustain_s (5 s here) before it counts, then a fast check
     assert first_start <= FAST_S + config.policy.queue_sustain_s + 5, (started, err)
     assert first_start < cron_start
