@@ -272,6 +272,7 @@ def reset_cluster(sb: Any, journal: str | None = None) -> None:
         sb.run(["scontrol", "update", f"nodename={node}", "comment="], capture_output=True)
         sb.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], capture_output=True)
         sb.engine_start(node)
+    wake_all(sb)
     for model in dict.fromkeys(r.model for r in getattr(sb, "replicas", ())):
         sb.load(0.0, model)
     sb.load(0.0)
@@ -279,6 +280,22 @@ def reset_cluster(sb: Any, journal: str | None = None) -> None:
     sb.router_ready_all()  # every replica back in HAProxy, as on a fresh sandbox
     if journal and Path(journal).exists():
         Path(journal).unlink()
+
+
+def wake_all(sb: Any) -> None:
+    """Wake every emulator left asleep: `engine_start` launches a stopped one but leaves a
+    running one as it is, and one a module lent under the http-sleep engine sleeps on; a
+    sleeping replica is no capacity, so the next tick would reclaim lent nodes at load 0."""
+    import urllib.request
+
+    for name, emu in sb.status().get("emulators", {}).items():
+        if emu.get("sleeping"):
+            request = urllib.request.Request(f"{emu['url']}/wake_up", data=b"", method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=10):
+                    pass
+            except OSError as exc:
+                raise AssertionError(f"cannot wake {name}'s emulator: {exc}") from None
 
 
 def lost_gpu_seconds(lines: list[str], gpus: int = 1, step_s: float = 1.0) -> float | None:

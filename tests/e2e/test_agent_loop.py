@@ -96,8 +96,9 @@ def test_agent_reclaims_within_a_fast_interval_and_stops_on_sigterm(
 
     # Quiet before the agent's first tick: every engine up and no queue left by a module run
     # before this one on the same worker (sharded suite), or that tick reclaims at once.
-    poll(lambda: all(e["healthy"] for e in sb.status()["emulators"].values()), 60,
-         "every emulator healthy", interval_s=1.0)
+    poll(lambda: all(e["healthy"] and e["sleeping"] is not True
+                     for e in sb.status()["emulators"].values()), 60,
+         "every emulator healthy and awake", interval_s=1.0)
     poll(drained, 180, "no request queued or running", interval_s=2.0)
 
     def phases() -> dict[str, Phase]:
