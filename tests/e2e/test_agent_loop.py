@@ -112,6 +112,13 @@ def test_agent_reclaims_within_a_fast_interval_and_stops_on_sigterm(
     cli(sb, env, "pin", "gpu3")  # the agent must not lend every node at load 0 either
     cli(sb, env, "pin", "gpu4")
 
+    def at_rest() -> bool:
+        """The planner reclaims nothing now: the load history of a module run before this
+        one on the same worker (its level and trend over the planner's windows) is gone."""
+        plan = json.loads(cli(sb, env, "tick", "--dry-run", "--json").stdout)
+        return not any(a["kind"] == "reclaim" for a in plan["actions"])
+
+    poll(at_rest, 600, "the planner at rest (no reclaim at load 0)", interval_s=5.0)
     agent_started = time.time()
     agent = subprocess.Popen([sys.executable, "-m", "slurm_idle.cli", "agent", "--json"], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
