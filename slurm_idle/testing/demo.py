@@ -62,12 +62,16 @@ class DemoReport:
 class Story:
     """Drives the sandbox and the real agent, printing each phase change with its time."""
 
-    def __init__(self, sandbox: Any, out: Callable[[str], None] = print, tick_every_s: float = 2.0) -> None:
+    def __init__(self, sandbox: Any, out: Callable[[str], None] = print, tick_every_s: float = 2.0,
+                 step_s: float | None = None) -> None:
+        """step_s: the demo job's seconds per step, when not the example's (1 s); the tests use
+        0.5 s, so its 120 steps, the story's longest clock, take a minute, not two."""
         from slurm_idle.wiring import build_agent
 
         self.sb = sandbox
         self.out = out
         self.tick_every_s = tick_every_s
+        self.step_s = step_s
         os.environ.update(sandbox.env())
         self.config = load_config(sandbox.config_path)
         self.agent = build_agent(self.config)
@@ -144,6 +148,8 @@ class Story:
         spec = yaml.safe_load(DEMO_SPEC.read_text())
         spec["mounts"]["checkpoint"]["source"] = str(run_dir / "checkpoint-{job_id}")
         spec["log"] = str(run_dir / "demo-%j.out")
+        if self.step_s is not None:
+            spec["params"]["step_s"] = self.step_s
         path = run_dir / "demo-job.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
         return path
@@ -255,7 +261,7 @@ class Story:
         from slurm_idle.jobs import load_job_spec
 
         spec = load_job_spec(DEMO_SPEC)
-        step_s = float(spec.params.get("step_s", 1)) if spec.params else 1.0
+        step_s = self.step_s or (float(spec.params.get("step_s", 1)) if spec.params else 1.0)
         self.report.lost_gpu_s = lost_gpu_seconds(lines, gpus=spec.gpus, step_s=step_s)
 
 
@@ -272,30 +278,37 @@ def reset_cluster(sb: Any, journal: str | None = None) -> None:
         sb.run(["scontrol", "update", f"nodename={node}", "comment="], capture_output=True)
         sb.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], capture_output=True)
         sb.engine_start(node)
-    wake_all(sb)
     for model in dict.fromkeys(r.model for r in getattr(sb, "replicas", ())):
         sb.load(0.0, model)
     sb.load(0.0)
     sb.traffic_stop()  # client traffic of an earlier run (issue 14)
+    wake_all(sb)  # after the loads are 0: no new simulated request queues behind it
     sb.router_ready_all()  # every replica back in HAProxy, as on a fresh sandbox
     if journal and Path(journal).exists():
         Path(journal).unlink()
 
 
 def wake_all(sb: Any) -> None:
-    """Wake every emulator left asleep: `engine_start` launches a stopped one but leaves a
-    running one as it is, and one a module lent under the http-sleep engine sleeps on; a
-    sleeping replica is no capacity, so the next tick would reclaim lent nodes at load 0."""
+    """Every running emulator awake with nothing queued or running. Woken: `engine_start`
+    launches a stopped one but leaves a running one as it is, and one a module lent under the
+    http-sleep engine sleeps on; a sleeping replica is no capacity, so the next tick would
+    reclaim lent nodes at load 0. Emptied (vLLM's own /sleep?mode=abort, then /wake_up): the
+    simulated requests an earlier surge queued outlive its load going to 0 by up to the
+    model's client timeout, and a test's first lend would wait out its drain window for them
+    (10 s a node), a clock of the last test rather than of this one."""
     import urllib.request
 
     for name, emu in sb.status().get("emulators", {}).items():
-        if emu.get("sleeping"):
-            request = urllib.request.Request(f"{emu['url']}/wake_up", data=b"", method="POST")
+        if not emu.get("healthy"):
+            continue  # not running: nothing queued, and engine_start is the caller's
+        calls = ["/wake_up"] if emu.get("sleeping") else ["/sleep?level=1&mode=abort", "/wake_up"]
+        for call in calls:
+            request = urllib.request.Request(f"{emu['url']}{call}", data=b"", method="POST")
             try:
                 with urllib.request.urlopen(request, timeout=10):
                     pass
             except OSError as exc:
-                raise AssertionError(f"cannot wake {name}'s emulator: {exc}") from None
+                raise AssertionError(f"cannot empty and wake {name}'s emulator: {exc}") from None
 
 
 def lost_gpu_seconds(lines: list[str], gpus: int = 1, step_s: float = 1.0) -> float | None:

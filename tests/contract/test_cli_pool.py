@@ -124,6 +124,7 @@ def test_admin_node_refused_by_commands(sb: Any) -> None:
     assert (node["phase"], node["reason"]) == ("admin", "admin: disk check")
 
 
+@pytest.mark.slow
 def test_needed_replicas_follow_the_load(sb: Any) -> None:
     """Through real Prometheus, the needed replica count rises with the load and falls back."""
     def needed() -> int:

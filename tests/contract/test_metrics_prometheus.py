@@ -72,6 +72,7 @@ def test_prometheus_source_sees_every_emulator(sandbox: Sandbox, config: Config)
     assert all(src.last_engines[l.url] == ("0",) for l in loads)  # keyed by replica url
 
 
+@pytest.mark.slow
 def test_demand_follows_the_load_up_and_down(sandbox: Sandbox, config: Config) -> None:
     """model_loads' demand rises with the load, and after a drop the window max keeps it (hysteresis)."""
     src = PrometheusSource(config)
@@ -135,6 +136,7 @@ def test_forecast_follows_a_rising_trend(sandbox: Sandbox, config: Config) -> No
     assert src.queries % 10 == 0  # 10 per-model queries per tick with the forecast, whatever the fleet
 
 
+@pytest.mark.slow
 def test_forecast_offsets_land_on_the_right_windows(sandbox: Sandbox, config: Config) -> None:
     """Evaluated one day after a moment T, the forecast query's 1d parts equal the demand at T
     and its peaks over the lead and lead + window after T, as queried directly at T."""

@@ -71,6 +71,7 @@ def tick_times(journal: Path) -> list[float]:
     return out
 
 
+@pytest.mark.slow
 def test_agent_reclaims_within_a_fast_interval_and_stops_on_sigterm(
     sandbox: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -102,6 +102,7 @@ def surge_and_count_ticks(sb: Any, name: str, *tick_args: str) -> tuple[int, flo
     raise AssertionError(f"{name}: lent nodes not serving after {MAX_TICKS + 1} ticks: {phases(sb)}")
 
 
+@pytest.mark.slow
 def test_fake_nan_metrics_on_a_lent_node_do_not_freeze_reclaims(lent: Any, attacker: str) -> None:
     """A user's job on a lent node serves NaN under the model's name on the freed vLLM port:
     the model's demand comes from the serving replicas only, so the surge still reclaims."""
@@ -117,6 +118,7 @@ def test_fake_nan_metrics_on_a_lent_node_do_not_freeze_reclaims(lent: Any, attac
     assert ticks <= MAX_TICKS
 
 
+@pytest.mark.slow
 def test_an_interactive_job_does_not_pin_a_lent_node(lent: Any, attacker: str) -> None:
     """`srun -p idle` (admitted here: job_submit.lua relaxed for the test) beside a batch job:
     the srun cannot be requeued, so it is signalled, given the grace and cancelled; the batch
@@ -151,6 +153,7 @@ def test_an_interactive_job_does_not_pin_a_lent_node(lent: Any, attacker: str) -
     srun.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_a_prometheus_outage_falls_back_to_scraping_the_replicas(lent: Any) -> None:
     """Prometheus stopped: the tick scrapes the serving replicas itself and still reclaims;
     the textfile says `slurm_idle_metrics_source{source="scrape"} 1` for the alert."""
@@ -166,7 +169,9 @@ def test_a_prometheus_outage_falls_back_to_scraping_the_replicas(lent: Any) -> N
         sb.start_prometheus()
 
 
-def test_a_foreign_server_on_a_reclaimed_port_is_not_serving(lent: Any, attacker: str) -> None:
+@pytest.mark.slow
+def test_a_foreign_server_on_a_reclaimed_port_is_not_serving(lent: Any, attacker: str,
+                                                            tmp_path: Path) -> None:
     """Something of a user's answers /health 200 on gpu3's port: the reclaim does not take it
     for vLLM (its /v1/models does not list the model), the engine start is issued, and the node
     is not counted as serving while the squatter holds the port; once it is gone the next tick
@@ -179,8 +184,9 @@ def test_a_foreign_server_on_a_reclaimed_port_is_not_serving(lent: Any, attacker
         poll(lambda: _get(f"http://127.0.0.1:{port}/health") == b"ok", 20, "squatter answering")
         sb.load(LOAD_RPS)
         time.sleep(12)
+        config = squatted_config(sb, tmp_path)
         for _ in range(MAX_TICKS):
-            doc = json.loads(cli(sb, "tick", "--json").stdout)
+            doc = json.loads(cli(sb, "--config", str(config), "tick", "--json").stdout)
             print([(s["node"], s["to"], s["outcome"], s.get("detail")) for s in doc["steps"]])
         now = phases(sb)
         assert now["gpu2"] == "serving"
@@ -195,6 +201,7 @@ def test_a_foreign_server_on_a_reclaimed_port_is_not_serving(lent: Any, attacker
     assert phases(sb)["gpu3"] == "serving"
 
 
+@pytest.mark.slow
 def test_a_plain_job_gets_its_own_signal_and_is_requeued(lent: Any, attacker: str) -> None:
     """A plain `sbatch` job asking `--signal=B:USR2@60` (submitit's way) receives USR2 at the
     reclaim, checkpoints within requeue_grace_s, and is requeued, never failed."""
@@ -224,6 +231,7 @@ def test_a_plain_job_gets_its_own_signal_and_is_requeued(lent: Any, attacker: st
     shutil.rmtree(shared, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_slow_prometheus_cannot_stall_the_tick(lent: Any, tmp_path: Path) -> None:
     """Prometheus answering one byte every 2 s (a per-read timeout never fires: 81 s for a
     5 s timeout before): each query ends at its total deadline, the tick falls back to the
@@ -246,6 +254,22 @@ def test_a_slow_prometheus_cannot_stall_the_tick(lent: Any, tmp_path: Path) -> N
 
 
 # --- helpers -------------------------------------------------------------------------------
+
+
+# While a squatter holds a reclaimed node's port, each tick waits out its whole budget for an
+# engine that cannot come up (the sandbox's 60 s): a shorter one, above the requeue grace
+# (10 s), as `config check` asks, still lets a tick start every other engine and see it serve.
+SQUATTED_TICK_BUDGET_S = 20
+
+
+def squatted_config(sb: Any, tmp_path: Path) -> Path:
+    """The sandbox's config with tick_budget_s = SQUATTED_TICK_BUDGET_S, for the ticks a
+    squatter makes wait (the test's clock, not the behaviour under test)."""
+    doc = yaml.safe_load(Path(sb.config_path).read_text())
+    doc["timeouts"]["tick_budget_s"] = SQUATTED_TICK_BUDGET_S
+    path = tmp_path / "squatted.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 def _get(url: str) -> bytes:

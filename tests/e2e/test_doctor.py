@@ -148,6 +148,7 @@ def test_a_stopped_engine_is_named_by_status_and_doctor(own_sandbox: Any) -> Non
         poll(lambda: sb.status()["emulators"][name]["healthy"], 60, f"{name} healthy again")
 
 
+@pytest.mark.slow
 def test_power_saving_on_real_slurm(own_sandbox: Any, tmp_path: Path) -> None:
     """Slurm 22.05 powers a lent node down: it stays `lent`; status and doctor name the serving
     nodes power saving may suspend; reclaim drains it, asks POWER_UP and, the fake node never

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from tests.e2e.test_attacks import (
     lent,  # noqa: F401 - a fixture
     phases,
     port_of,
+    squatted_config,
 )
 
 pytestmark = pytest.mark.sandbox
@@ -29,14 +31,16 @@ pytestmark = pytest.mark.sandbox
 SQUATTED = "gpu3"
 
 
-def _tick(sb: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(cli(sb, "tick", "--json").stdout)
+def _tick(sb: Any, *args: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(cli(sb, *args, "tick", "--json").stdout)
     print([(s["node"], s.get("action"), s["to"], s["outcome"], s.get("error") or s.get("detail"))
            for s in doc["steps"]], doc["observation_errors"], flush=True)
     return doc
 
 
-def test_a_squatter_listing_the_model_never_joins_the_router(lent: Any, attacker: str) -> None:  # noqa: F811
+@pytest.mark.slow
+def test_a_squatter_listing_the_model_never_joins_the_router(lent: Any, attacker: str,  # noqa: F811
+                                                             tmp_path: Path) -> None:
     """The attacker's server on gpu3's port answers /health 200 and lists sandbox-model: the
     reclaim starts the engine but does not admit the squatter (no identity name), HAProxy
     never marks it UP and no client prompt reaches it; once it is gone the engine serves."""
@@ -51,8 +55,9 @@ def test_a_squatter_listing_the_model_never_joins_the_router(lent: Any, attacker
         sb.load(500.0)
         time.sleep(12)
         states = []
+        config = squatted_config(sb, tmp_path)
         for _ in range(MAX_TICKS):
-            _tick(sb)
+            _tick(sb, "--config", str(config))
             states.append(sb.router_states().get(SQUATTED))
         now = phases(sb)
         assert now[SQUATTED] == "starting", now  # not serving on the squatter's answers
@@ -71,6 +76,7 @@ def test_a_squatter_listing_the_model_never_joins_the_router(lent: Any, attacker
     poll(lambda: sb.router_states().get(SQUATTED) == "UP", 30, f"{SQUATTED} UP in HAProxy")
 
 
+@pytest.mark.slow
 def test_a_serving_replica_whose_engine_died_is_restarted(lent: Any) -> None:  # noqa: F811
     """gpu4's engine is killed while it serves: the next tick takes it out of the router and
     restarts it (action `repair`); it serves again within two ticks."""

@@ -42,6 +42,7 @@ def running_on(sb: Any, node: str, partition: str) -> list[int]:
     return [int(x) for x in out.split()]
 
 
+@pytest.mark.slow
 def test_a_foreign_job_on_a_lent_node_is_cancelled_within_the_grace(sandbox: Any) -> None:
     """Root's `srun -p inference -w gpu1 bash -c "trap '' TERM; sleep 290"` on lent gpu1:
     `slurm-idle reclaim gpu1` signals it, cancels it after the grace, and gpu1 serves again

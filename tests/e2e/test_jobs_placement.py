@@ -101,6 +101,7 @@ def prometheus_targets(sb: Any) -> set[str]:
             if t["labels"].get("job") == "vllm-jobs" and t["health"] == "up"}
 
 
+@pytest.mark.slow
 def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     """One replica job lent GPU-granularly and taken back by Slurm's own preemption."""
     sb = jobs_mode

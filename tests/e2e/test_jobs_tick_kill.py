@@ -166,6 +166,7 @@ def kill_until(sb: Any, inv: Invariants, delays: Delays, done: Any, phase: str) 
             return kills
 
 
+@pytest.mark.slow
 def test_tick_killed_during_lend_and_reclaim(jobs_mode: Any, tmp_path: Path) -> None:  # noqa: F811
     """>= 20 SIGKILLed ticks across a jobs-mode lend and reclaim: no duplicate replica job, no
     replica lost, the idle job only ever preempted, and clean ticks converge."""

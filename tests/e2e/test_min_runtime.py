@@ -47,6 +47,7 @@ def submit_on(sb: Any, node: str) -> int:
     return job_id
 
 
+@pytest.mark.slow
 def test_young_job_left_running_while_another_lent_node_is_reclaimed(sandbox: Any, tmp_path: Path) -> None:
     """Needing one node back reclaims the node of the older job, not the 2-second-old one."""
     sb = sandbox

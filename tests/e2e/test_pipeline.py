@@ -78,6 +78,7 @@ def times(sandbox: Any, ids: list[int]) -> dict[int, tuple[datetime, datetime]]:
     return res
 
 
+@pytest.mark.slow
 def test_five_step_pipeline_runs_in_dependency_order_with_a_parallel_pair(
     sandbox: Any, images: None, tmp_path: Path
 ) -> None:
@@ -142,6 +143,7 @@ def test_a_failed_step_cancels_its_downstream_with_the_reason(
     assert "container exited with code 3" in log
 
 
+@pytest.mark.slow
 def test_a_requeued_step_keeps_its_downstream_waiting(
     sandbox: Any, images: None, tmp_path: Path
 ) -> None:

@@ -90,6 +90,7 @@ def test_a_step_failing_once_passes_with_one_retry(
     assert (summary.failures, summary.completed, summary.preemptions) == (1, 1, 0)
 
 
+@pytest.mark.slow
 def test_a_job_requeued_25_times_completes_with_max_restarts_2(
     sandbox: Any, images: None, tmp_path: Path
 ) -> None:

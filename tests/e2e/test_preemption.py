@@ -148,6 +148,7 @@ def check_resumed(sandbox: Any, docker_client: Any, tmp_path: Path, job_id: int,
     return log
 
 
+@pytest.mark.slow
 def test_job_preempted_by_inference_resumes_and_finishes_like_an_uninterrupted_run(
     sandbox: Any, docker_client: Any, tmp_path: Path
 ) -> None:
@@ -172,6 +173,7 @@ def test_job_preempted_by_inference_resumes_and_finishes_like_an_uninterrupted_r
     assert lost["steps_redone"] == 0  # the SIGTERM checkpoint keeps every finished step
 
 
+@pytest.mark.slow
 def test_job_requeued_by_scontrol_resumes(sandbox: Any, docker_client: Any, tmp_path: Path) -> None:
     """`scontrol requeue` (what a reclaim does) stops the container cleanly; the job comes back
     with Restarts>=1, resumes, finishes like an uninterrupted run; `slurm-idle jobs` shows it."""
@@ -190,6 +192,7 @@ def test_job_requeued_by_scontrol_resumes(sandbox: Any, docker_client: Any, tmp_
     assert lost["steps_redone"] == 0
 
 
+@pytest.mark.slow
 def test_time_limit_warning_checkpoints_and_requeues_instead_of_timing_out(
     sandbox: Any, docker_client: Any, tmp_path: Path
 ) -> None:

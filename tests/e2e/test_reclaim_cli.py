@@ -41,6 +41,7 @@ def wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 120) -> Non
     poll(cond, timeout_s, what, interval_s=1.0)
 
 
+@pytest.mark.slow
 def test_reclaim_requeues_and_the_job_resumes(sandbox: Any, tmp_path: Path) -> None:
     """reclaim requeues the job on the node; lent again, it resumes and finishes correctly."""
     sb = sandbox

@@ -162,6 +162,7 @@ def runs_of(site: dict[str, Any], job_id: int) -> list[str]:
     return [line for line in out.stdout.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_a_reclaimed_rootless_podman_job_is_requeued_and_leaves_no_container(
     site: dict[str, Any],
 ) -> None:

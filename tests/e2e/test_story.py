@@ -20,7 +20,7 @@ from slurm_idle.journal import Journal
 from slurm_idle.testing.demo import ADMIN_REASON, DemoReport, Story, verdict
 from tests.readme_excerpt import README, excerpt, missing_lines
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def story(sandbox: Any, story_output: list[str]) -> tuple[Any, DemoReport]:
         story_output.append(line)
         print(line, flush=True)
 
-    report = Story(sandbox, out=out).run()
+    report = Story(sandbox, out=out, step_s=0.5).run()  # the job's 120 steps in a minute
     print(f"MEASURE reclaim_to_serving_s={report.reclaim_to_serving_s} "
           f"timings_s={report.timings_s} lost_gpu_s={report.lost_gpu_s}")
     return sandbox, report

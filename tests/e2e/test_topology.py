@@ -187,6 +187,7 @@ def topology(sandbox: Any) -> Run:
     return run
 
 
+@pytest.mark.slow
 def test_gpu6_and_gpu7_are_lent_and_reclaimed_together(topology: Run) -> None:
     """The replica over gpu[6-7] makes one group: no tick ever sees its nodes apart."""
     assert topology.apart == []

@@ -95,6 +95,7 @@ def get_json(url: str) -> Any:
         return json.loads(r.read())
 
 
+@pytest.mark.slow
 def test_pool_jobs_and_a_reclaim_in_the_browser(
     sandbox: Any, web: tuple[str, dict[str, str]], browser: Any, tmp_path: Path
 ) -> None:
