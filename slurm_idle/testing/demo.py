@@ -241,6 +241,7 @@ class Story:
         self.say(f"{r.admin_node} still drained by the admin: reason {r.admin_reason_after!r}")
         sb.traffic_stop()
         r.client_traffic = sb.traffic_stats()
+        r.timings_s["whole"] = time.monotonic() - self.t0
         self.say(f"clients through the router, whole story: {self.client_line()}")
         return r
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from slurm_idle.journal import Journal
-from slurm_idle.testing.demo import ADMIN_REASON, DemoReport, Story, verdict
+from slurm_idle.testing.demo import ADMIN_REASON, CLIENT_RPS, DemoReport, Story, verdict
 from tests.readme_excerpt import README, excerpt, missing_lines
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -89,7 +89,9 @@ def test_the_demo_verdict_is_ok(story: tuple[Any, DemoReport]) -> None:
     _, r = story
     ok, lines = verdict(r)
     assert ok, (lines, r.client_traffic)
-    assert r.client_traffic["drain_failures"] == 0 and r.client_traffic["requests"] > 100
+    assert r.client_traffic["drain_failures"] == 0
+    # the clients' CLIENT_RPS ran through the whole story (open loop: about one a second)
+    assert r.client_traffic["requests"] >= 0.7 * CLIENT_RPS * r.timings_s["whole"], r.timings_s
 
 
 def test_report_matches_sacct_for_the_demo_job(story: tuple[Any, DemoReport]) -> None:

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-
 import pytest
 
 from slurm_idle.config import CONFIG_ENV
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _no_config_from_the_shell() -> Iterator[None]:
-    """$SLURM_IDLE_CONFIG of the calling shell is hidden from the tests and their subprocesses
-    (a test that wants it sets it with monkeypatch or an explicit env)."""
-    saved = os.environ.pop(CONFIG_ENV, None)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.environ[CONFIG_ENV] = saved
+@pytest.fixture(autouse=True)
+def _no_config_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$SLURM_IDLE_CONFIG is hidden from each unit test and its subprocesses (a test that wants
+    it sets it with monkeypatch or an explicit env): the calling shell's, and, with the suite
+    sharded, a sandbox's that an end-to-end module run earlier on the same worker left in the
+    process (the story's in-process agent sets it), which once made `simulate` read the
+    sandbox's fleet. Per test, not per session: the worker's order of modules is not fixed."""
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+
