@@ -9,6 +9,7 @@ checks its `DemoReport`; the README's first command runs it for people.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pwd
@@ -25,6 +26,7 @@ from slurm_idle.config import load_config
 from slurm_idle.journal import StepOutcome
 from slurm_idle.model import Phase
 from slurm_idle.testing.loadgen import CLIENT_OVERLOAD, failure_kind
+from slurm_idle.testing.waiting import poll
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_SPEC = REPO / "etc" / "examples" / "demo-job.yaml"
@@ -297,19 +299,32 @@ def wake_all(sb: Any) -> None:
     simulated requests an earlier surge queued outlive its load going to 0 by up to the
     model's client timeout, and a test's first lend would wait out its drain window for them
     (10 s a node), a clock of the last test rather than of this one."""
+    for name, emu in sb.status().get("emulators", {}).items():
+        if emu.get("healthy"):  # one not running has nothing queued; engine_start is the caller's
+            poll(functools.partial(_empty_and_awake, sb, name, emu["url"]), 30,
+                 f"{name}'s emulator empty and awake")
+
+
+def _empty_and_awake(sb: Any, name: str, url: str) -> bool:
+    """One try: abort what the emulator at `url` holds and wake it. An emulator an earlier test
+    stopped may still be exiting (it answers /health until its server closes): such a one is
+    started again (engine_start leaves a running one as it is) and tried again."""
+    import http.client
     import urllib.request
 
-    for name, emu in sb.status().get("emulators", {}).items():
-        if not emu.get("healthy"):
-            continue  # not running: nothing queued, and engine_start is the caller's
-        calls = ["/wake_up"] if emu.get("sleeping") else ["/sleep?level=1&mode=abort", "/wake_up"]
-        for call in calls:
-            request = urllib.request.Request(f"{emu['url']}{call}", data=b"", method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=10):
-                    pass
-            except OSError as exc:
-                raise AssertionError(f"cannot empty and wake {name}'s emulator: {exc}") from None
+    try:
+        with urllib.request.urlopen(f"{url}/is_sleeping", timeout=5) as resp:
+            sleeping = bool(json.loads(resp.read())["is_sleeping"])
+        for call in ([] if sleeping else ["/sleep?level=1&mode=abort"]) + ["/wake_up"]:
+            request = urllib.request.Request(f"{url}{call}", data=b"", method="POST")
+            with urllib.request.urlopen(request, timeout=10):
+                pass
+    except (OSError, http.client.HTTPException, ValueError, KeyError):
+        if name not in getattr(sb, "all_nodes", sb.nodes):
+            return not sb.status()["emulators"].get(name, {}).get("healthy")  # gone: nothing held
+        sb.engine_start(name)
+        return False
+    return True
 
 
 def lost_gpu_seconds(lines: list[str], gpus: int = 1, step_s: float = 1.0) -> float | None:

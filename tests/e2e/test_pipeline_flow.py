@@ -25,7 +25,7 @@ from slurm_idle.testing.images import BUSYBOX_IMAGE, build_demo_image
 from slurm_idle.testing.waiting import poll as _poll
 
 pytestmark = pytest.mark.sandbox
-poll = functools.partial(_poll, interval_s=0.2)  # 25 requeues: a second a poll was 20 s in all
+poll = functools.partial(_poll, interval_s=1.0)
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}
 
 
