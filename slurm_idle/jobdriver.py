@@ -251,18 +251,28 @@ class JobDriver:
     def _engine_idle(self, r: JobReplica, deadline: float) -> bool:
         """Wait for the requests in flight to finish, up to engine.drain_timeout_s after the
         retire began (then the cancel goes ahead: vLLM's --shutdown-timeout is the last net)."""
+        from slurm_idle.engine import IdleTwice
+
         engine = self.engine_for(r.model)
         limit = self.config.engine_for(r.model).drain_timeout_s
         since = r.phase_since if r.phase_since is not None else self.clock()
         if not r.nodes:
             return True
         probe = probe_config(r)
-        while True:
+        left: float | None = None
+
+        def idle() -> bool:
+            nonlocal left
             left = engine.in_flight(probe)
-            if left is None or left <= 0 or self.clock() - since >= limit:
+            return left is None or left <= 0
+
+        drained = IdleTwice(idle)  # the same end of a drain as a node's (engine.IdleTwice)
+        while True:
+            if drained() or self.clock() - since >= limit:
                 return True
             if self.clock() >= deadline:
-                raise CarryOver(f"{left:g} request(s) still in flight")
+                raise CarryOver(f"{left:g} request(s) still in flight" if left else
+                                "idle at one reading: drained at the next")
             self.sleep(POLL_S)
 
     def _engine_serving(self, r: JobReplica, deadline: float) -> bool:

@@ -35,6 +35,7 @@ in flight has landed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -306,23 +307,26 @@ class NodeDriver:
             self.sleep(min(POLL_S, max(0.0, deadline - now)))
 
     def _engines_idle(self, view: GroupView, deadline: float) -> bool:
-        """No request in flight on any replica, or the engine's drain window is over. False:
-        still draining at the tick's deadline, the next tick carries on."""
-        from slurm_idle.engine import is_idle
+        """No request in flight on any replica (at two readings a poll apart: IdleTwice), or
+        the engine's drain window is over. False: still draining at the tick's deadline, the
+        next tick carries on."""
+        from slurm_idle.engine import IdleTwice, is_idle
 
         since = view.phase_since if view.phase_since is not None else self.clock()
-        draining = {}  # replica name -> (model, replica, drain window, its end)
+        draining = {}  # replica name -> (its IdleTwice, drain window, its end)
         for model, replica in self._replicas(view):
             drain_s = self.config.engine_for(model).drain_timeout_s
-            draining[replica.name] = (model, replica, drain_s, since + drain_s)
+            drained_now = IdleTwice(functools.partial(is_idle, self.engine_for(model), replica))
+            draining[replica.name] = (drained_now, drain_s, since + drain_s)
 
         def drained() -> bool:
-            for name, (model, replica, drain_s, give_up_at) in list(draining.items()):
-                if is_idle(self.engine_for(model), replica):
+            for name, (drained_now, drain_s, give_up_at) in list(draining.items()):
+                if drained_now():
                     del draining[name]
                 elif self.clock() >= give_up_at:
-                    log.warning("%s: requests still running after the %.0fs drain window; "
-                                "stopping anyway", name, drain_s)
+                    if not drained_now.was_idle:
+                        log.warning("%s: requests still running after the %.0fs drain window; "
+                                    "stopping anyway", name, drain_s)
                     del draining[name]
             return not draining
 

@@ -26,6 +26,7 @@ in-flight requests through a stop, `stop_drops_requests`), for the stop to take 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from slurm_idle.commands import CommandRunner
@@ -50,10 +51,34 @@ from slurm_idle.engine.probe import (
 from slurm_idle.engine.sleep import HttpSleepEngine
 from slurm_idle.httpdeadline import HttpClient, HttpResponse
 
-__all__ = ["MAX_BODY_BYTES", "CommandEngine", "DockerEngine", "Drainable", "Engine", "EngineControl", "EngineDeadline",
-           "EngineHealth", "HttpDisconnected", "HttpProbe", "HttpResponse", "HttpSleepEngine", "HttpTimeout", "Identity", "IdentityStore", "MetricsReading",
-           "UrllibClient", "container_name", "format_command", "identity_dir", "is_idle", "make_engine", "parse_is_sleeping",
-           "parse_metrics", "parse_model_ids"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "CommandEngine",
+    "DockerEngine",
+    "Drainable",
+    "Engine",
+    "EngineControl",
+    "EngineDeadline",
+    "EngineHealth",
+    "HttpDisconnected",
+    "HttpProbe",
+    "HttpResponse",
+    "HttpSleepEngine",
+    "HttpTimeout",
+    "Identity",
+    "IdentityStore",
+    "IdleTwice",
+    "MetricsReading",
+    "UrllibClient",
+    "container_name",
+    "format_command",
+    "identity_dir",
+    "is_idle",
+    "make_engine",
+    "parse_is_sleeping",
+    "parse_metrics",
+    "parse_model_ids",
+]
 
 
 # --- the protocol --------------------------------------------------------------------------
@@ -122,3 +147,20 @@ def is_idle(engine: Drainable, replica: ReplicaConfig) -> bool:
     """No request in flight, running or waiting (or the replica is down: it can drop none)."""
     running = engine.in_flight(replica)
     return running == 0 or (running is None and not engine.health(replica).up)
+
+
+class IdleTwice:
+    """A drain's end, for every placement: `idle()` true at two readings in a row (the caller
+    reads once a poll). A request the router forwarded just before it took the replica out
+    can still be on its way (connected, not yet parsed), and an engine counts a request only
+    once it has queued it: one idle reading right after the removal stopped an engine under
+    such a request (the sandbox's story once saw a client request aborted so)."""
+
+    def __init__(self, idle: Callable[[], bool]) -> None:
+        self.idle = idle
+        self.was_idle = False
+
+    def __call__(self) -> bool:
+        idle = self.idle()
+        done, self.was_idle = idle and self.was_idle, idle
+        return done

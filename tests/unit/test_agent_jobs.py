@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from slurm_idle.agent import Agent
-from slurm_idle.config import Config, parse_config
+from slurm_idle.config import Config, ReplicaConfig, parse_config
 from slurm_idle.journal import DuplicateJobRecord
 from slurm_idle.model import ModelLoad, Phase, ReplicaLoad, SlurmJob
 from slurm_idle.policy.planner import assess, plan
@@ -333,3 +333,36 @@ def test_prefer_feature_is_one_feature_name() -> None:
     for bad in ("{host}", "a,b", "x&{node}", ""):
         with pytest.raises(ValidationError):
             SlurmConfig(prefer_feature=bad)
+
+
+class LateRequest(FakeEngine):
+    """jm#1's in-flight count at each reading: idle right after it left the targets, then a
+    request sent to it just before arrives, then idle again."""
+
+    def __init__(self, readings: list[float]) -> None:
+        super().__init__()
+        self.readings, self.seen = list(readings), []
+
+    def in_flight(self, replica: ReplicaConfig) -> float | None:
+        if replica.name != "jm#1":
+            return super().in_flight(replica)
+        value = self.readings.pop(0) if self.readings else 0.0
+        self.seen.append(value)
+        return value
+
+
+def test_a_retiring_replica_job_is_cancelled_only_when_idle_at_two_readings(tmp_path: Path) -> None:
+    """The jobs placement ends a drain as the node placement does (engine.IdleTwice): a first
+    idle reading right after the retire is not enough to cancel the replica's job, since a
+    request on its way is not counted yet; its job is cancelled after two in a row."""
+    agent, _slurm, metrics, cluster = make_agent(tmp_path, demand=150.0)
+    engine = LateRequest([0.0, 1.0, 0.0, 0.0])
+    engine.up = cluster.engine.up
+    cluster.engine = engine
+    agent.engine_for = lambda model: engine
+    for _ in range(3):
+        agent.tick()
+    set_demand(metrics, 10.0)
+    agent.tick()
+    assert phases(agent) == [Phase.SERVING, Phase.LENT]
+    assert engine.seen[:4] == [0.0, 1.0, 0.0, 0.0]  # not cancelled at the first idle reading

@@ -362,3 +362,37 @@ def test_a_failed_lend_takes_only_our_marker_off(tmp_path: Path) -> None:
     obs = agent.observe()
     agent.run_actions([Action(ActionKind.RECLAIM, "gpu1", "m", Phase.LENDING, Phase.STARTING, "up")], obs)
     assert slurm.node_map["gpu1"].comment == "rack 4"
+
+
+class LateRequest(FakeEngine):
+    """gpu1's in-flight count at each reading: idle right after the router took it out, then
+    a request the router forwarded just before arrives, then idle again."""
+
+    def __init__(self, readings: list[float]) -> None:
+        super().__init__(up={"gpu1": True, "gpu2": True, "gpu3": True})
+        self.readings, self.seen = list(readings), []
+
+    def in_flight(self, replica: ReplicaConfig) -> float | None:
+        if replica.name != "gpu1":
+            return 0.0
+        value = self.readings.pop(0) if self.readings else 0.0
+        self.seen.append(value)
+        return value
+
+
+def test_a_retiring_replica_is_drained_only_when_idle_at_two_readings(tmp_path: Path) -> None:
+    """A request on its way when the router took the replica out is not yet counted by the
+    engine: the first idle reading is not enough to stop it; RETIRING ends after two idle
+    readings a poll apart, not at the first one (which stopped the engine under a request)."""
+    agent, slurm, _, _metrics, clock = make_agent(tmp_path, planner=continue_all)
+    engine = LateRequest([0.0, 1.0, 0.0, 0.0])
+    agent.engine_for = lambda model: engine
+    set_phase(slurm, "gpu1", Phase.RETIRING, since=clock())
+    for n in ("gpu2", "gpu3"):
+        set_phase(slurm, n, Phase.SERVING)
+    driver = NodeDriver(agent.config, slurm, agent.engine_for, clock, clock.sleep)
+    view = next(v for v in agent.observe().nodes if v.name == "gpu1")
+    action = Action(ActionKind.CONTINUE, "gpu1", "m", Phase.RETIRING, Phase.LENDING, "continue")
+    steps = driver.drive(view, action, deadline=clock() + 60)
+    assert steps[0].outcome == "ok", steps
+    assert engine.seen[:4] == [0.0, 1.0, 0.0, 0.0]  # not done at the first idle reading
