@@ -266,7 +266,7 @@ class JobDriver:
             left = engine.in_flight(probe)
             return left is None or left <= 0
 
-        drained = IdleTwice(idle)  # the same end of a drain as a node's (engine.IdleTwice)
+        drained = IdleTwice(idle, self.clock, POLL_S)  # the same end of a drain as a node's
         while True:
             if drained() or self.clock() - since >= limit:
                 return True

@@ -316,7 +316,8 @@ class NodeDriver:
         draining = {}  # replica name -> (its IdleTwice, drain window, its end)
         for model, replica in self._replicas(view):
             drain_s = self.config.engine_for(model).drain_timeout_s
-            drained_now = IdleTwice(functools.partial(is_idle, self.engine_for(model), replica))
+            drained_now = IdleTwice(functools.partial(is_idle, self.engine_for(model), replica),
+                                    self.clock, POLL_S)
             draining[replica.name] = (drained_now, drain_s, since + drain_s)
 
         def drained() -> bool:

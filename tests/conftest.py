@@ -64,6 +64,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slurm)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _environment_as_found() -> Iterator[None]:
+    """A module leaves the process environment as it found it. Sharded, the modules of a
+    worker run one after the other in one process, in no fixed order: an in-process agent
+    (the story's, the topology scenario's) sets the sandbox's SLURM_CONF, SLURM_IDLE_CONFIG,
+    DOCKER_HOST and PATH, which a later module would otherwise inherit."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def pytest_report_header() -> str:
     """Which Slurm release the contract and e2e tests run against (some differ by release)."""
     import subprocess

@@ -150,17 +150,25 @@ def is_idle(engine: Drainable, replica: ReplicaConfig) -> bool:
 
 
 class IdleTwice:
-    """A drain's end, for every placement: `idle()` true at two readings in a row (the caller
-    reads once a poll). A request the router forwarded just before it took the replica out
-    can still be on its way (connected, not yet parsed), and an engine counts a request only
-    once it has queued it: one idle reading right after the removal stopped an engine under
-    such a request (the sandbox's story once saw a client request aborted so)."""
+    """A drain's end, for every placement: `idle()` true at two readings at least `gap_s`
+    apart (a poll) with none busy between. A request the router forwarded just before it took
+    the replica out can still be on its way (connected, not yet parsed), and an engine counts
+    a request only once it has queued it: one idle reading right after the removal stopped an
+    engine under such a request (the sandbox's story once saw a client request aborted so).
+    Two readings close together (a wait cut short by the tick's deadline) are one: the drain
+    then carries over to the next tick."""
 
-    def __init__(self, idle: Callable[[], bool]) -> None:
-        self.idle = idle
-        self.was_idle = False
+    def __init__(self, idle: Callable[[], bool], clock: Callable[[], float], gap_s: float) -> None:
+        self.idle, self.clock, self.gap_s = idle, clock, gap_s
+        self.idle_since: float | None = None
+        self.was_idle = False  # the last reading's
 
     def __call__(self) -> bool:
-        idle = self.idle()
-        done, self.was_idle = idle and self.was_idle, idle
-        return done
+        self.was_idle = self.idle()
+        now = self.clock()
+        if not self.was_idle:
+            self.idle_since = None
+            return False
+        if self.idle_since is None:
+            self.idle_since = now
+        return now - self.idle_since >= self.gap_s

@@ -320,9 +320,12 @@ def _empty_and_awake(sb: Any, name: str, url: str) -> bool:
             with urllib.request.urlopen(request, timeout=10):
                 pass
     except (OSError, http.client.HTTPException, ValueError, KeyError):
-        if name not in getattr(sb, "all_nodes", sb.nodes):
+        from slurm_idle.testing.sandboxconf import REPLICAS
+
+        head = next((r.node for r in REPLICAS if r.name == name), None)
+        if head is None:
             return not sb.status()["emulators"].get(name, {}).get("healthy")  # gone: nothing held
-        sb.engine_start(name)
+        sb.engine_start(head)  # starts its node's replicas that are not running, this one too
         return False
     return True
 

@@ -396,3 +396,19 @@ def test_a_retiring_replica_is_drained_only_when_idle_at_two_readings(tmp_path: 
     steps = driver.drive(view, action, deadline=clock() + 60)
     assert steps[0].outcome == "ok", steps
     assert engine.seen[:4] == [0.0, 1.0, 0.0, 0.0]  # not done at the first idle reading
+
+
+def test_two_idle_readings_close_together_are_one(tmp_path: Path) -> None:
+    """With the tick's deadline 0.05 s away the driver's wait is cut short: two idle readings
+    0.05 s apart do not end the drain (a request may still be on its way); it carries over."""
+    agent, slurm, _, _metrics, clock = make_agent(tmp_path, planner=continue_all)
+    engine = LateRequest([0.0, 0.0])
+    agent.engine_for = lambda model: engine
+    set_phase(slurm, "gpu1", Phase.RETIRING, since=clock())
+    for n in ("gpu2", "gpu3"):
+        set_phase(slurm, n, Phase.SERVING)
+    driver = NodeDriver(agent.config, slurm, agent.engine_for, clock, clock.sleep)
+    view = next(v for v in agent.observe().nodes if v.name == "gpu1")
+    action = Action(ActionKind.CONTINUE, "gpu1", "m", Phase.RETIRING, Phase.LENDING, "continue")
+    steps = driver.drive(view, action, deadline=clock() + 0.05)
+    assert len(engine.seen) >= 2 and steps[0].outcome == "waiting", (engine.seen, steps)
