@@ -37,6 +37,7 @@ ADMIN_REASON = "admin: disk check"
 # short enough that no client request waits out its timeout (30 s): a timeout here would be
 # the overload's, and the demo would have to explain it instead of measuring the reclaim.
 LOW_RPS, HIGH_RPS = 0.2, 12.0
+OUTSIDE_REASON = "demo: not in this story"  # the sandbox nodes the story leaves closed
 CLIENT_RPS = 1.0  # real requests through the router (HAProxy), counted on the client side
 
 
@@ -157,12 +158,31 @@ class Story:
         return path
 
     def reset(self) -> None:
-        """Start from a plain cluster: no jobs, nodes undrained without comments, engines up."""
+        """Start from a plain cluster: no jobs, nodes undrained without comments, engines up,
+        and the sandbox's other nodes (the topology and jobs-mode ones, in the idle partition
+        too) closed: the researcher's job is to run on a node the story lends. Their higher
+        Weight keeps jobs off them only while a pool node is free, and a job submitted right
+        after a lend once ran on gpu5, never to be reclaimed by this story."""
         reset_cluster(self.sb, self.config.paths.journal)
+        for node in self.outside():
+            self.sb.run(["scontrol", "update", f"nodename={node}", "state=DRAIN",
+                         f"reason={OUTSIDE_REASON}"], check=True)
         build_images()
+
+    def outside(self) -> list[str]:
+        """The sandbox's nodes that are not the story's pool (closed while it runs)."""
+        return [n for n in getattr(self.sb, "all_nodes", self.sb.nodes) if n not in self.sb.nodes]
 
     # -- the story ----------------------------------------------------------------------------
     def run(self) -> DemoReport:
+        """The story; the nodes outside it open again afterwards, as the sandbox has them."""
+        try:
+            return self._run()
+        finally:
+            for node in self.outside():
+                self.sb.run(["scontrol", "update", f"nodename={node}", "state=RESUME"])
+
+    def _run(self) -> DemoReport:
         r = self.report
         sb = self.sb
         self.say(f"sandbox at {sb.root}: Slurm {sb.slurm_version}, nodes {', '.join(sb.nodes)}")
