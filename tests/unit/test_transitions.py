@@ -17,6 +17,7 @@ from slurm_idle.testing.fakes import FakeEngine, FakeSlurm
 from slurm_idle.transitions import (
     MIN_ENGINE_CALL_S,
     NodeDriver,
+    StepResult,
     admin_comment,
     lent_comment,
 )
@@ -380,12 +381,12 @@ class LateRequest(FakeEngine):
         return value
 
 
-def test_a_retiring_replica_is_drained_only_when_idle_at_two_readings(tmp_path: Path) -> None:
-    """A request on its way when the router took the replica out is not yet counted by the
-    engine: the first idle reading is not enough to stop it; RETIRING ends after two idle
-    readings a poll apart, not at the first one (which stopped the engine under a request)."""
+def drive_retiring_gpu1(tmp_path: Path, readings: list[float],
+                        time_left_s: float) -> tuple[LateRequest, list[StepResult]]:
+    """gpu1 RETIRING (gpu2, gpu3 serving) driven on with `time_left_s` to the tick's deadline,
+    its engine's in-flight counts read from `readings`."""
     agent, slurm, _, _metrics, clock = make_agent(tmp_path, planner=continue_all)
-    engine = LateRequest([0.0, 1.0, 0.0, 0.0])
+    engine = LateRequest(readings)
     agent.engine_for = lambda model: engine
     set_phase(slurm, "gpu1", Phase.RETIRING, since=clock())
     for n in ("gpu2", "gpu3"):
@@ -393,7 +394,14 @@ def test_a_retiring_replica_is_drained_only_when_idle_at_two_readings(tmp_path: 
     driver = NodeDriver(agent.config, slurm, agent.engine_for, clock, clock.sleep)
     view = next(v for v in agent.observe().nodes if v.name == "gpu1")
     action = Action(ActionKind.CONTINUE, "gpu1", "m", Phase.RETIRING, Phase.LENDING, "continue")
-    steps = driver.drive(view, action, deadline=clock() + 60)
+    return engine, driver.drive(view, action, deadline=clock() + time_left_s)
+
+
+def test_a_retiring_replica_is_drained_only_when_idle_at_two_readings(tmp_path: Path) -> None:
+    """A request on its way when the router took the replica out is not yet counted by the
+    engine: the first idle reading is not enough to stop it; RETIRING ends after two idle
+    readings a poll apart, not at the first one (which stopped the engine under a request)."""
+    engine, steps = drive_retiring_gpu1(tmp_path, [0.0, 1.0, 0.0, 0.0], time_left_s=60)
     assert steps[0].outcome == "ok", steps
     assert engine.seen[:4] == [0.0, 1.0, 0.0, 0.0]  # not done at the first idle reading
 
@@ -401,14 +409,5 @@ def test_a_retiring_replica_is_drained_only_when_idle_at_two_readings(tmp_path: 
 def test_two_idle_readings_close_together_are_one(tmp_path: Path) -> None:
     """With the tick's deadline 0.05 s away the driver's wait is cut short: two idle readings
     0.05 s apart do not end the drain (a request may still be on its way); it carries over."""
-    agent, slurm, _, _metrics, clock = make_agent(tmp_path, planner=continue_all)
-    engine = LateRequest([0.0, 0.0])
-    agent.engine_for = lambda model: engine
-    set_phase(slurm, "gpu1", Phase.RETIRING, since=clock())
-    for n in ("gpu2", "gpu3"):
-        set_phase(slurm, n, Phase.SERVING)
-    driver = NodeDriver(agent.config, slurm, agent.engine_for, clock, clock.sleep)
-    view = next(v for v in agent.observe().nodes if v.name == "gpu1")
-    action = Action(ActionKind.CONTINUE, "gpu1", "m", Phase.RETIRING, Phase.LENDING, "continue")
-    steps = driver.drive(view, action, deadline=clock() + 0.05)
+    engine, steps = drive_retiring_gpu1(tmp_path, [0.0, 0.0], time_left_s=0.05)
     assert len(engine.seen) >= 2 and steps[0].outcome == "waiting", (engine.seen, steps)
