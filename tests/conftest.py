@@ -62,6 +62,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if touches_slurm(item):
             item.add_marker(pytest.mark.slurm)
+        if starts_real_vllm(item):
+            item.add_marker(pytest.mark.vllm)
+            item.add_marker(pytest.mark.slow)
+
+
+def starts_real_vllm(item: Any) -> bool:
+    """Whether the test starts a real vLLM: it needs its venv (the `real_vllm_python` fixture,
+    directly or through another), so `-m vllm` selects by what a test really starts."""
+    return "real_vllm_python" in getattr(item, "fixturenames", ())
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -115,3 +124,45 @@ def sandbox() -> Iterator[object]:
             pytest.fail(f"sandbox down left processes {result['left']} / mounts {result['mounts_left']}")
         if not os.environ.get("SLURM_IDLE_KEEP_SANDBOX"):
             shutil.rmtree(root, ignore_errors=True)
+
+
+REAL_VLLM_TURN = Path("/tmp/slurm-idle-real-vllm.lock")
+
+
+@pytest.fixture(scope="module")
+def real_vllm_turn() -> Iterator[None]:
+    """One module that runs real vLLM servers at a time on this machine (an flock held for the
+    module): sharded, two such modules on two workers would each load a model and answer
+    seconds late on two cores, which the contract tests would read as the server's behaviour.
+    A module waits its turn and says how long it waited."""
+    import fcntl
+    import time
+
+    with REAL_VLLM_TURN.open("a") as lock:
+        t0 = time.monotonic()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        waited = time.monotonic() - t0
+        if waited > 1:
+            print(f"real vLLM: waited {waited:.0f}s for another module's servers to stop")
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def real_vllm_python() -> Path:
+    """The python of the real vLLM's venv, made on first use (minutes; scripts/lib/vllm-env.sh).
+    Skipped with the reason where it cannot be made, a failure instead when
+    SLURM_IDLE_REAL_VLLM_REQUIRED=1 (CI); SLURM_IDLE_REAL_VLLM_TESTS=0 skips (the Debian 13
+    lane: a real vLLM does not depend on the Slurm release and runs in the Debian 12 lane)."""
+    if os.environ.get("SLURM_IDLE_REAL_VLLM_TESTS") == "0":
+        pytest.skip("SLURM_IDLE_REAL_VLLM_TESTS=0: the real vLLM runs in another lane")
+    from slurm_idle.testing.real_vllm import RealVllmUnavailable, ensure_venv
+
+    try:
+        return ensure_venv()
+    except RealVllmUnavailable as exc:
+        if os.environ.get("SLURM_IDLE_REAL_VLLM_REQUIRED") == "1":
+            pytest.fail(f"no real vLLM: {exc}")
+        pytest.skip(f"no real vLLM: {exc}")

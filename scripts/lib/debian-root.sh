@@ -226,7 +226,10 @@ main() {
   env_args=(HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
             TERM="${TERM:-dumb}"
             # ruff and mypy gate the code once, in the Debian 12 lane: the source is the same.
-            SLURM_IDLE_LINT=0)
+            SLURM_IDLE_LINT=0
+            # A real vLLM (the `vllm` tests) does not depend on the Slurm release: it runs in
+            # the Debian 12 lane, its venv built for that Python (scripts/lib/vllm-env.sh).
+            SLURM_IDLE_REAL_VLLM_TESTS=0)
   # A JUnit report asked for on the host is written in the root's /tmp and copied out after.
   [ -n "${SLURM_IDLE_JUNITXML:-}" ] && env_args+=(SLURM_IDLE_JUNITXML=/tmp/slurm-idle-junit.xml)
   while IFS='=' read -r k v; do

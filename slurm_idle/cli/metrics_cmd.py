@@ -39,8 +39,12 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _table(rows: Sequence[Mapping[str, Any]], first: tuple[str, str]) -> str:
-    cols = [first, *COLUMNS]
+def _table(rows: Sequence[Mapping[str, Any]], first: tuple[str, str],
+           engine: Sequence[tuple[str, str]] = (("engine", "ENGINE"),)) -> str:
+    """The rows as aligned columns; `engine`: what stands in the ENGINE column's place."""
+    cols = [first]
+    for col in COLUMNS:
+        cols.extend(engine if col == ("engine", "ENGINE") else (col,))
     cells = [[h for _, h in cols]] + [[_cell(r.get(k)) for k, _ in cols] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
@@ -66,13 +70,16 @@ def metrics() -> None:
 def scrape(url: str, as_json: bool, interval: float, timeout: float) -> None:
     """Scrape one vLLM server's /metrics page (URL of the server or of its metrics page).
 
-    JSON: {"replicas": [{"url", "model", "engine", "running", "waiting", "kv_cache_usage",
-    "sleeping", "generation_tokens_per_s", "prompt_tokens_per_s", "ttft_p95_s",
-    "queue_time_p95_s", ...}]}, one entry per model/engine pair.
+    JSON: {"replicas": [{"url", "model", "engine", "version", "engine_index", "running",
+    "waiting", "kv_cache_usage", "sleeping", "generation_tokens_per_s", "prompt_tokens_per_s",
+    "ttft_p95_s", "queue_time_p95_s", ...}]}, one entry per model and data-parallel engine:
+    "engine" is the server ("vllm": its metrics are vLLM's), "version" what its GET /version
+    says (null when it does not answer), "engine_index" vLLM's `engine` label.
     """
-    from slurm_idle.metrics.scrape import read_server
+    from slurm_idle.metrics.scrape import read_server, server_version
 
     readings = read_server(url, timeout_s=timeout, interval_s=interval)
+    version = server_version(url, timeout_s=timeout)
     rows = []
     for r in readings:
         s = r.snapshot
@@ -80,7 +87,9 @@ def scrape(url: str, as_json: bool, interval: float, timeout: float) -> None:
             {
                 "url": url,
                 "model": s.model,
-                "engine": s.engine,
+                "engine": "vllm",
+                "version": version,
+                "engine_index": s.engine,
                 "running": s.running,
                 "waiting": s.waiting,
                 "kv_cache_usage": s.kv_cache_usage,
@@ -97,7 +106,8 @@ def scrape(url: str, as_json: bool, interval: float, timeout: float) -> None:
     if as_json:
         echo_json({"replicas": rows})
     else:
-        click.echo(_table(rows, ("url", "URL")))
+        click.echo(_table(rows, ("url", "URL"),
+                          engine=(("engine_index", "ENGINE"), ("version", "VLLM"))))
 
 
 @metrics.command()

