@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if touches_slurm(item):
             item.add_marker(pytest.mark.slurm)
-        if starts_real_vllm(item):
+        if starts_real_vllm(item) or item.get_closest_marker("vllm") is not None:
             item.add_marker(pytest.mark.vllm)
             item.add_marker(pytest.mark.slow)
 

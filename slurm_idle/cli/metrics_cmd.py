@@ -116,9 +116,10 @@ def scrape(url: str, as_json: bool, interval: float, timeout: float) -> None:
 def query(ctx: Context, as_json: bool) -> None:
     """Read every configured replica's metrics through Prometheus (metrics.prometheus_url).
 
-    JSON: {"replicas": [...one per replica, keys as `metrics scrape` plus "node", "known"...],
-    "models": [...fleet-wide demand per model...], "queries": N}. "engine" lists the
-    data-parallel engines seen, comma-separated; a replica without fresh series has known=false.
+    JSON: {"replicas": [...one per replica, keys as `metrics scrape` (but "version", which
+    Prometheus does not have) plus "node", "known"...], "models": [...fleet-wide demand per
+    model...], "queries": N}. "engine" is "vllm"; "engine_index" lists the data-parallel
+    engines seen, comma-separated; a replica without fresh series has known=false.
     """
     import time
 
@@ -134,7 +135,8 @@ def query(ctx: Context, as_json: bool) -> None:
             "url": l.url,
             "node": l.node,
             "model": l.model,
-            "engine": ",".join(source.last_engines.get(l.url, ())),
+            "engine": "vllm",
+            "engine_index": ",".join(source.last_engines.get(l.url, ())),
             "known": l.known,
             "running": l.running,
             "waiting": l.waiting,
@@ -172,4 +174,4 @@ def query(ctx: Context, as_json: bool) -> None:
     for row in rows:
         if not row["known"]:
             row["model"] = f"{row['model']} (unknown)"
-    click.echo(_table(rows, ("node", "NODE")))
+    click.echo(_table(rows, ("node", "NODE"), engine=(("engine_index", "ENGINE"),)))

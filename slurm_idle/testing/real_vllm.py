@@ -32,7 +32,8 @@ SERVED_NAME = "tiny-llama"
 MAX_MODEL_LEN = 512
 #: GiB of KV cache (vLLM's CPU backend takes it from RAM; its default, 4, is more than needed).
 KV_CACHE_GIB = 1
-#: Measured: /health answers 200 after 50-160 s on 2 busy cores, ~300 s at load average 24.
+#: Measured: /health answers 200 36-45 s after the start on 2 cores, up to ~160 s when they are
+#: busy with other work, ~300 s at a load average of 24.
 START_TIMEOUT_S = 600.0
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -87,7 +87,7 @@ def _unix_http(sock: Path, path: str, timeout: float = 2.0) -> tuple[int, bytes]
         conn.close()
 
 
-#: How long `up` waits for a real vLLM's /health (70-160 s on 2 busy cores, more when loaded).
+#: How long `up` waits for a real vLLM's /health (36-45 s on 2 cores, up to ~160 s when busy).
 REAL_VLLM_UP_S = 600.0
 #: A real vLLM's `--shutdown-timeout` in the sandbox: the config's drain window (seconds).
 REAL_VLLM_SHUTDOWN_S = 10
@@ -754,6 +754,8 @@ class Sandbox:
             if group:
                 procs.terminate(sorted(set(group)),
                                 REAL_VLLM_SHUTDOWN_S + 20 if real else timeout_s)
+            if real:  # an engine core forked while the stop began (a server still starting)
+                procs.terminate(self.real_vllm_pids(node), timeout_s)
             pf.clear()
             (self.layout.model_state_dir(r.model) / f"{r.name}.json").unlink(missing_ok=True)
             stopped |= pid is not None

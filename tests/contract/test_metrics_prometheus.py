@@ -24,7 +24,7 @@ from slurm_idle.testing.waiting import poll as _poll
 
 pytestmark = pytest.mark.sandbox
 
-KEYS = {"url", "model", "engine", "running", "waiting", "kv_cache_usage", "sleeping",
+KEYS = {"url", "model", "engine", "engine_index", "running", "waiting", "kv_cache_usage", "sleeping",
         "generation_tokens_per_s", "prompt_tokens_per_s", "ttft_p95_s", "queue_time_p95_s"}
 
 
@@ -198,4 +198,7 @@ def test_cli_query_and_scrape(sandbox: Sandbox, config: Config) -> None:
     assert res.returncode == 0, res.stderr
     [entry] = json.loads(res.stdout)["replicas"]
     assert KEYS <= set(entry)
-    assert entry["model"] == config.models[0].name and entry["engine"] == "0"
+    assert entry["model"] == config.models[0].name and entry["engine_index"] == "0"
+    # The server: vLLM (the emulator says its version as vLLM does, on GET /version).
+    assert entry["engine"] == "vllm" and entry["version"]
+    assert {(r["engine"], r["engine_index"]) for r in doc["replicas"]} == {("vllm", "0")}

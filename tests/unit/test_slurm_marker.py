@@ -70,6 +70,7 @@ def test_non_slurm_contract_modules_are_the_known_ones() -> None:
         "test_file_safety.py",  # lock, journal and report files against other local users
         "test_http_deadline.py",  # a trickling HTTP server
         "test_router_real.py",  # HAProxy's runtime API, an nginx reload
+        "test_vllm_faults.py",  # a real vLLM's SIGTERM and start faults; Slurm is a fake there
         "test_vllm_real.py",  # a real vLLM on CPU; no Slurm (it runs in the Debian 12 lane)
     ], ("a contract module that neither uses the sandbox nor runs a Slurm command is skipped by "
         "`-m slurm`: list it here with the reason its outcome cannot depend on "
