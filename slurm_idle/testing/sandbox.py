@@ -611,14 +611,25 @@ class Sandbox:
     def _start_mariadb(self, ready: Callable[[str], None]) -> None:
         lay = self.layout
         datadir = self.root / "mysql"
+        # Its temporary tables in a directory of this sandbox's own, not /tmp: three workers'
+        # sandboxes bootstrap at the same moment (once, in the Debian 13 lane, a bootstrap
+        # found its temporary tables gone from /tmp and aborted).
+        tmpdir = self.root / "mysql-tmp"
+        tmpdir.mkdir(parents=True, exist_ok=True)
         if self._pidfile("mariadb").read() is None and not (datadir / "mysql").is_dir():
-            r = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={datadir}",
-                                "--auth-root-authentication-method=socket", "--skip-test-db",
-                                "--user=root"], capture_output=True, text=True, timeout=120,
-                               check=False)
-            if r.returncode != 0:
-                raise RuntimeError(f"sandbox: mariadb-install-db failed: {r.stderr.strip()[-300:]}")
+            for attempt in (1, 2):  # a failed bootstrap leaves a partial datadir: start afresh
+                shutil.rmtree(datadir, ignore_errors=True)
+                r = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={datadir}",
+                                    f"--tmpdir={tmpdir}", "--auth-root-authentication-method=socket",
+                                    "--skip-test-db", "--user=root"], capture_output=True,
+                                   text=True, timeout=120, check=False)
+                if r.returncode == 0:
+                    break
+                if attempt == 2:
+                    raise RuntimeError("sandbox: mariadb-install-db failed twice: "
+                                       f"{r.stderr.strip()[-300:]}")
         self._spawn("mariadb", ["mariadbd", "--no-defaults", f"--datadir={datadir}",
+                                f"--tmpdir={tmpdir}",
                                 f"--socket={lay.mysql_socket}", f"--port={lay.mysql_port}",
                                 "--bind-address=127.0.0.1", "--user=root", "--skip-name-resolve",
                                 f"--pid-file={lay.run}/mariadb.pid",
