@@ -122,7 +122,13 @@ def test_a_job_requeued_25_times_completes_with_max_restarts_2(
     assert int(final["Restarts"]) == n
     assert "finished" in log.read_text()
     summary = runlog.summarize(runlog.read(tmp_path / "state", job_id))
-    assert (summary.preemptions, summary.failures, summary.completed) == (n, 0, 1)
+    assert (summary.failures, summary.completed) == (0, 1)
+    # Every requeued run is in the ledger as preempted, or as killed: Slurm SIGKILLs the step
+    # KillWait after the requeue, and on a loaded machine that can come before the runner has
+    # removed its container and written the end (CI once: run 19 of 25, docker's removal slow
+    # while a real vLLM loaded its model). Neither counts against max_restarts.
+    assert summary.preemptions + summary.killed == n, summary
+    assert summary.killed <= 2, summary
 
 
 def test_outputs_flow_to_a_matrix_and_the_join_sees_all_three(
