@@ -70,6 +70,10 @@ def _private_to(path: str, uid: int) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
 
 
+class ServiceExitedSilently(SlurmIdleError):
+    """The service ended before its socket and wrote nothing on stderr (a transient end)."""
+
+
 #: Starts "$@" (the service) in the background and prints its pid, plus a background watchdog
 #: that SIGTERMs it once the runner is gone (SIGKILLed: no `stop` ran), then exits: both are
 #: left to init, in the shell's new session, outside the job step's process tree.
@@ -101,7 +105,21 @@ class PodmanService:
     def base_url(self) -> str:
         return f"unix://{self.socket}"
 
-    def start(self, timeout_s: float = 30.0) -> str:
+    def start(self, timeout_s: float = 30.0, attempts: int = 2) -> str:
+        """_start_once, once more when the service exits without a word before its socket
+        (seen once in CI on a loaded machine: a requeued job's service gone 9 s after its
+        start, nothing on its stderr, the job failed with 70). A service that says why it
+        cannot start (no user namespace, ...) says it again: that is not retried."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(timeout_s)
+            except ServiceExitedSilently:
+                if attempt == attempts:
+                    raise
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> str:
         """Start the service (no idle timeout: the runner stops it) and wait for its socket.
 
         The service is started detached (a shell starts it in the background in a session of
@@ -129,7 +147,11 @@ class PodmanService:
         deadline = self.clock() + timeout_s
         while not os.path.exists(self.socket):
             if not self.running():
-                raise SlurmIdleError(f"rootless podman service exited: {self._errors()}")
+                errors = self._errors()
+                if errors in ("", "(no error output)"):
+                    raise ServiceExitedSilently("rootless podman service exited without an "
+                                                "error message before its socket")
+                raise SlurmIdleError(f"rootless podman service exited: {errors}")
             if self.clock() > deadline:
                 self.stop()
                 raise SlurmIdleError(f"rootless podman service gave no socket in {timeout_s:g} s")

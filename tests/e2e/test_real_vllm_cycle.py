@@ -94,6 +94,17 @@ def served_requests(sb: Sandbox) -> float:
                if line.startswith("vllm:request_success_total{"))
 
 
+def prometheus_row(sb: Sandbox) -> dict[str, Any]:
+    """NODE's replica as `slurm-idle metrics query --json` reads it through Prometheus."""
+    doc = json.loads(cli(sb, "metrics", "query", "--json").stdout)
+    return dict(next(r for r in doc["replicas"] if r["node"] == NODE))
+
+
+def generating(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The row when its series are known and show tokens generated, else None."""
+    return row if row["known"] and (row["generation_tokens_per_s"] or 0) > 0 else None
+
+
 def client_failures(stats: dict[str, Any], what: str) -> None:
     print(f"client requests through HAProxy, {what}: {json.dumps(stats)}")
     assert stats["failed"] == 0 and stats["client_overload"] == 0, (what, stats)
@@ -139,6 +150,12 @@ def test_the_planner_lends_a_real_vllm_and_takes_it_back_with_no_failed_request(
         assert int(fields["Restarts"]) >= 1, fields
         assert fields["JobState"] not in {"FAILED", "CANCELLED", "NODE_FAIL"}, fields
         poll(lambda: served_requests(sb) >= 10, 60, "clients served by the new real vLLM")
+        # The product's Prometheus queries read the real server's series as they read the
+        # emulators': known, and its generation rate.
+        row = poll(lambda: generating(prometheus_row(sb)), 60,
+                   "Prometheus' queries reading the real vLLM's series")
+        print(f"metrics query, {NODE}'s real vLLM through Prometheus: {json.dumps(row)}")
+        assert (row["engine"], row["engine_index"]) == ("vllm", "0"), row
         client_failures(sb.traffic_stats(), f"at {HIGH_RPS:g} req/s through the reclaim")
 
         sb.traffic(LOW_RPS)

@@ -221,6 +221,36 @@ def test_a_service_that_cannot_start_is_one_line(tmp_path: Path) -> None:
         missing.start()
 
 
+FLAKY_PODMAN = """#!/bin/sh
+# Exits without a word the first time (a marker file remembers), then serves as FAKE_PODMAN.
+marker="$(dirname "$0")/tried"
+if [ ! -e "$marker" ]; then : > "$marker"; exit 1; fi
+""" + FAKE_PODMAN.split("\n", 1)[1]
+
+
+def test_a_service_that_exits_silently_is_started_once_more(tmp_path: Path) -> None:
+    """A service gone before its socket without a word on stderr gets one more start (CI saw
+    one such exit fail a requeued job with 70); one that keeps exiting silently fails after
+    the second start, naming what happened."""
+    fake = tmp_path / "podman"
+    fake.write_text(FLAKY_PODMAN)
+    fake.chmod(0o755)
+    sock = tmp_path / "s.sock"
+    service = PodmanService(str(sock), dict(os.environ), podman=str(fake))
+    try:
+        assert service.start(timeout_s=20) == f"unix://{sock}"
+        assert (tmp_path / "tried").exists() and service.running()
+    finally:
+        service.stop()
+    silent = tmp_path / "silent"
+    silent.mkdir()
+    (silent / "podman").write_text("#!/bin/sh\nexit 1\n")
+    (silent / "podman").chmod(0o755)
+    never = PodmanService(str(silent / "s.sock"), dict(os.environ), podman=str(silent / "podman"))
+    with pytest.raises(podman.SlurmIdleError, match="exited without an error message"):
+        never.start(timeout_s=20)
+
+
 # ------------------------------------------------------ without the API: the podman command
 
 FAKE_CLI = """#!/bin/sh
