@@ -53,6 +53,13 @@ class PidFile:
         tmp.write_text(json.dumps({"pid": pid, "start": start_time(pid)}))
         tmp.replace(self.path)
 
+    def recorded(self) -> int | None:
+        """The pid written, alive or not (the session its children still carry)."""
+        try:
+            return int(json.loads(self.path.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def read(self) -> int | None:
         """The recorded pid if that very process is still alive."""
         try:
@@ -141,6 +148,32 @@ def pids_with_env(match: Callable[[dict[str, str]], bool]) -> list[int]:
         pid = int(d.name)
         if alive(pid) and match(_environ(pid)):
             found.append(pid)
+    return found
+
+
+def session_members(sid: int, cwd: Path) -> list[int]:
+    """Live processes of session `sid` working in `cwd` or below (a process spawned here leads
+    its own session, and its children stay in it unless they leave; the directory keeps a
+    reused session id of someone else's out). Read from /proc/PID/stat and cwd, which a
+    process cannot rewrite: vLLM's engine core and worker retitle themselves
+    (setproctitle), which blanks their /proc/PID/environ, so an environment marker misses them."""
+    root = cwd.resolve()
+    me = os.getpid()
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == me:
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and fields[3] == str(sid) and fields[0] not in ("Z", "X"):
+            try:
+                where = (d / "cwd").resolve()
+            except OSError:
+                continue
+            if where == root or root in where.parents:
+                found.append(int(d.name))
     return found
 
 

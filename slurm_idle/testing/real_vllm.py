@@ -168,9 +168,15 @@ class RealVllm:
         return " | ".join(text.strip().splitlines()[-lines:])
 
     def pids(self) -> list[int]:
-        """The server and its children (the engine core), by the marker in their environment."""
+        """The server and its children (the engine core and its worker): by the marker in
+        their environment, and by the session the server leads, which its children keep when
+        it is gone. The session is what finds the engine core: it retitles itself
+        (`VLLM::EngineCore`), which blanks its /proc environ, and a SIGKILLed server leaves it
+        running, holding ~2 GB (CI machines once held 19 GB of them)."""
         root = str(self.root)
-        return procs.pids_with_env(lambda env: env.get(MARKER) == root)
+        marked = procs.pids_with_env(lambda env: env.get(MARKER) == root)
+        session = self.pidfile.recorded()
+        return sorted({*marked, *(procs.session_members(session, self.root) if session else [])})
 
     def stop(self, timeout_s: float = 30.0) -> list[int]:
         """SIGTERM the server and its children (as systemd stops a unit: every process of it),

@@ -750,7 +750,12 @@ class Sandbox:
         from slurm_idle.testing import real_vllm
 
         marker = self.real_vllm_marker(node)
-        return procs.pids_with_env(lambda env: env.get(real_vllm.MARKER) == marker)
+        marked = procs.pids_with_env(lambda env: env.get(real_vllm.MARKER) == marker)
+        # The engine core and its worker retitle themselves, which blanks their environ: they
+        # are found by the session the server leads (procs.session_members).
+        sessions = [pid for r in sandboxconf.replicas_headed(node)
+                    if (pid := self._pidfile(f"emulator-{r.name}").recorded()) is not None]
+        return sorted({*marked, *(p for sid in sessions for p in procs.session_members(sid, self.root))})
 
     def engine_stop(self, node: str, timeout_s: float = 10.0, index: int | None = None) -> bool:
         """Stop the engine of every replica headed on `node` (or its `index`th) by pid and
@@ -808,7 +813,9 @@ class Sandbox:
         for names in phases:
             k = procs.terminate([running[n] for n in names], timeout_s=15)
             killed += [n for n in names if running[n] in k]
-        stray = procs.pids_with_env(self._ours)
+        # A real vLLM's engine core and worker: their environ blanked, found by session.
+        stray = sorted({*procs.pids_with_env(self._ours),
+                        *(p for n in self.real_vllm_nodes for p in self.real_vllm_pids(n))})
         procs.terminate(stray, timeout_s=5)
         still_mounted = procs.unmount_all(self.root)
         for name in running:

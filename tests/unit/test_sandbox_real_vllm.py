@@ -91,3 +91,33 @@ def test_engine_start_without_the_venv_says_how_to_make_it(
     (gpu2,) = sandboxconf.replicas_headed("gpu2")
     with pytest.raises(RuntimeError, match="no real vLLM venv.*up --real-vllm"):
         sb.engine_command(gpu2, "x")
+
+
+def test_a_server_s_children_are_found_by_session_when_their_environ_is_blank(
+        tmp_path: Path) -> None:
+    """vLLM's engine core and worker retitle themselves, which blanks their /proc environ: the
+    environment marker misses them, and a SIGKILLed server left them running (~2 GB each). The
+    session the spawned server leads finds them, only in the server's directory, and once
+    stopped none is left."""
+    from slurm_idle.testing import procs
+
+    pidfile = procs.PidFile(tmp_path / "server.pid")
+    marker = {"SLURM_IDLE_TEST_SESSION": str(tmp_path)}
+    # A "server" that starts a child with a blank environment, then is killed.
+    pid = procs.spawn(["sh", "-c", "env -i sleep 60 & exec sleep 60"], tmp_path / "log",
+                      {**os.environ, **marker}, pidfile, cwd=tmp_path)
+    try:
+        procs.wait_for(lambda: len(procs.session_members(pid, tmp_path)) == 2, 10,
+                       "the child started")
+        found = procs.session_members(pid, tmp_path)
+        by_env = procs.pids_with_env(
+            lambda env: env.get("SLURM_IDLE_TEST_SESSION") == str(tmp_path))
+        assert pid in found and set(by_env) == {pid}  # the child: by session only
+        assert procs.session_members(pid, tmp_path / "elsewhere") == []
+        procs.terminate([pid], timeout_s=5)  # the server gone: its child stays in the session
+        orphans = procs.session_members(pidfile.recorded() or 0, tmp_path)
+        assert len(orphans) == 1 and pid not in orphans
+        procs.terminate(orphans, timeout_s=5)
+        assert procs.session_members(pid, tmp_path) == []
+    finally:
+        procs.terminate(procs.session_members(pid, tmp_path) + [pid], timeout_s=5)
