@@ -766,11 +766,12 @@ class Sandbox:
         for r in sandboxconf.replicas_headed(node, index):
             pf = self._pidfile(f"emulator-{r.name}")
             pid = pf.read()
-            group = ([pid] if pid is not None else []) + (self.real_vllm_pids(node) if real else [])
-            if group:
-                procs.terminate(sorted(set(group)),
-                                REAL_VLLM_SHUTDOWN_S + 20 if real else timeout_s)
-            if real:  # an engine core forked while the stop began (a server still starting)
+            # As systemd's KillMode=mixed: SIGTERM to the server alone (to every process, the
+            # vLLM worker dies at once and the drain of --shutdown-timeout is lost), then the
+            # rest of its session: its engine core and worker, were they left.
+            if pid is not None:
+                procs.terminate([pid], REAL_VLLM_SHUTDOWN_S + 20 if real else timeout_s)
+            if real:
                 procs.terminate(self.real_vllm_pids(node), timeout_s)
             pf.clear()
             (self.layout.model_state_dir(r.model) / f"{r.name}.json").unlink(missing_ok=True)
