@@ -38,9 +38,8 @@ def alive(pid: int) -> bool:
 
 def start_time(pid: int) -> int | None:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+        return int(_stat_fields(pid)[19])
+    except (IndexError, ValueError):
         return None
 
 
@@ -138,17 +137,23 @@ def _environ(pid: int) -> dict[str, str]:
     return out
 
 
+def _other_pids() -> list[int]:
+    """Every process on the machine but this one."""
+    me = os.getpid()
+    return [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and int(d.name) != me]
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name (state, ppid, pgrp, session, ...); [] if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def pids_with_env(match: Callable[[dict[str, str]], bool]) -> list[int]:
     """Live processes whose environment satisfies `match` (e.g. carries our marker)."""
-    me = os.getpid()
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == me:
-            continue
-        pid = int(d.name)
-        if alive(pid) and match(_environ(pid)):
-            found.append(pid)
-    return found
+    return [pid for pid in _other_pids() if alive(pid) and match(_environ(pid))]
 
 
 def session_members(sid: int, cwd: Path) -> list[int]:
@@ -158,22 +163,16 @@ def session_members(sid: int, cwd: Path) -> list[int]:
     process cannot rewrite: vLLM's engine core and worker retitle themselves
     (setproctitle), which blanks their /proc/PID/environ, so an environment marker misses them."""
     root = cwd.resolve()
-    me = os.getpid()
     found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == me:
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
+    for pid in _other_pids():
+        fields = _stat_fields(pid)
         if len(fields) > 3 and fields[3] == str(sid) and fields[0] not in ("Z", "X"):
             try:
-                where = (d / "cwd").resolve()
+                where = Path(f"/proc/{pid}/cwd").resolve()
             except OSError:
                 continue
             if where == root or root in where.parents:
-                found.append(int(d.name))
+                found.append(pid)
     return found
 
 

@@ -114,6 +114,17 @@ def server_env(base: Mapping[str, str] = os.environ) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1"}
 
 
+def server_processes(marker: str, servers: Sequence[int | None], directory: Path) -> list[int]:
+    """A real vLLM's processes: those carrying MARKER=`marker` in their environment, and the
+    sessions the `servers` (pids as recorded, alive or not) lead, working under `directory`.
+    The session is what finds the engine core and worker: they retitle themselves, which
+    blanks their environ, and a SIGKILLed server leaves them running (~2 GB)."""
+    marked = procs.pids_with_env(lambda env: env.get(MARKER) == marker)
+    sessions = (p for sid in servers if sid is not None
+                for p in procs.session_members(sid, directory))
+    return sorted({*marked, *sessions})
+
+
 class RealVllm:
     """One real vLLM server process under `root`, started and stopped by pid."""
 
@@ -168,15 +179,9 @@ class RealVllm:
         return " | ".join(text.strip().splitlines()[-lines:])
 
     def pids(self) -> list[int]:
-        """The server and its children (the engine core and its worker): by the marker in
-        their environment, and by the session the server leads, which its children keep when
-        it is gone. The session is what finds the engine core: it retitles itself
-        (`VLLM::EngineCore`), which blanks its /proc environ, and a SIGKILLed server leaves it
-        running, holding ~2 GB (CI machines once held 19 GB of them)."""
-        root = str(self.root)
-        marked = procs.pids_with_env(lambda env: env.get(MARKER) == root)
-        session = self.pidfile.recorded()
-        return sorted({*marked, *(procs.session_members(session, self.root) if session else [])})
+        """The server and its children (engine core, worker), also once the server is gone
+        (server_processes; this machine once held 19 GB of such orphans)."""
+        return server_processes(str(self.root), [self.pidfile.recorded()], self.root)
 
     def stop(self, timeout_s: float = 30.0) -> list[int]:
         """SIGTERM the server and its children (as systemd stops a unit: every process of it),

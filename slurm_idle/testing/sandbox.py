@@ -746,16 +746,12 @@ class Sandbox:
         return f"{self.root}:{node}"
 
     def real_vllm_pids(self, node: str) -> list[int]:
-        """`node`'s real vLLM processes: its API server and the engine core it forks."""
+        """`node`'s real vLLM processes: its API server, the engine core and worker it forks."""
         from slurm_idle.testing import real_vllm
 
-        marker = self.real_vllm_marker(node)
-        marked = procs.pids_with_env(lambda env: env.get(real_vllm.MARKER) == marker)
-        # The engine core and its worker retitle themselves, which blanks their environ: they
-        # are found by the session the server leads (procs.session_members).
-        sessions = [pid for r in sandboxconf.replicas_headed(node)
-                    if (pid := self._pidfile(f"emulator-{r.name}").recorded()) is not None]
-        return sorted({*marked, *(p for sid in sessions for p in procs.session_members(sid, self.root))})
+        servers = [self._pidfile(f"emulator-{r.name}").recorded()
+                   for r in sandboxconf.replicas_headed(node)]
+        return real_vllm.server_processes(self.real_vllm_marker(node), servers, self.root)
 
     def engine_stop(self, node: str, timeout_s: float = 10.0, index: int | None = None) -> bool:
         """Stop the engine of every replica headed on `node` (or its `index`th) by pid and
