@@ -107,8 +107,14 @@ def test_a_server_s_children_are_found_by_session_when_their_environ_is_blank(
     pid = procs.spawn(["sh", "-c", "env -i sleep 60 & exec sleep 60"], tmp_path / "log",
                       {**os.environ, **marker}, pidfile, cwd=tmp_path)
     try:
-        procs.wait_for(lambda: len(procs.session_members(pid, tmp_path)) == 2, 10,
-                       "the child started")
+        def both_sleeping() -> bool:
+            """Both have exec'd sleep: until then the child is still sh or env, whose environ
+            holds the marker (the race CI once met)."""
+            members = procs.session_members(pid, tmp_path)
+            return len(members) == 2 and all(
+                Path(f"/proc/{p}/comm").read_text().strip() == "sleep" for p in members)
+
+        procs.wait_for(both_sleeping, 10, "the child started")
         found = procs.session_members(pid, tmp_path)
         by_env = procs.pids_with_env(
             lambda env: env.get("SLURM_IDLE_TEST_SESSION") == str(tmp_path))
