@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 #: Phases that are written into a drained node's Reason.
 DRAINED_PHASES = frozenset(
-    {Phase.SERVING, Phase.RETIRING, Phase.LENDING, Phase.RECLAIMING, Phase.STARTING}
+    {Phase.SERVING, Phase.RETIRING, Phase.LENDING, Phase.RECLAIMING, Phase.HELD, Phase.STARTING}
 )
 
 
@@ -47,6 +47,7 @@ class Ready(StrEnum):
     NOW = "now"  # nothing to wait for
     ENGINES_IDLE = "engines_idle"  # no request in flight on any replica, or the drain window over
     NODES_EMPTY = "nodes_empty"  # no job left on the group's nodes, every node powered up
+    GPUS_FREE = "gpus_free"  # every GPU of the group holds no more than its engine's own residue
     ENGINES_SERVING = "engines_serving"  # every replica healthy and awake
     JOB_GONE = "job_gone"  # placement jobs: the replica job left the queue
     JOB_RUNNING = "job_running"  # placement jobs: the replica job runs (Slurm placed it)
@@ -115,8 +116,15 @@ EDGES: tuple[Edge, ...] = (
          "load rises or forecast ramp: DRAIN and requeue the idle jobs",
          None, Ready.NOW, Effect.DRAIN_AND_REQUEUE),
     Edge(Phase.RECLAIMING, Phase.STARTING,
-         "node empty: start or wake the engine",
+         "node empty and its GPUs free: start or wake the engine",
          "reclaim_s", Ready.NODES_EMPTY, Effect.START_ENGINES),
+    Edge(Phase.RECLAIMING, Phase.HELD,
+         "node empty but a GPU still holds memory that is not the engine's (a process Slurm "
+         "no longer tracks): waking on it would fail out of memory",
+         None, Ready.NOW, Effect.WRITE_PHASE),
+    Edge(Phase.HELD, Phase.STARTING,
+         "every GPU free again: start or wake the engine",
+         "gpu_free_s", Ready.GPUS_FREE, Effect.START_ENGINES),
     Edge(Phase.STARTING, Phase.SERVING,
          "engine healthy and awake: serving again",
          "start_s", Ready.ENGINES_SERVING, Effect.WARM_UP_AND_ROUTER_ADD),
@@ -189,6 +197,20 @@ class Lifecycle:
         self.traffic: frozenset[Phase] = frozenset(
             {e.to_phase for e in self.edges if e.ready is Ready.ENGINES_SERVING}
             | {e.from_phase for e in self.edges if e.ready is Ready.ENGINES_IDLE})
+        # A phase is on its way back to serving when its forward steps reach a traffic phase
+        # without settling first (RECLAIMING, HELD, STARTING; RETIRING and LENDING settle in
+        # LENT): the replicas it brings back count as supply until it is stuck.
+        self.arriving: frozenset[Phase] = frozenset(
+            p for p in self.forward if self._reaches_traffic(p))
+
+    def _reaches_traffic(self, phase: Phase) -> bool:
+        seen: set[Phase] = set()
+        while phase in self.forward and phase not in seen:
+            seen.add(phase)
+            phase = self.forward[phase].to_phase
+            if phase in self.traffic:
+                return True
+        return False
 
 
 #: The lifecycle of the running process. Read through the functions below (never copied at
@@ -252,8 +274,19 @@ def next_phase(phase: Phase) -> Phase | None:
 
 def timed_phases() -> frozenset[Phase]:
     """The phases that move on by themselves and can be stuck (RETIRING, LENDING, RECLAIMING,
-    STARTING)."""
+    HELD, STARTING)."""
     return frozenset(LIFECYCLE.forward)
+
+
+def arriving_phases() -> frozenset[Phase]:
+    """The phases on their way back to serving (RECLAIMING, HELD, STARTING): their replicas
+    count as coming back until the phase is stuck past its timeout."""
+    return LIFECYCLE.arriving
+
+
+def job_arriving_phases() -> frozenset[Phase]:
+    """`placement: jobs`: the replica job phases on their way back to serving."""
+    return JOB_LIFECYCLE.arriving
 
 
 def phase_timeout_s(phase: Phase, config: Config) -> float | None:

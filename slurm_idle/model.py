@@ -19,13 +19,10 @@ class Phase(StrEnum):
     LENDING = "lending"  # drained, vLLM being stopped/slept, node about to be RESUMEd
     LENT = "lent"  # schedulable in the idle partition, vLLM stopped
     RECLAIMING = "reclaiming"  # drained again, idle jobs requeued, waiting for the node to empty
+    HELD = "held"  # drained and empty of jobs, but a GPU still holds memory that is not the engine's
     STARTING = "starting"  # drained and empty, vLLM starting/waking, waiting for health
     ADMIN = "admin"  # drained/down by someone else: never touched
     UNKNOWN = "unknown"  # not in a state we recognise (e.g. never adopted, or DOWN with our tag)
-
-
-#: Phases in which the node is in the middle of a transition.
-TRANSITIONAL = frozenset({Phase.RETIRING, Phase.LENDING, Phase.RECLAIMING, Phase.STARTING})
 
 
 @dataclass(frozen=True)
@@ -200,6 +197,17 @@ class ModelLoad:
 
 
 @dataclass(frozen=True)
+class GpuReading:
+    """One GPU's framebuffer memory as the site's GPU exporter last reported it."""
+
+    index: int
+    used_mib: int
+    total_mib: int | None = None
+    holder: str | None = None  # "job 123" when the exporter names the job holding it, else None
+    sample_ts: float | None = None  # unix seconds of the sample
+
+
+@dataclass(frozen=True)
 class NodeView:
     """One pool node as the planner sees it: Slurm facts + our phase + its replica's load."""
 
@@ -211,6 +219,7 @@ class NodeView:
     jobs: tuple[SlurmJob, ...] = ()
     replica: ReplicaLoad | None = None  # the (first) replica headed on this node
     replicas: tuple[ReplicaLoad, ...] = ()  # every replica headed on it, when there are several
+    gpus: tuple[GpuReading, ...] | None = None  # its GPUs' memory; None: no series observed
 
     @property
     def name(self) -> str:

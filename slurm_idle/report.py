@@ -43,6 +43,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from slurm_idle.journal import StepOutcome, TickRecord, TransitionRecord, typed_records
+from slurm_idle.lifecycle import arriving_phases
 from slurm_idle.model import Phase
 from slurm_idle.report_model import DayRow, JobRow, Period, Report, ReportSettings
 from slurm_idle.slurm.protocol import AcctJob
@@ -332,6 +333,7 @@ def journal_facts(
     lends = reclaims = 0
     latencies: list[float] = []
     reclaim_started: dict[str, float] = {}
+    arriving = {p.value for p in arriving_phases()}
     current: dict[str, tuple[str, float]] = {}  # node -> (phase, since)
     intervals: list[PhaseInterval] = []
 
@@ -353,8 +355,8 @@ def journal_facts(
         if src == Phase.LENT and dst == Phase.RECLAIMING:
             reclaims += 1 if in_period else 0
             reclaim_started[node] = started  # a newer reclaim replaces an abandoned one
-        elif src == Phase.RECLAIMING and dst == Phase.STARTING:
-            pass  # on the way: the pending reclaim stands
+        elif src in arriving and dst in arriving:
+            pass  # on the way (reclaiming, held, starting): the pending reclaim stands
         elif src == Phase.STARTING and dst == Phase.SERVING and node in reclaim_started:
             began = reclaim_started.pop(node)
             if since <= ended < until:

@@ -46,6 +46,17 @@ class CarryOver(SlurmIdleError):
     Slurm) for the next tick; journaled as `waiting`, or `stuck` past the phase's timeout."""
 
 
+class Divert(CarryOver):
+    """A step that cannot finish, and the table's side edge that is the way on instead: a
+    reclaimed node that is empty but whose GPU someone still holds goes RECLAIMING -> HELD,
+    where it waits under its own timeout. Journaled as `waiting`, like CarryOver; the driver
+    then takes the edge to `phase`."""
+
+    def __init__(self, phase: Phase, why: str) -> None:
+        super().__init__(why)
+        self.phase = phase
+
+
 def admin_comment(comment: str, tag: str) -> str:
     """The admin's part of a node Comment: all of it when it is not ours, what follows our
     marker when it is (nothing for a marker alone)."""

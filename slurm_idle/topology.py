@@ -76,7 +76,7 @@ def group_index(config: Config) -> dict[str, LendGroup]:
 #: Between two transitional phases of one group, the later edge's target wins (a tick killed
 #: while writing it left the other nodes one step behind): the driver re-applies that step to
 #: every node, idempotently.
-_TRANSITIONAL_ORDER = (Phase.RETIRING, Phase.LENDING, Phase.RECLAIMING, Phase.STARTING)
+_TRANSITIONAL_ORDER = (Phase.RETIRING, Phase.LENDING, Phase.RECLAIMING, Phase.HELD, Phase.STARTING)
 
 
 def group_phase(views: tuple[NodeView, ...]) -> tuple[Phase, float | None, bool]:

@@ -43,11 +43,13 @@ from typing import TYPE_CHECKING
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.eviction import Evictor
+from slurm_idle.gpugate import GpuGate, GpuReader
 from slurm_idle.journal import JobRecord, StepOutcome
 from slurm_idle.lifecycle import (
     Edge,
     Effect,
     Ready,
+    allowed,
     check_transition,
     derive_phase,
     edge_for,
@@ -67,6 +69,7 @@ from slurm_idle.model import (
     SlurmJob,
     SlurmNode,
 )
+from slurm_idle.policy.gpus import GateVerdict, describe
 from slurm_idle.powersave import needs_power_up, power_flags
 from slurm_idle.slurm.protocol import PoolSlurm
 from slurm_idle.steps import (
@@ -74,6 +77,7 @@ from slurm_idle.steps import (
     MIN_ENGINE_CALL_S,
     POLL_S,
     CarryOver,
+    Divert,
     SharedPoll,
     StepResult,
     Superseded,
@@ -106,6 +110,8 @@ class NodeDriver:
     router: PoolRouters | None = None  # None: no router is told
     # Which replica jobs are the agent's (replicatrust.py); None: read from the key on disk.
     trust: ReplicaTrust | None = None
+    # The pool's GPU memory (the site's exporter through Prometheus); None: GPUs not checked.
+    gpu_readings: GpuReader | None = None
 
     def __post_init__(self) -> None:
         self._jobs_poll = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
@@ -123,6 +129,9 @@ class NodeDriver:
         # Per group: the reason of the step under way, journaled with its router calls.
         self._why: dict[str, str] = {}
         self._replica_configs = {r.name: (m.name, r) for m in self.config.models for r in m.replicas}
+        self._gpus = GpuGate(self.config, self.gpu_readings, self.clock)
+        # Per group: the side edge a waiting step asked for (Divert), taken by `drive`.
+        self._diverts: dict[str, Phase] = {}
 
     @property
     def tag(self) -> str:
@@ -156,7 +165,12 @@ class NodeDriver:
             results.append(result)
             self.on_step(result)
             if result.outcome is not StepOutcome.OK:
-                break
+                divert = self._diverts.pop(current.name, None)
+                if divert is None or not allowed(current.phase, divert):
+                    break
+                # Not ready, but the table has a side edge for why (RECLAIMING -> HELD).
+                target, reason = divert, check_transition(current.phase, divert)
+                continue
             since = result.started + result.duration_s
             current = replace(current, phase=target, phase_since=since,
                               nodes=tuple(replace(v, phase=target, phase_since=since) for v in current.nodes))
@@ -180,6 +194,9 @@ class NodeDriver:
                 self._effects()[edge.effect](view, edge, deadline)
             else:
                 outcome = StepOutcome.WAITING
+        except Divert as exc:
+            outcome, detail = StepOutcome.WAITING, str(exc)
+            self._diverts[view.name] = exc.phase
         except CarryOver as exc:
             outcome, detail = StepOutcome.WAITING, str(exc)
         except Superseded as exc:
@@ -223,7 +240,8 @@ class NodeDriver:
         return {
             Ready.NOW: lambda view, deadline: True,
             Ready.ENGINES_IDLE: self._engines_idle,
-            Ready.NODES_EMPTY: self._nodes_empty,
+            Ready.NODES_EMPTY: self._empty_and_gpus_free,
+            Ready.GPUS_FREE: self._gpus_free,
             Ready.ENGINES_SERVING: self._engines_serving,
         }
 
@@ -596,6 +614,52 @@ class NodeDriver:
                 else f"{name}: {self._still_on(name, problems)}" for name in busy))
         self._wait_powered(view, deadline)
         return True
+
+    def _empty_and_gpus_free(self, view: GroupView, deadline: float) -> bool:
+        """The group's nodes empty (`_nodes_empty`), then its GPUs free (policy/gpus.py): a
+        GPU holding more than its engine may find there, in a reading taken after the nodes
+        were seen empty, is a leftover Slurm no longer tracks: Divert to HELD, which waits for
+        it under its own timeout. A reading from before (the exporter lags the GPUs) is waited
+        on until the tick's deadline, then HELD too."""
+        if not self._nodes_empty(view, deadline):
+            return False
+        empty_at = self.clock()
+        replicas = self._replicas(view)
+        verdict = GateVerdict()
+
+        def settled() -> bool:
+            nonlocal verdict
+            verdict = self._gpus.verdict(replicas, fresh_after=empty_at)
+            return verdict.clear or bool(verdict.leftover)
+
+        self._poll_until(deadline, settled)
+        self._warn_unobserved(view, verdict)
+        if verdict.clear:
+            return True
+        lag = "" if verdict.leftover else (
+            " (in readings taken before the node emptied; waiting for newer ones)")
+        raise Divert(Phase.HELD, f"node empty but GPU memory held: {describe(verdict.held)}{lag}")
+
+    def _gpus_free(self, view: GroupView, deadline: float) -> bool:
+        """HELD: every GPU of the group back within what its engine may find there."""
+        replicas = self._replicas(view)
+        verdict = GateVerdict()
+
+        def free() -> bool:
+            nonlocal verdict
+            verdict = self._gpus.verdict(replicas, fresh_after=view.phase_since)
+            return verdict.clear
+
+        if not self._poll_until(deadline, free):
+            raise CarryOver(f"GPU memory held: {describe(verdict.held)}; stays held (past "
+                            "timeouts.gpu_free_s it no longer counts as coming back)")
+        self._warn_unobserved(view, verdict)
+        return True
+
+    def _warn_unobserved(self, view: GroupView, verdict: GateVerdict) -> None:
+        if verdict.unobserved:
+            log.warning("%s: no GPU readings for %s: its GPUs were not checked before the start "
+                        "(see slurm-idle doctor)", view.name, ", ".join(verdict.unobserved))
 
     def _engines_serving(self, view: GroupView, deadline: float) -> bool:
         """Every replica of the group healthy and awake; a replica that does not get there keeps

@@ -230,3 +230,12 @@ class RouterConfig(_Strict):
         if missing:
             raise ValueError(f"router kind {self.kind!r} needs {' and '.join(missing)}")
         return self
+
+
+class GpuConfig(_Strict):
+    """The site's GPU exporter, read through Prometheus, and what the GPU gate allows: a GPU of a
+    reclaimed node may hold its engine's own residue plus `free_tolerance_mib` before the
+    engine starts or wakes on it."""
+
+    free_tolerance_mib: int = Field(1024, ge=0)
+    max_residue_mib: int = Field(4096, ge=0)

@@ -84,6 +84,8 @@ class TimeoutsConfig(_Strict):
     lend_s: float = Field(300.0, gt=0)
     reclaim_s: float = Field(600.0, gt=0)
     start_s: float = Field(900.0, gt=0)
+    # A reclaimed node whose GPUs still hold someone's memory (`held`) waits this long for them.
+    gpu_free_s: float = Field(300.0, gt=0)
     tick_budget_s: float = Field(50.0, gt=0)  # a cron tick gives up waiting after this
 
 

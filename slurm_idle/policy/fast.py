@@ -7,20 +7,19 @@ planner, and keeps only the scale-up actions (abort a lend, reclaim) of models w
 replicas show pressure now (a sustained queue, a hot KV cache, TTFT over its SLO): never a
 lend, nothing on a trend or a forecast alone (those wait for the full tick, which sees the
 same numbers a few seconds later). It also carries on reclaims under way (RECLAIMING,
-STARTING), so a replica serves as soon as its engine is healthy; lends wait for the tick.
+HELD, STARTING), so a replica serves as soon as its engine is healthy; lends wait for the tick.
 """
 
 from __future__ import annotations
 
 from slurm_idle.config import Config
-from slurm_idle.model import Action, ActionKind, Observation, Phase
+from slurm_idle.lifecycle import arriving_phases
+from slurm_idle.model import Action, ActionKind, Observation
 from slurm_idle.policy.capacity import pressure_now
 from slurm_idle.policy.planner import plan
 
 #: The actions a fast check may start: the scale-up edges.
 SCALE_UP = frozenset({ActionKind.RECLAIM, ActionKind.ABORT_LEND})
-#: Phases a fast check carries on: a reclaim under way.
-COMING_BACK = frozenset({Phase.RECLAIMING, Phase.STARTING})
 
 
 def under_pressure(observation: Observation, config: Config) -> dict[str, list[str]]:
@@ -42,5 +41,5 @@ def fast_plan(observation: Observation, config: Config, now: float) -> list[Acti
     return [
         a for a in plan(observation, config, now)
         if (a.kind in SCALE_UP and a.model in hot)
-        or (a.kind is ActionKind.CONTINUE and a.from_phase in COMING_BACK)
+        or (a.kind is ActionKind.CONTINUE and a.from_phase in arriving_phases())
     ]

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from slurm_idle.config import Config, ModelConfig
-from slurm_idle.lifecycle import next_phase, overdue, takes_traffic
+from slurm_idle.lifecycle import arriving_phases, next_phase, overdue, takes_traffic
 from slurm_idle.model import (
     Action,
     ActionKind,
@@ -128,7 +128,7 @@ class _Model:
     need: Need
     needed: int  # what supply must reach now
     reason: str
-    arriving: int = 0  # STARTING/RECLAIMING groups not stuck past their timeout
+    arriving: int = 0  # groups on their way back (RECLAIMING, HELD, STARTING) not stuck
 
     def units(self, *phases: Phase) -> list[_Unit]:
         return [u for p in phases for u in self.by_phase.get(p, [])]
@@ -182,12 +182,10 @@ def _examine(obs: Observation, config: Config, model: ModelConfig, now: float, u
     policy = config.policy
     load = obs.model_load(model.name)
     known, why_unknown = _load_known(load, taking)
-    supply = awake + sum(
-        u.arriving() for p in (Phase.STARTING, Phase.RECLAIMING) for u in by_phase.get(p, [])
-    ) + sum(u.arriving() for u in adoptable)
+    coming = [u for p in arriving_phases() for u in by_phase.get(p, [])]
+    supply = awake + sum(u.arriving() for u in coming) + sum(u.arriving() for u in adoptable)
     floor = min(model.min_serving_replicas, total)
-    arriving = sum(1 for p in (Phase.STARTING, Phase.RECLAIMING) for u in by_phase.get(p, [])
-                   if not _stuck(u.group, config, now))
+    arriving = sum(1 for u in coming if not _stuck(u.group, config, now))
     # The window rule needs no metrics: outside every window all nodes come back, known load or
     # not (jobs rely on the window's end; a Prometheus outage must not extend their loan).
     window_ok = in_windows(now, policy.lending_windows, policy.timezone)
@@ -243,7 +241,7 @@ def _lend_order(unit: _Unit) -> tuple[bool, int, float, str]:
 
 
 def _stuck(group: GroupView, config: Config, now: float) -> bool:
-    """A group in a timed phase (RETIRING, LENDING, RECLAIMING, STARTING) older than its
+    """A group in a timed phase (RETIRING, LENDING, RECLAIMING, HELD, STARTING) older than its
     timeout (lifecycle.overdue: the driver's own test of stuck)."""
     return overdue(group.phase, group.phase_since, config, now)
 
@@ -272,7 +270,7 @@ def _supply(m: _Model, tick: _Tick, config: Config, now: float) -> int:
     for u in m.units(Phase.SERVING):
         if u.name not in tick.leaving:
             n += u.capacity()
-    for u in m.units(Phase.STARTING, Phase.RECLAIMING):
+    for u in m.units(*sorted(arriving_phases())):
         # A group stuck past its timeout is still carried on, but no longer counted on:
         # otherwise one engine that never starts would hold the model below its need forever.
         if not _stuck(u.group, config, now):

@@ -40,7 +40,7 @@ log = get_logger(__name__)
 
 #: Phases whose replica must be out of the router: it drains, stops, is lent or comes back.
 OUT_PHASES = frozenset({Phase.RETIRING, Phase.LENDING, Phase.LENT, Phase.RECLAIMING,
-                        Phase.STARTING})
+                        Phase.HELD, Phase.STARTING})
 
 
 def desired(phase: Phase) -> str | None:

@@ -119,6 +119,7 @@ class SimParams:
             Ready.NOW: 0.0,
             Ready.ENGINES_IDLE: self.drain_s,
             Ready.NODES_EMPTY: self.grace_s,
+            Ready.GPUS_FREE: 0.0,  # simulated GPUs are never held by a leftover
             Ready.ENGINES_SERVING: self.engine_start_s,
         }[ready]
 

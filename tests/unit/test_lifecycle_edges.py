@@ -181,6 +181,8 @@ EXPECTED: dict[tuple[Phase, Phase], set[str]] = {
     (Phase.LENDING, Phase.STARTING): EVERY_EDGE,
     (Phase.LENT, Phase.RECLAIMING): EVERY_EDGE,
     (Phase.RECLAIMING, Phase.STARTING): EVERY_EDGE | FORWARD,
+    (Phase.RECLAIMING, Phase.HELD): EVERY_EDGE,
+    (Phase.HELD, Phase.STARTING): EVERY_EDGE | FORWARD,
     (Phase.STARTING, Phase.SERVING): EVERY_EDGE | FORWARD | TRAFFIC,
     (Phase.UNKNOWN, Phase.RECLAIMING): EVERY_EDGE,
     (Phase.SERVING, Phase.STARTING): EVERY_EDGE,
@@ -220,14 +222,24 @@ def test_takes_traffic_is_serving_and_retiring() -> None:
 
 
 def test_every_transitional_phase_is_timed() -> None:
-    """RETIRING, LENDING, RECLAIMING and STARTING each have one forward edge with a timeout
-    that names a key of `timeouts`, so each can be reported stuck."""
+    """RETIRING, LENDING, RECLAIMING, HELD and STARTING each have one forward edge with a
+    timeout that names a key of `timeouts`, so each can be reported stuck."""
     cfg = config()
-    assert lifecycle.timed_phases() == {Phase.RETIRING, Phase.LENDING, Phase.RECLAIMING, Phase.STARTING}
+    assert lifecycle.timed_phases() == {Phase.RETIRING, Phase.LENDING, Phase.RECLAIMING,
+                                        Phase.HELD, Phase.STARTING}
     assert {p: lifecycle.phase_timeout_s(p, cfg) for p in lifecycle.timed_phases()} == {
         Phase.RETIRING: cfg.timeouts.retire_s, Phase.LENDING: cfg.timeouts.lend_s,
-        Phase.RECLAIMING: cfg.timeouts.reclaim_s, Phase.STARTING: cfg.timeouts.start_s,
+        Phase.RECLAIMING: cfg.timeouts.reclaim_s, Phase.HELD: cfg.timeouts.gpu_free_s,
+        Phase.STARTING: cfg.timeouts.start_s,
     }
+
+
+def test_the_phases_on_the_way_back_are_derived_from_the_table() -> None:
+    """RECLAIMING, HELD and STARTING reach serving by their forward steps; RETIRING and
+    LENDING settle in LENT first. Without STARTING -> SERVING nothing is on its way back."""
+    assert lifecycle.arriving_phases() == {Phase.RECLAIMING, Phase.HELD, Phase.STARTING}
+    cut = Lifecycle(e for e in EDGES if (e.from_phase, e.to_phase) != (Phase.STARTING, Phase.SERVING))
+    assert cut.arriving == frozenset()
 
 
 def test_a_timeout_may_be_a_function_of_the_config() -> None:
@@ -304,15 +316,17 @@ def test_an_admin_lend_and_reclaim_on_the_table_are_actions() -> None:
 
 def test_job_edges_are_the_node_edges_without_the_lending_shortcut() -> None:
     """`placement: jobs` has the same phase changes as node placement but LENDING -> STARTING
-    (a cancelled job cannot come back), UNKNOWN -> RECLAIMING (no job is simply LENT) and the
-    repair SERVING -> STARTING (a replica job's engine is its job's); every transitional phase
-    is timed, and nothing else is allowed."""
+    (a cancelled job cannot come back), UNKNOWN -> RECLAIMING (no job is simply LENT), the
+    repair SERVING -> STARTING (a replica job's engine is its job's) and the node's GPU wait
+    (HELD: a replica job checks its own GPUs); every transitional phase is timed, and nothing
+    else is allowed."""
     from slurm_idle import lifecycle
 
     keys = {(e.from_phase, e.to_phase) for e in lifecycle.JOB_EDGES}
     assert keys == {(e.from_phase, e.to_phase) for e in lifecycle.EDGES} - {
         (Phase.LENDING, Phase.STARTING), (Phase.UNKNOWN, Phase.RECLAIMING),
-        (Phase.SERVING, Phase.STARTING)}
+        (Phase.SERVING, Phase.STARTING), (Phase.RECLAIMING, Phase.HELD),
+        (Phase.HELD, Phase.STARTING)}
     assert set(lifecycle.JOB_LIFECYCLE.forward) == {Phase.RETIRING, Phase.LENDING,
                                                     Phase.RECLAIMING, Phase.STARTING}
     with pytest.raises(lifecycle.IllegalTransition):

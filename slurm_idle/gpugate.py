@@ -1,0 +1,65 @@
+"""The node driver's side of the GPU gate: read the pool's GPU memory once per poll for every
+group waiting on it, and judge a group's GPUs by the pure rule of policy/gpus.py.
+
+The readings come from a reader the agent wires in (the site's GPU exporter through
+Prometheus). Without one, or when it fails, every GPU passes as unobserved: the gate never
+blocks a reclaim on a monitoring outage (doctor fails instead, and the step says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeAlias
+
+from slurm_idle.config import Config, ReplicaConfig
+from slurm_idle.errors import SlurmIdleError
+from slurm_idle.logs import get_logger
+from slurm_idle.model import GpuReading
+from slurm_idle.policy.gpus import GateVerdict, HeldGpu, allowance_mib, gate
+from slurm_idle.steps import POLL_S, SharedPoll
+
+log = get_logger(__name__)
+
+#: nodes -> each node's GPU readings (a node the exporter has no series for is left out).
+GpuReader: TypeAlias = Callable[[Sequence[str]], Mapping[str, tuple[GpuReading, ...]]]
+
+
+class GpuGate:
+    """One shared read of the pool's GPU readings per POLL_S, judged per group."""
+
+    def __init__(self, config: Config, read: GpuReader | None, clock: Callable[[], float]) -> None:
+        self.config = config
+        self._read = read
+        self._nodes = sorted({n for m in config.models for r in m.replicas for n in _nodes_of(r)})
+        self._poll = SharedPoll(self._read_all, POLL_S, clock)
+
+    def _read_all(self) -> Mapping[str, tuple[GpuReading, ...]] | None:
+        if self._read is None:
+            return None
+        try:
+            return self._read(self._nodes)
+        except SlurmIdleError as exc:
+            log.warning("GPU readings unavailable (%s): GPUs are not checked before a start", exc)
+            return None
+
+    def verdict(self, replicas: Sequence[tuple[str, ReplicaConfig]], fresh_after: float | None) -> GateVerdict:
+        """Every GPU of the replicas (model, config) over what its engine may find there."""
+        if self._read is None:
+            return GateVerdict()  # no GPU source wired: the gate is off
+        readings = self._poll.get()
+        held: list[HeldGpu] = []
+        unobserved: list[str] = []
+        for model, replica in replicas:
+            engine = self.config.engine_for(model)
+            allowed = allowance_mib(may_sleep=engine.kind == "http-sleep", residue_mib=None,
+                                    tolerance_mib=self.config.gpu.free_tolerance_mib,
+                                    max_residue_mib=self.config.gpu.max_residue_mib)
+            nodes = {n: (readings.get(n) if readings is not None else None) for n in _nodes_of(replica)}
+            one = gate(nodes, replica.gpus, allowed, fresh_after)
+            held.extend(g for g in one.held if g not in held)
+            unobserved.extend(n for n in one.unobserved if n not in unobserved)
+        return GateVerdict(tuple(held), tuple(unobserved))
+
+
+def _nodes_of(replica: ReplicaConfig) -> tuple[str, ...]:
+    return replica.nodes or (replica.node,)

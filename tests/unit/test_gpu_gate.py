@@ -1,0 +1,191 @@
+"""The GPU gate: a reclaimed node's engine starts only once its GPUs hold no more than the
+engine's own residue plus the tolerance; a leftover sends the group to HELD, named."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from slurm_idle.config import Config, parse_config
+from slurm_idle.journal import StepOutcome
+from slurm_idle.lifecycle import format_reason
+from slurm_idle.model import Action, ActionKind, GpuReading, NodeView, Phase
+from slurm_idle.policy.gpus import allowance_mib, describe, gate
+from slurm_idle.testing.fakes import FakeEngine, FakeSlurm
+from slurm_idle.transitions import NodeDriver
+
+from .test_agent import T0, Clock
+
+TAG = "slurm-idle"
+HELD_MIB = 20480
+
+
+def _config(tmp_path: Path, kind: str = "command") -> Config:
+    engine = ('{kind: command, start_command: "true {node}", stop_command: "true {node}"}'
+              if kind == "command" else "{kind: http-sleep}")
+    return parse_config(f"""
+engine: {engine}
+models:
+  - name: m
+    nodes: gpu[1-2]
+    url: "http://127.0.0.1:1/{{node}}"
+paths:
+  journal: {tmp_path}/journal.jsonl
+  lock: {tmp_path}/tick.lock
+timeouts:
+  tick_budget_s: 10
+""")
+
+
+class Readings:
+    """The GPU exporter as the driver reads it: per node, GPU 0 and 1; `used[node]` MiB on
+    GPU 0, sampled at `at` (None: the clock's now, a fresh sample)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.used: dict[str, int] = {}
+        self.at: float | None = None
+        self.holder: str | None = "job 77"
+        self.calls = 0
+
+    def __call__(self, nodes: Sequence[str]) -> Mapping[str, tuple[GpuReading, ...]]:
+        self.calls += 1
+        ts = self.clock() if self.at is None else self.at
+        return {n: (GpuReading(0, self.used.get(n, 0), 81559, self.holder if self.used.get(n) else None, ts),
+                    GpuReading(1, 0, 81559, None, ts)) for n in nodes if n != "gpu2"}
+
+
+def _driver(tmp_path: Path, phase: Phase, kind: str = "command"):
+    cfg = _config(tmp_path, kind)
+    slurm = FakeSlurm.with_nodes(["gpu1", "gpu2"])
+    slurm.node_map["gpu1"] = replace(slurm.node_map["gpu1"], flags=frozenset({"DRAIN"}),
+                                     reason=format_reason(TAG, phase, T0))
+    engine = FakeEngine(up={"gpu1": False})
+    clock = Clock()
+    readings = Readings(clock)
+    driver = NodeDriver(cfg, slurm, lambda model: engine, clock, clock.sleep, gpu_readings=readings)
+    view = NodeView(node=slurm.node_map["gpu1"], model="m", phase=phase, phase_since=T0)
+    return driver, slurm, engine, readings, view, clock
+
+
+def _continue(driver: NodeDriver, view: NodeView, clock: Clock, to: Phase):
+    action = Action(ActionKind.CONTINUE, "gpu1", "m", view.phase, to, "carry on")
+    return driver.drive(view, action, deadline=clock() + 5.0)
+
+
+def _starts(engine: FakeEngine) -> list[tuple[str, ...]]:
+    return [c for c in engine.log if c[0] == "start"]
+
+
+def test_a_held_gpu_sends_the_reclaim_to_held_naming_gpu_mib_and_holder_and_nothing_starts(
+        tmp_path: Path) -> None:
+    driver, slurm, engine, readings, view, clock = _driver(tmp_path, Phase.RECLAIMING)
+    readings.used["gpu1"] = HELD_MIB
+    steps = _continue(driver, view, clock, Phase.STARTING)
+    assert [(s.from_phase, s.to_phase, s.outcome) for s in steps] == [
+        (Phase.RECLAIMING, Phase.STARTING, StepOutcome.WAITING),
+        (Phase.RECLAIMING, Phase.HELD, StepOutcome.OK),
+        (Phase.HELD, Phase.STARTING, StepOutcome.WAITING),
+    ]
+    assert steps[0].detail is not None and "gpu1 GPU 0: 20480 MiB held (allowed 1024), holder job 77" in steps[0].detail
+    assert steps[2].detail is not None and "20480 MiB held" in steps[2].detail
+    assert slurm.node_map["gpu1"].reason.startswith(f"{TAG}:held since=")
+    assert _starts(engine) == []
+
+
+def test_held_starts_the_engine_once_the_gpu_is_free(tmp_path: Path) -> None:
+    driver, _slurm, engine, readings, view, clock = _driver(tmp_path, Phase.HELD)
+    readings.used["gpu1"] = HELD_MIB
+    [step] = _continue(driver, view, clock, Phase.STARTING)
+    assert step.outcome is StepOutcome.WAITING and _starts(engine) == []
+    readings.used["gpu1"] = 300  # the leftover is gone: the CUDA runtime's crumbs remain
+    steps = _continue(driver, view, clock, Phase.STARTING)
+    assert steps[0].outcome is StepOutcome.OK and len(_starts(engine)) == 1
+
+
+def test_a_free_gpu_starts_at_once_without_held(tmp_path: Path) -> None:
+    driver, _slurm, engine, _readings, view, clock = _driver(tmp_path, Phase.RECLAIMING)
+    steps = _continue(driver, view, clock, Phase.STARTING)
+    assert (steps[0].to_phase, steps[0].outcome) == (Phase.STARTING, StepOutcome.OK)
+    assert len(_starts(engine)) == 1
+
+
+def test_a_reading_from_before_the_node_emptied_is_waited_on_not_called_held(tmp_path: Path) -> None:
+    """The exporter lags: a sample taken while the requeued job still ran shows its memory.
+    The gate waits for a newer sample, and a newer free one starts the engine in the same tick."""
+    driver, _slurm, engine, readings, view, clock = _driver(tmp_path, Phase.RECLAIMING)
+    readings.used["gpu1"], readings.at = HELD_MIB, T0 - 5
+    calls = 0
+
+    def lagging(nodes: Sequence[str]) -> Mapping[str, tuple[GpuReading, ...]]:
+        nonlocal calls
+        calls += 1
+        if calls >= 3:  # the exporter's next sample: the job's memory is gone
+            readings.used["gpu1"], readings.at = 0, None
+        return readings(nodes)
+
+    driver._gpus._read = lagging
+    steps = _continue(driver, view, clock, Phase.STARTING)
+    assert next((s.to_phase, s.outcome) for s in steps) == (Phase.STARTING, StepOutcome.OK)
+    assert len(_starts(engine)) == 1 and calls >= 3
+
+
+def test_a_node_without_gpu_series_passes_and_says_so(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """No series (gpu2 here): the gate cannot see, so it does not block a reclaim (a
+    monitoring outage must not keep the service short); the log names the node."""
+    driver, slurm, engine, _readings, _view, clock = _driver(tmp_path, Phase.RECLAIMING)
+    slurm.node_map["gpu2"] = replace(slurm.node_map["gpu2"], flags=frozenset({"DRAIN"}),
+                                     reason=format_reason(TAG, Phase.RECLAIMING, T0))
+    engine.up["gpu2"] = False
+    view2 = NodeView(node=slurm.node_map["gpu2"], model="m", phase=Phase.RECLAIMING, phase_since=T0)
+    action = Action(ActionKind.CONTINUE, "gpu2", "m", Phase.RECLAIMING, Phase.STARTING, "carry on")
+    steps = driver.drive(view2, action, deadline=clock() + 5.0)
+    assert steps[0].outcome is StepOutcome.OK
+    assert "no GPU readings for gpu2" in caplog.text
+
+
+def test_a_sleeping_engine_may_find_its_residue_a_stopped_one_nothing(tmp_path: Path) -> None:
+    """4000 MiB is within a sleeping engine's allowance (max_residue 4096 + 1024) but a
+    leftover for an engine that was stopped (nothing of it stays on the GPU)."""
+    for kind, starts in (("http-sleep", True), ("command", False)):
+        driver, _slurm, _engine, readings, view, clock = _driver(tmp_path, Phase.RECLAIMING, kind)
+        readings.used["gpu1"] = 4000
+        steps = _continue(driver, view, clock, Phase.STARTING)
+        assert (steps[0].outcome is StepOutcome.OK) is starts, kind
+
+
+def test_gate_counts_only_the_replicas_gpus_and_only_fresh_evidence() -> None:
+    readings = {"a": (GpuReading(0, 9000, 81559, "job 5", 100.0), GpuReading(3, 9000, None, None, 200.0)),
+                "b": None}
+    verdict = gate(readings, indexes=(3,), allowed_mib=1024, fresh_after=150.0)
+    assert [(g.node, g.index, g.fresh) for g in verdict.held] == [("a", 3, True)]
+    assert verdict.unobserved == ("b",)
+    older = gate(readings, indexes=(0,), allowed_mib=1024, fresh_after=150.0)
+    assert older.held and not older.leftover and not older.clear
+    assert describe(verdict.held) == "a GPU 3: 9000 MiB held (allowed 1024), holder unknown (not a Slurm job)"
+
+
+def test_allowance_is_the_recorded_residue_or_the_engines_kind() -> None:
+    assert allowance_mib(may_sleep=True, residue_mib=None, tolerance_mib=1024, max_residue_mib=4096) == 5120
+    assert allowance_mib(may_sleep=False, residue_mib=None, tolerance_mib=1024, max_residue_mib=4096) == 1024
+    assert allowance_mib(may_sleep=True, residue_mib=812, tolerance_mib=1024, max_residue_mib=4096) == 1836
+
+
+@pytest.mark.parametrize(("held_for", "reclaims_other"), [(60, False), (10_000, True)])
+def test_a_held_group_counts_as_coming_back_until_gpu_free_s_then_another_is_reclaimed(
+        held_for: float, reclaims_other: bool) -> None:
+    """HELD is on its way back (the planner carries it on to STARTING) until it is older than
+    timeouts.gpu_free_s (300 s); then it no longer counts and a lent group comes back instead."""
+    from slurm_idle.policy import plan
+
+    from .test_policy_helpers import NOW, config, load, node, observation
+
+    held = replace(node("m0-n1", Phase.HELD), phase_since=NOW - held_for)
+    obs = observation(node("m0-n0"), held, node("m0-n2", Phase.LENT), loads=(load(0.0),))
+    got = [(a.kind, a.node, a.to_phase) for a in plan(obs, config(replicas=3, floor=2), NOW)]
+    assert (ActionKind.CONTINUE, "m0-n1", Phase.STARTING) in got
+    assert ((ActionKind.RECLAIM, "m0-n2", Phase.RECLAIMING) in got) is reclaims_other
