@@ -221,8 +221,10 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
             click.echo(f"{r.time or '?'} {r.node}: {verb} the router ({r.router}) because "
                        f"{r.reason}{err}")
             continue
+        # A waiting step says what it waits for (e.g. the GPU, the MiB and the holder).
+        why = f" ({r.error or r.detail})" if r.error or r.detail else ""
         click.echo(f"{r.time or '?'} {r.node}: {r.from_phase} -> {r.to_phase} [{r.outcome}] "
-                   f"because {r.reason}{err}")
+                   f"because {r.reason}{why}")
     for node_note in stale:
         click.echo(node_note.line())
     if ticks:

@@ -154,3 +154,16 @@ def test_a_replica_jobs_router_calls_are_explained_by_its_name(tmp_path: Path) -
     for args in (("explain",), ("explain", "jm#1")):
         proc = run_cli("--config", str(cfg), *args)
         assert proc.returncode == 0 and "gpu7: joined the router (file)" in proc.stdout, proc.stdout
+
+
+def test_a_waiting_step_says_what_it_waits_for(tmp_path: Path) -> None:
+    """A step carried over names what holds it (a held GPU: the GPU, the MiB, the holder)."""
+    journal = Journal(tmp_path / "j.jsonl")
+    journal.append({"event": "transition", "ts": 1000.0, "node": "gpu1", "from": "held",
+                    "to": "starting", "outcome": "waiting", "reason": "carry on held -> starting",
+                    "detail": "GPU memory held: gpu1 GPU 0: 20480 MiB held (allowed 1024), holder job 7"})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(CONFIG.format(journal=journal.path))
+    proc = run_cli("--config", str(cfg), "explain", "gpu1")
+    assert proc.returncode == 0, proc.stderr
+    assert "gpu1 GPU 0: 20480 MiB held (allowed 1024), holder job 7" in proc.stdout
