@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_idle import safefiles
+from slurm_idle.handover import HeldEntry
 from slurm_idle.lifecycle import edges
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Phase
@@ -56,6 +57,11 @@ METRICS: dict[str, tuple[str, str]] = {
         ("Seconds a process that is not a slurm-idle tick has held the tick lock past the "
          "budget (0: not blocked)."),
     ),
+    "slurm_idle_gpu_held": (
+        "gauge",
+        ("1 per GPU of a node handed to the admin because someone else held its memory past "
+         "timeouts.gpu_free_s, by node, gpu and holder (MiB held as label mib)."),
+    ),
 }
 
 #: Label values of slurm_idle_metrics_source (metrics.fallback), all written so none vanishes.
@@ -77,6 +83,7 @@ def write_textfile(
     groups: Mapping[str, int] | None = None,
     metrics_source: str | None = None,
     router_errors: int = 0,
+    gpu_held: Iterable[HeldEntry] = (),
 ) -> None:
     """Write the agent's metrics for this tick, carrying the counters over from the last file.
 
@@ -103,6 +110,7 @@ def write_textfile(
         groups=groups,
         metrics_source=metrics_source,
         router_errors=router_errors,
+        gpu_held=gpu_held,
     )
     atomic_write(target, text)
 
@@ -122,6 +130,7 @@ def render(
     groups: Mapping[str, int] | None = None,
     metrics_source: str | None = None,
     router_errors: int = 0,
+    gpu_held: Iterable[HeldEntry] = (),
 ) -> str:
     """The textfile's content (pure): previous counters + this tick's increments."""
     # Every phase appears, so a phase that empties reads 0 rather than vanishing; when the
@@ -151,6 +160,8 @@ def render(
         ] if metrics_source in METRICS_SOURCES else [],
         "slurm_idle_router_errors_total": [({}, previous.router_errors + router_errors)],
         "slurm_idle_lock_blocked_seconds": [({}, 0)],  # a tick that ran holds the lock
+        "slurm_idle_gpu_held": [({"node": g.node, "gpu": str(g.gpu), "holder": g.holder[:80],
+                                  "mib": str(g.used_mib)}, 1) for g in gpu_held],
     }
     # HELP/TYPE even without samples: every family is declared in every file.
     lines = [line for name in METRICS for line in _family_lines(name, samples[name])]

@@ -69,6 +69,7 @@ class Effect(StrEnum):
     CANCEL_JOB = "cancel_job"  # placement jobs: write LENDING into the job's Comment; scancel
     SUBMIT_JOB = "submit_job"  # placement jobs: sbatch the replica job (Comment: RECLAIMING)
     NOTHING = "nothing"  # placement jobs: the new phase is the job's own state, nothing to write
+    HAND_OVER = "hand_over"  # drain for the admin with a Reason naming the GPUs and their holder
 
 
 #: How long the from-phase may last: a key of `config.timeouts` or a function of the config.
@@ -125,6 +126,10 @@ EDGES: tuple[Edge, ...] = (
     Edge(Phase.HELD, Phase.STARTING,
          "every GPU free again: start or wake the engine",
          "gpu_free_s", Ready.GPUS_FREE, Effect.START_ENGINES),
+    Edge(Phase.HELD, Phase.ADMIN,
+         "a GPU still held past timeouts.gpu_free_s: drained for the admin, the Reason naming "
+         "the holder; capacity is taken elsewhere",
+         None, Ready.NOW, Effect.HAND_OVER),
     Edge(Phase.STARTING, Phase.SERVING,
          "engine healthy and awake: serving again",
          "start_s", Ready.ENGINES_SERVING, Effect.WARM_UP_AND_ROUTER_ADD),

@@ -341,6 +341,7 @@ class ActionKind(StrEnum):
     ABORT_LEND = "abort-lend"  # RETIRING back to SERVING: load rose before the replica stopped
     ADOPT = "adopt"  # bring an unmanaged pool node into SERVING (service first)
     REPAIR = "repair"  # SERVING -> STARTING: its engine is gone or not ours; restart it
+    HAND_OVER = "hand-over"  # HELD -> ADMIN: a GPU still held past gpu_free_s; the admin's now
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from slurm_idle import handover
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.eviction import Evictor
@@ -257,6 +258,7 @@ class NodeDriver:
             Effect.DRAIN_AND_REQUEUE: self._drain_and_requeue,
             Effect.WARM_UP_AND_ROUTER_ADD: self._warm_up_and_serve,
             Effect.RESTART_ENGINES: self._restart_engines,
+            Effect.HAND_OVER: self._hand_over,
         }
 
     def _still_ours(self, view: GroupView, fresh: bool = False) -> None:
@@ -655,6 +657,19 @@ class NodeDriver:
                             "timeouts.gpu_free_s it no longer counts as coming back)")
         self._warn_unobserved(view, verdict)
         return True
+
+    def _hand_over(self, view: GroupView, edge: Edge, deadline: float) -> None:
+        """HELD past timeouts.gpu_free_s: drain every node of the group for the admin, its
+        Reason naming its held GPUs and their holder (handover.py). Read fresh: GPUs freed
+        meanwhile leave the group HELD, and the next step starts the engine instead."""
+        self._still_ours(view)
+        verdict = self._gpus.verdict(self._replicas(view), fresh_after=view.phase_since)
+        if verdict.clear:
+            raise Superseded(f"{view.name}: its GPUs are free again: not handed over")
+        now = self.clock()
+        for node in view.nodes:
+            self.slurm.drain(node.name, handover.format_reason(self.tag, node.name, now, verdict.held))
+        log.error("%s handed to the admin: %s", view.name, describe(verdict.held))
 
     def _warn_unobserved(self, view: GroupView, verdict: GateVerdict) -> None:
         if verdict.unobserved:

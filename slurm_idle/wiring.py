@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurm_idle.agent import Agent, TickResult
 from slurm_idle.config import Config
+from slurm_idle.handover import HeldEntry, parse_reason
 from slurm_idle.journal import StepOutcome
 from slurm_idle.lifecycle import takes_traffic
 from slurm_idle.model import GroupView, Phase
@@ -103,10 +104,20 @@ def _textfile_writer(config: Config) -> Callable[[TickResult], None]:
             metrics_source=(result.observation.metrics_source or None)
             if result.observation is not None else None,
             router_errors=result.router_errors,
+            gpu_held=gpus_handed_over(result, config),
             **group_counts(result, config),
         )
 
     return write
+
+
+def gpus_handed_over(result: TickResult, config: Config) -> list[HeldEntry]:
+    """The GPUs named in the hand-over Reasons of the observed pool nodes (handover.py)."""
+    if result.observation is None:
+        return []
+    tag = config.slurm.tag
+    return [entry for v in result.observation.nodes
+            for entry in parse_reason(tag, v.name, v.node.reason.strip()) or ()]
 
 
 def _final_groups(result: TickResult, config: Config) -> list[tuple[GroupView, Phase, bool]]:

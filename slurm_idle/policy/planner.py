@@ -348,6 +348,14 @@ def _plan_model(m: _Model, tick: _Tick, config: Config, now: float) -> list[Acti
                 f"engine of serving replica(s) {', '.join(gone)} gone or not ours: restarting it",
                 back=False)
 
+    # A GPU still held past timeouts.gpu_free_s: the node is the admin's now (it no longer
+    # counts as coming back, so the deficit below reclaims another group in the same tick).
+    for unit in m.units(Phase.HELD):
+        if unit.name not in touched and _stuck(unit.group, config, now):
+            act(ActionKind.HAND_OVER, unit, Phase.ADMIN,
+                f"GPU memory still held after timeouts.gpu_free_s ({config.timeouts.gpu_free_s:.0f} s): "
+                "drained for the admin", back=False)
+
     supply = _supply(m, tick, config, now)
     deficit = m.needed - supply
     if deficit > 0:

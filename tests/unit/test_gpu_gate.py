@@ -175,11 +175,12 @@ def test_allowance_is_the_recorded_residue_or_the_engines_kind() -> None:
     assert allowance_mib(may_sleep=True, residue_mib=812, tolerance_mib=1024, max_residue_mib=4096) == 1836
 
 
-@pytest.mark.parametrize(("held_for", "reclaims_other"), [(60, False), (10_000, True)])
+@pytest.mark.parametrize(("held_for", "handed_over"), [(60, False), (10_000, True)])
 def test_a_held_group_counts_as_coming_back_until_gpu_free_s_then_another_is_reclaimed(
-        held_for: float, reclaims_other: bool) -> None:
+        held_for: float, handed_over: bool) -> None:
     """HELD is on its way back (the planner carries it on to STARTING) until it is older than
-    timeouts.gpu_free_s (300 s); then it no longer counts and a lent group comes back instead."""
+    timeouts.gpu_free_s (300 s); then it is handed to the admin and a lent group comes back
+    instead, in the same tick."""
     from slurm_idle.policy import plan
 
     from .test_policy_helpers import NOW, config, load, node, observation
@@ -187,5 +188,45 @@ def test_a_held_group_counts_as_coming_back_until_gpu_free_s_then_another_is_rec
     held = replace(node("m0-n1", Phase.HELD), phase_since=NOW - held_for)
     obs = observation(node("m0-n0"), held, node("m0-n2", Phase.LENT), loads=(load(0.0),))
     got = [(a.kind, a.node, a.to_phase) for a in plan(obs, config(replicas=3, floor=2), NOW)]
-    assert (ActionKind.CONTINUE, "m0-n1", Phase.STARTING) in got
-    assert ((ActionKind.RECLAIM, "m0-n2", Phase.RECLAIMING) in got) is reclaims_other
+    assert ((ActionKind.HAND_OVER, "m0-n1", Phase.ADMIN) in got) is handed_over
+    assert ((ActionKind.CONTINUE, "m0-n1", Phase.STARTING) in got) is not handed_over
+    assert ((ActionKind.RECLAIM, "m0-n2", Phase.RECLAIMING) in got) is handed_over
+
+
+def test_hand_over_drains_for_the_admin_naming_the_holder_and_the_textfile_says_so(
+        tmp_path: Path) -> None:
+    """HELD past gpu_free_s: the node's Reason names GPU, MiB and holder and reads back as the
+    admin's (never touched again); the textfile exports it for SlurmIdleGpuHeld."""
+    from slurm_idle.agent import TickResult
+    from slurm_idle.agent_metrics import write_textfile
+    from slurm_idle.handover import parse_reason
+    from slurm_idle.lifecycle import derive_phase
+    from slurm_idle.model import Observation
+    from slurm_idle.wiring import gpus_handed_over
+
+    driver, slurm, _engine, readings, view, clock = _driver(tmp_path, Phase.HELD)
+    readings.used["gpu1"] = HELD_MIB
+    action = Action(ActionKind.HAND_OVER, "gpu1", "m", Phase.HELD, Phase.ADMIN, "held too long")
+    [step] = driver.drive(view, action, deadline=clock() + 5.0)
+    assert step.outcome is StepOutcome.OK
+    node = slurm.node_map["gpu1"]
+    assert derive_phase(node, TAG).phase is Phase.ADMIN
+    assert "GPU 0: 20480 MiB, holder job 77" in node.reason
+    assert "scontrol update nodename=gpu1 state=resume" in node.reason
+    [entry] = parse_reason(TAG, "gpu1", node.reason) or []
+    assert (entry.gpu, entry.used_mib, entry.holder) == (0, HELD_MIB, "job 77")
+
+    obs = Observation(now=clock(), nodes=(replace(view, node=node, phase=Phase.ADMIN),))
+    prom = tmp_path / "m.prom"
+    write_textfile(prom, phases=None, needed={}, serving={}, tick_duration_s=0.1, tick_ts=1.0,
+                   transitions=[], tick_error=False,
+                   gpu_held=gpus_handed_over(TickResult(observation=obs), driver.config))
+    assert 'slurm_idle_gpu_held{node="gpu1",gpu="0",holder="job 77",mib="20480"} 1' in prom.read_text()
+
+
+def test_a_gpu_freed_at_the_hand_over_is_not_handed_over(tmp_path: Path) -> None:
+    driver, slurm, _engine, _readings, view, clock = _driver(tmp_path, Phase.HELD)
+    before = slurm.node_map["gpu1"].reason
+    action = Action(ActionKind.HAND_OVER, "gpu1", "m", Phase.HELD, Phase.ADMIN, "held too long")
+    [step] = driver.drive(view, action, deadline=clock() + 5.0)
+    assert step.outcome is StepOutcome.SKIPPED and slurm.node_map["gpu1"].reason == before

@@ -15,7 +15,7 @@ from slurm_idle.policy import apply_actions, plan
 from .test_policy_helpers import CAP, NOW, config, node
 
 PHASES = list(Phase)
-COMMITTED = {Phase.SERVING, Phase.STARTING, Phase.RECLAIMING}
+COMMITTED = {Phase.SERVING, Phase.STARTING, Phase.RECLAIMING, Phase.HELD}
 
 
 @st.composite
@@ -77,11 +77,15 @@ def asleep(n: NodeView) -> bool:
     return n.replica is not None and n.replica.sleeping
 
 
-def recoverable(obs: Observation, model: str) -> int:
+def recoverable(obs: Observation, model: str, cfg: Config | None = None) -> int:
+    """Nodes that can serve: not the admin's, not asleep, not dead, and not HELD past
+    timeouts.gpu_free_s (someone else holds its GPU: it goes to the admin)."""
+    gpu_free_s = (cfg or config()).timeouts.gpu_free_s
     return sum(
         1 for n in obs.nodes
         if n.model == model and n.phase is not Phase.ADMIN and not asleep(n)
         and not (n.phase is Phase.UNKNOWN and (n.node.drained or n.node.down))
+        and not (n.phase is Phase.HELD and obs.now - (n.phase_since or obs.now) > gpu_free_s)
     )
 
 
@@ -96,7 +100,7 @@ def test_floor_holds_after_the_plan(scenario: tuple[Observation, Config]) -> Non
         committed = sum(
             1 for n in after.nodes if n.model == model.name and n.phase in COMMITTED and not asleep(n)
         )
-        assert committed >= min(model.min_serving_replicas, recoverable(obs, model.name))
+        assert committed >= min(model.min_serving_replicas, recoverable(obs, model.name, cfg))
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,0 +1,58 @@
+"""The Reason of a node handed to the admin: a GPU still held past `timeouts.gpu_free_s`.
+
+Once handed over, the node is the admin's: its Reason is not one of our phase Reasons
+(lifecycle.derive_phase reads it as ADMIN, so nothing of ours touches it again and the planner
+no longer counts it), but it starts with our tag and names what holds it, so `status`, the
+textfile (`slurm_idle_gpu_held`, alert SlurmIdleGpuHeld) and the admin can read it back:
+
+    slurm-idle:gpu-held since=2026-12-06T23:00:00Z GPU 0: 20480 MiB, holder job 123;
+    GPU 1: 512 MiB, holder unknown -- free them, then: scontrol update nodename=gpu2 state=resume
+
+Resuming the node makes it an unmanaged pool node, which the planner adopts back into serving.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from slurm_idle.journal import iso
+from slurm_idle.policy.gpus import HeldGpu
+
+WORD = "gpu-held"
+_TAIL = " -- free them, then: scontrol update nodename="
+_GPU = re.compile(r"GPU (\d+): (\d+) MiB, holder (.+)")
+UNKNOWN_HOLDER = "unknown"
+
+
+@dataclass(frozen=True)
+class HeldEntry:
+    """One GPU named in a hand-over Reason."""
+
+    node: str
+    gpu: int
+    used_mib: int
+    holder: str
+
+
+def format_reason(tag: str, node: str, since: float, held: Iterable[HeldGpu]) -> str:
+    """The Reason written on `node` (its own GPUs of `held`)."""
+    gpus = "; ".join(f"GPU {g.index}: {g.used_mib} MiB, holder {g.holder or UNKNOWN_HOLDER}"
+                     for g in held if g.node == node)
+    return f"{tag}:{WORD} since={iso(since)} {gpus}{_TAIL}{node} state=resume"
+
+
+def parse_reason(tag: str, node: str, reason: str) -> list[HeldEntry] | None:
+    """The GPUs a hand-over Reason names; None when `reason` is not one."""
+    head = f"{tag}:{WORD} since="
+    if not reason.startswith(head) or _TAIL not in reason:
+        return None
+    body = reason[len(head):].split(_TAIL, 1)[0]
+    _, _, gpus = body.partition(" ")
+    out = []
+    for part in gpus.split("; "):
+        match = _GPU.fullmatch(part.strip())
+        if match:
+            out.append(HeldEntry(node, int(match.group(1)), int(match.group(2)), match.group(3)))
+    return out
