@@ -48,6 +48,7 @@ from slurm_idle.transitions import NodeDriver, StepResult
 if TYPE_CHECKING:  # imported where used: a tick that needs no engine loads none
     from slurm_idle.engine import Engine, Identity
     from slurm_idle.metrics import MetricsSource
+    from slurm_idle.metrics.gpus import GpuSource
     from slurm_idle.router import PoolRouters
 
 log = get_logger(__name__)
@@ -144,6 +145,8 @@ class Agent:
     # Which replica jobs are ours (replicatrust.py); None: this user, the key beside the journal
     # (made when missing) if a model is `placement: jobs`.
     trust: ReplicaTrust | None = None
+    # The nodes' GPU memory (metrics/gpus.py); None: not observed (NodeView.gpus stays None).
+    gpus: GpuSource | None = None
 
     def __post_init__(self) -> None:
         if self.journal is None:
@@ -153,7 +156,8 @@ class Agent:
 
     def observe(self, budget_s: float | None = None) -> Observation:
         return observe(self.config, self.slurm, self.metrics, self.clock(),
-                       identify=self._identify, budget_s=budget_s, trust=self.trust)
+                       identify=self._identify, budget_s=budget_s, trust=self.trust,
+                       gpus=self.gpus)
 
     def _identify(self, model: str, replica: ReplicaConfig) -> Identity:
         """The model's engine's identity check of one replica (engines without one: ours)."""

@@ -200,6 +200,19 @@ class ModelLoad:
 
 
 @dataclass(frozen=True)
+class GpuReading:
+    """One GPU's framebuffer memory as the site's GPU exporter last reported it."""
+
+    index: int
+    used_mib: int
+    total_mib: int | None = None
+    # "job 123" when the exporter names the job holding it ("job 12, job 13" when several
+    # share it), else None: the exporter's allocation map, not the process holding the memory
+    holder: str | None = None
+    sample_ts: float | None = None  # unix seconds of the sample
+
+
+@dataclass(frozen=True)
 class NodeView:
     """One pool node as the planner sees it: Slurm facts + our phase + its replica's load."""
 
@@ -211,6 +224,9 @@ class NodeView:
     jobs: tuple[SlurmJob, ...] = ()
     replica: ReplicaLoad | None = None  # the (first) replica headed on this node
     replicas: tuple[ReplicaLoad, ...] = ()  # every replica headed on it, when there are several
+    # Its GPUs' memory per the site's GPU exporter, by index; None: no fresh series observed
+    # (no exporter, Prometheus down, or GPU readings not asked for).
+    gpus: tuple[GpuReading, ...] | None = None
 
     @property
     def name(self) -> str:

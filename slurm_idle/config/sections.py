@@ -85,6 +85,8 @@ class TimeoutsConfig(_Strict):
     reclaim_s: float = Field(600.0, gt=0)
     start_s: float = Field(900.0, gt=0)
     tick_budget_s: float = Field(50.0, gt=0)  # a cron tick gives up waiting after this
+    # How long a reclaimed replica may wait for memory held on its GPUs to be freed.
+    gpu_free_s: float = Field(300.0, gt=0)
 
 
 class PathsConfig(_Strict):
