@@ -429,7 +429,7 @@ def check_gpus(facts: SiteFacts, config: Config) -> list[Check]:
         return [Check(name, "fail",
                       f"no fresh GPU memory series ({series}) for node(s) {', '.join(blind)}: "
                       f"{GPUS_UNSEEN}; run the GPU exporter there and scrape it "
-                      "(docs/admin.md, GPU memory), or name its metrics and labels in `gpu:`")]
+                      "(docs/admin.md 'GPU memory, observed'), or name its metrics and labels in `gpu:`")]
     count = sum(len(facts.gpus[n]) for n in wanted)
     return [Check(name, "ok", f"fresh GPU memory series ({series}) for all {len(wanted)} "
                   f"node(s), {count} GPU(s)")]
