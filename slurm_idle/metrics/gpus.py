@@ -116,41 +116,43 @@ def parse_gpu_answer(
     GPU index, or not finite and >= 0 are skipped.
     """
     names = node_matcher(nodes)
+    matched: dict[str, str | None] = {}  # label value -> node, once per value (8 GPUs a node)
     scale = MIB if gpu.unit == "bytes" else 1
-    used: list[tuple[tuple[str, int], tuple[tuple[str, str], ...], float, str | None]] = []
-    stamps: dict[tuple[tuple[str, str], ...], float] = {}
+    # One `used` and one `ts` series per GPU and job mapped to it (the holder): paired by that.
+    used: dict[tuple[str, int, str | None], float] = {}
+    stamps: dict[tuple[str, int, str | None], float] = {}
     free: dict[tuple[str, int], float] = {}
     total: dict[tuple[str, int], float] = {}
     for item in result:
         labels = item["metric"]
-        node = match_node(names, str(labels.get(gpu.node_label, "")))
         kind = labels.get("kind")
+        named = str(labels.get(gpu.node_label, ""))
+        node = matched[named] if named in matched else matched.setdefault(
+            named, match_node(names, named))
         if node is None or kind is None:
             continue
         try:
-            key = (node, int(labels.get(gpu.index_label, "")))
+            index = int(labels.get(gpu.index_label, ""))
         except ValueError:
             continue
         value = float(item["value"][1])
         if not 0 <= value < math.inf:
             continue
-        series = tuple(sorted((k, v) for k, v in labels.items() if k not in {"kind", "__name__"}))
-        if kind == "used":
-            holder = labels.get(gpu.holder_label) if gpu.holder_label else None
-            used.append((key, series, value / scale, holder or None))
-        elif kind == "ts":
-            stamps[series] = value
+        if kind in {"used", "ts"}:
+            key = (node, index, (labels.get(gpu.holder_label) or None) if gpu.holder_label else None)
+            into = used if kind == "used" else stamps
+            into[key] = max(into.get(key, 0.0), value / scale if kind == "used" else value)
         elif kind in {"free", "total"}:
-            into = free if kind == "free" else total
-            into[key] = max(into.get(key, 0.0), value / scale)
+            known = free if kind == "free" else total
+            known[(node, index)] = max(known.get((node, index), 0.0), value / scale)
     gpus: dict[tuple[str, int], _Gpu] = {}
     stale = 0
-    for key, series, value, holder in used:
-        ts = stamps.get(series)
+    for (node, index, holder), value in used.items():
+        ts = stamps.get((node, index, holder))
         if ts is None or now is None or now - ts > staleness_s:
             stale += 1
             continue
-        one = gpus.setdefault(key, _Gpu())
+        one = gpus.setdefault((node, index), _Gpu())
         one.used = max(one.used, value)
         one.sample_ts = max(one.sample_ts, ts)
         if holder is not None:
