@@ -109,8 +109,8 @@ def parse_gpu_answer(
 ) -> dict[str, tuple[GpuReading, ...]]:
     """The readings of `nodes` in one answer to `Queries.gpus` (pure).
 
-    A `used` series counts only with its own `ts` series no older than `staleness_s` before
-    `now` (an exporter that stopped updating is not a reading); series of a GPU held by several
+    A `used` series counts only with the `ts` series of the same node, GPU and job, no older
+    than `staleness_s` before `now` (an exporter that stopped updating is not a reading); series of a GPU held by several
     jobs fold into one reading naming them all. Total = the total series, else used + free.
     Values in bytes (`gpu.unit`) become MiB here. Series of other nodes, without an integer
     GPU index, or not finite and >= 0 are skipped.
