@@ -2,7 +2,8 @@
 
 One `sinfo`/`scontrol show node` and one `squeue` call, one batch of metrics queries, one GPU
 memory query and the serving replicas' identity checks (in parallel, within the observe
-budget), whatever the fleet size. Phases come from Slurm first, so that only replicas we know are ours and serving count.
+budget), whatever the fleet size. Phases come from Slurm first, so that only replicas we know
+are ours and serving count.
 """
 
 from __future__ import annotations
@@ -166,11 +167,11 @@ def observe(
                 for name in job.nodes:
                     jobs_by_node.setdefault(name, []).append(job)
         placement = placement_nodes_of(config, nodes.values()) if replica_jobs else []
-        held: dict[str, tuple[GpuReading, ...]] = {}
+        readings: dict[str, tuple[GpuReading, ...]] = {}
         if gpus is not None:  # one call for every node an engine may wake or start on
             asked = [n for n in model_of if n not in missing] + [n.name for n in placement]
             budget = left()
-            held = gpu_readings(gpus, list(dict.fromkeys(asked)),
+            readings = gpu_readings(gpus, list(dict.fromkeys(asked)),
                                 config.metrics.query_timeout_s if budget is None else budget, errors)
         views = []
         for name, model_name in model_of.items():
@@ -190,7 +191,7 @@ def observe(
                     jobs=tuple(node_jobs) if node_jobs else (),
                     replica=loads[0] if loads else None,
                     replicas=loads if len(here) > 1 else (),
-                    gpus=held.get(name),
+                    gpus=readings.get(name),
                 )
             )
         if missing:  # one line per tick, however many: a typo'd range must not flood the log
@@ -198,7 +199,7 @@ def observe(
             errors.append(
                 f"{len(missing)} pool node(s) not known to Slurm, left out: {shown} (check the config)"
             )
-        placement_nodes = _placement_nodes(config, placement, jobs, held)
+        placement_nodes = _placement_nodes(config, placement, jobs, readings)
         for r in replica_jobs:
             if r.duplicates:
                 errors.append(f"{r.name}: duplicate replica job(s) {', '.join(map(str, r.duplicates))} "
