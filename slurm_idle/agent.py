@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_idle import filesd
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
+from slurm_idle.gpugate import GpuReader
 from slurm_idle.jobdriver import JobDriver
 from slurm_idle.journal import (
     DuplicateJobRecord,
@@ -48,9 +49,13 @@ from slurm_idle.transitions import NodeDriver, StepResult
 if TYPE_CHECKING:  # imported where used: a tick that needs no engine loads none
     from slurm_idle.engine import Engine, Identity
     from slurm_idle.metrics import MetricsSource
+    from slurm_idle.metrics.gpus import GpuSource
     from slurm_idle.router import PoolRouters
 
 log = get_logger(__name__)
+
+#: Seconds one read of the pool's GPU memory may take inside a step (the gate polls it).
+GPU_READ_BUDGET_S = 5.0
 
 #: Nodes acted on at once in a tick. Their threads mostly sleep in shared polls; the cap bounds
 #: the engine commands and `scontrol` writes in flight together on a large fleet. Nodes past it
@@ -144,6 +149,8 @@ class Agent:
     # Which replica jobs are ours (replicatrust.py); None: this user, the key beside the journal
     # (made when missing) if a model is `placement: jobs`.
     trust: ReplicaTrust | None = None
+    # The nodes' GPU memory (metrics/gpus.py); None: not observed (NodeView.gpus stays None).
+    gpus: GpuSource | None = None
 
     def __post_init__(self) -> None:
         if self.journal is None:
@@ -153,7 +160,8 @@ class Agent:
 
     def observe(self, budget_s: float | None = None) -> Observation:
         return observe(self.config, self.slurm, self.metrics, self.clock(),
-                       identify=self._identify, budget_s=budget_s, trust=self.trust)
+                       identify=self._identify, budget_s=budget_s, trust=self.trust,
+                       gpus=self.gpus)
 
     def _identify(self, model: str, replica: ReplicaConfig) -> Identity:
         """The model's engine's identity check of one replica (engines without one: ours)."""
@@ -193,6 +201,14 @@ class Agent:
                 self.on_tick(result)
         return result
 
+    def _gpu_reader(self) -> GpuReader | None:
+        """The GPU gate's read of the pool's GPU memory (one query, a few seconds at most: the
+        driver polls it while a reclaimed group waits); None without a GPU source."""
+        source = self.gpus
+        if source is None:
+            return None
+        return lambda nodes: source.readings(nodes, budget_s=GPU_READ_BUDGET_S)
+
     def run_actions(
         self, actions: Sequence[Action], observation: Observation, deadline: float | None = None,
         on_step: Callable[[StepResult], None] | None = None,
@@ -211,7 +227,7 @@ class Agent:
         driver = NodeDriver(
             self.config, self.slurm, self.engine_for, self.clock, self.sleep,
             on_step=journal_step, on_event=self._journal_event, router=self.router,
-            trust=self.trust,
+            trust=self.trust, gpu_readings=self._gpu_reader(),
         )
         groups = {g.name: g for g in group_views(observation, self.config)}
         todo: list[tuple[Callable[..., list[StepResult]], Any, Action]] = [

@@ -203,7 +203,9 @@ class GpuReading:
     index: int
     used_mib: int
     total_mib: int | None = None
-    holder: str | None = None  # "job 123" when the exporter names the job holding it, else None
+    # "job 123" when the exporter names the job holding it ("job 12, job 13" when several
+    # share it), else None: the exporter's allocation map, not the process holding the memory
+    holder: str | None = None
     sample_ts: float | None = None  # unix seconds of the sample
 
 
@@ -219,7 +221,9 @@ class NodeView:
     jobs: tuple[SlurmJob, ...] = ()
     replica: ReplicaLoad | None = None  # the (first) replica headed on this node
     replicas: tuple[ReplicaLoad, ...] = ()  # every replica headed on it, when there are several
-    gpus: tuple[GpuReading, ...] | None = None  # its GPUs' memory; None: no series observed
+    # Its GPUs' memory per the site's GPU exporter, by index; None: no fresh series observed
+    # (no exporter, Prometheus down, or GPU readings not asked for).
+    gpus: tuple[GpuReading, ...] | None = None
 
     @property
     def name(self) -> str:

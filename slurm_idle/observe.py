@@ -1,8 +1,9 @@
 """Observe: the tick's passive "sync from the world", one frozen snapshot of the pool.
 
-One `sinfo`/`scontrol show node` and one `squeue` call, one batch of metrics queries and the
-serving replicas' identity checks (in parallel, within the observe budget), whatever the fleet
-size. Phases come from Slurm first, so that only replicas we know are ours and serving count.
+One `sinfo`/`scontrol show node` and one `squeue` call, one batch of metrics queries, one GPU
+memory query and the serving replicas' identity checks (in parallel, within the observe
+budget), whatever the fleet size. Phases come from Slurm first, so that only replicas we know
+are ours and serving count.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from slurm_idle.lifecycle import PhaseInfo, derive_phase, takes_traffic
 from slurm_idle.logs import get_logger
 from slurm_idle.metrics.serving import loads_by_replica, serving_model_load
 from slurm_idle.model import (
+    GpuReading,
     ModelLoad,
     NodeView,
     Observation,
@@ -29,7 +31,7 @@ from slurm_idle.model import (
     SlurmJob,
     SlurmNode,
 )
-from slurm_idle.replicajobs import foreign_replica_jobs, partition_of, replica_views
+from slurm_idle.replicajobs import foreign_replica_jobs, placement_nodes_of, replica_views
 from slurm_idle.replicatrust import ReplicaTrust, agent_user
 from slurm_idle.slurm.protocol import ClusterReader
 from slurm_idle.transitions import ACTIVE_JOB_STATES
@@ -37,6 +39,7 @@ from slurm_idle.transitions import ACTIVE_JOB_STATES
 if TYPE_CHECKING:  # imported where used: a tick that needs no engine loads none
     from slurm_idle.engine import Identity
     from slurm_idle.metrics import MetricsSource
+    from slurm_idle.metrics.gpus import GpuSource
 
 log = get_logger(__name__)
 
@@ -57,6 +60,7 @@ def observe(
     identify: Identify | None = None,
     budget_s: float | None = None,
     trust: ReplicaTrust | None = None,
+    gpus: GpuSource | None = None,
 ) -> Observation:
     """Build one frozen snapshot of the pool from Slurm and the engines' metrics.
 
@@ -64,7 +68,9 @@ def observe(
     count: each serving-phase endpoint is checked to be the expected engine (`identify`, every
     tick), and each model's present demand is summed over those replicas alone
     (metrics.serving), never over a lent node's port. `budget_s` bounds the metrics calls and
-    identity checks together (each HTTP call has a total deadline within it).
+    identity checks together (each HTTP call has a total deadline within it). `gpus` fills
+    each pool node's and each `placement: jobs` node's `NodeView.gpus` in one call; without it,
+    or when it fails (an error of the snapshot, never of the tick), they stay None: not observed.
 
     Python's cyclic GC is paused meanwhile: decoding and parsing 10,000 nodes' JSON allocates
     some 10^5 containers and no cycles, and the collector's passes over them cost as much CPU as
@@ -160,6 +166,13 @@ def observe(
             if job.state in ACTIVE_JOB_STATES:
                 for name in job.nodes:
                     jobs_by_node.setdefault(name, []).append(job)
+        placement = placement_nodes_of(config, nodes.values()) if replica_jobs else []
+        readings: dict[str, tuple[GpuReading, ...]] = {}
+        if gpus is not None:  # one call for every node an engine may wake or start on
+            asked = [n for n in model_of if n not in missing] + [n.name for n in placement]
+            budget = left()
+            readings = gpu_readings(gpus, list(dict.fromkeys(asked)),
+                                config.metrics.query_timeout_s if budget is None else budget, errors)
         views = []
         for name, model_name in model_of.items():
             if name in missing:
@@ -178,6 +191,7 @@ def observe(
                     jobs=tuple(node_jobs) if node_jobs else (),
                     replica=loads[0] if loads else None,
                     replicas=loads if len(here) > 1 else (),
+                    gpus=readings.get(name),
                 )
             )
         if missing:  # one line per tick, however many: a typo'd range must not flood the log
@@ -185,7 +199,7 @@ def observe(
             errors.append(
                 f"{len(missing)} pool node(s) not known to Slurm, left out: {shown} (check the config)"
             )
-        placement_nodes = _placement_nodes(config, nodes, jobs) if replica_jobs else ()
+        placement_nodes = _placement_nodes(config, placement, jobs, readings)
         for r in replica_jobs:
             if r.duplicates:
                 errors.append(f"{r.name}: duplicate replica job(s) {', '.join(map(str, r.duplicates))} "
@@ -199,19 +213,29 @@ def observe(
             gc.enable()
 
 
-def _placement_nodes(config: Config, nodes: dict[str, SlurmNode],
-                     jobs: Sequence[SlurmJob]) -> tuple[NodeView, ...]:
-    """The nodes replica jobs may run on (their partitions), each with its active jobs of the
-    lend partition: what a replica job would preempt there."""
-    parts = {partition_of(config, m) for m in config.models if m.job is not None}
+def gpu_readings(gpus: GpuSource, nodes: Sequence[str], budget_s: float,
+                 errors: list[str]) -> dict[str, tuple[GpuReading, ...]]:
+    """node -> its GPU readings; {} with one line in `errors` when the source cannot answer."""
+    try:
+        return gpus.readings(nodes, budget_s=budget_s)
+    except MetricsUnavailable as exc:
+        errors.append(f"GPU memory unavailable (no node's GPUs observed): {exc}")
+        return {}
+
+
+def _placement_nodes(config: Config, nodes: Sequence[SlurmNode], jobs: Sequence[SlurmJob],
+                     gpus: dict[str, tuple[GpuReading, ...]]) -> tuple[NodeView, ...]:
+    """The nodes replica jobs may run on (placement_nodes_of), each with its active jobs of
+    the lend partition (what a replica job would preempt there) and its GPU readings."""
     lend = config.slurm.lend_partition
     on: dict[str, list[SlurmJob]] = {}
     for job in jobs:
         if job.state in ACTIVE_JOB_STATES and lend in job.partition.split(","):
             for name in job.nodes:
                 on.setdefault(name, []).append(job)
-    return tuple(NodeView(node=n, model="", phase=Phase.UNKNOWN, jobs=tuple(on.get(n.name, ())))
-                 for n in nodes.values() if parts & set(n.partitions))
+    return tuple(NodeView(node=n, model="", phase=Phase.UNKNOWN, jobs=tuple(on.get(n.name, ())),
+                          gpus=gpus.get(n.name))
+                 for n in nodes)
 
 
 def serving_replicas(

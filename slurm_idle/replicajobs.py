@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
 from slurm_idle.journal import iso
-from slurm_idle.model import ForeignReplicaJob, JobReplica, Phase, SlurmJob
+from slurm_idle.model import ForeignReplicaJob, JobReplica, Phase, SlurmJob, SlurmNode
 
 if TYPE_CHECKING:  # config.py imports this module in its validators
     from slurm_idle.config import Config, ModelConfig
@@ -155,6 +155,13 @@ def derive_job_phase(job: SlurmJob, comment: JobComment) -> Phase | None:
 def partition_of(config: Config, model: ModelConfig) -> str:
     assert model.job is not None
     return model.job.partition or config.slurm.serve_partition
+
+
+def placement_nodes_of(config: Config, nodes: Iterable[SlurmNode]) -> list[SlurmNode]:
+    """The nodes replica jobs may run on: those in a partition of a `placement: jobs` model
+    (none without such a model)."""
+    parts = {partition_of(config, m) for m in config.models if m.job is not None}
+    return [n for n in nodes if parts & set(n.partitions)]
 
 
 def account_of(model: ModelConfig) -> str | None:

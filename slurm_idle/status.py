@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from slurm_idle.config import Config
 from slurm_idle.fleetspec import format_gpus
-from slurm_idle.lifecycle import takes_traffic
-from slurm_idle.model import ModelPlan, Observation, Phase, ReplicaLoad
+from slurm_idle.lifecycle import DRAINED_PHASES, takes_traffic
+from slurm_idle.model import GpuReading, ModelPlan, Observation, Phase, ReplicaLoad
 from slurm_idle.replica_health import attention, unhealthy
 from slurm_idle.topology import group_views
 from slurm_idle.unhealthy_since import clock_time
@@ -23,8 +23,18 @@ def slurm_state(flags: frozenset[str], state: str) -> str:
     return "+".join([state.upper(), *sorted(flags)]) if flags else state.upper()
 
 
+def gpu_rows(readings: tuple[GpuReading, ...] | None) -> list[dict[str, Any]] | None:
+    """A node's GPU memory as `status --json` shows it; None when not observed."""
+    if readings is None:
+        return None
+    return [{"index": g.index, "used_mib": g.used_mib, "total_mib": g.total_mib, "holder": g.holder}
+            for g in readings]
+
+
 def node_rows(obs: Observation) -> list[dict[str, Any]]:
-    """One row per pool node; keys name, phase, slurm_state, reason are a stable interface."""
+    """One row per pool node; keys name, phase, slurm_state, reason, gpus_total, gpus_used and
+    gpus (each GPU's memory per the GPU exporter, null when not observed) are a stable
+    interface."""
     rows = []
     for v in obs.nodes:
         rows.append({
@@ -32,8 +42,9 @@ def node_rows(obs: Observation) -> list[dict[str, Any]]:
             "phase": v.phase.value,
             "slurm_state": slurm_state(v.node.flags, v.node.state),
             "reason": v.node.reason,
-            "gpus": v.node.gpus_total,
+            "gpus_total": v.node.gpus_total,
             "gpus_used": v.node.gpus_used,
+            "gpus": gpu_rows(v.gpus),
             "jobs": [j.job_id for j in v.jobs],
             "model": v.model,
             "pinned": v.pinned,
@@ -148,6 +159,15 @@ def model_rows(obs: Observation, plans: Sequence[ModelPlan]) -> list[dict[str, A
     return rows
 
 
+def _held_gpus(node: Mapping[str, Any]) -> list[str]:
+    """`  └ GPU 0: 20480/81559 MiB, holder job 123` for each GPU the exporter says a job holds
+    on a node drained for serving (a lent node's GPUs are its jobs' to hold)."""
+    if Phase(node["phase"]) not in DRAINED_PHASES:
+        return []
+    return [f"  └ GPU {g['index']}: {g['used_mib']}/{g['total_mib'] or '?'} MiB, holder {g['holder']}"
+            for g in node.get("gpus") or () if g["holder"]]
+
+
 def _unhealthy(row: Mapping[str, Any], now: float) -> str:
     """`unhealthy: why since 12:01` (no since when no tick has seen it unhealthy yet)."""
     since = row.get("unhealthy_since")
@@ -163,7 +183,7 @@ def render_status(
 ) -> str:
     """A table for humans; with several replicas on a node (or one spanning nodes), each is
     listed under its head node, as is any replica meant to serve that is unhealthy (with why,
-    and since when a tick first saw it so); `attention:` lines close it, one per such replica,
+    and since when a tick first saw it so), and any GPU a job holds on a node drained for us; `attention:` lines close it, one per such replica,
     so the last lines say what to look at. `now`: what "today" is for the since times."""
     now = time.time() if now is None else now
     lines = [f"{'NODE':<12} {'PHASE':<11} {'SLURM':<18} {'GPUS':<6} {'JOBS':<12} REASON"]
@@ -174,9 +194,10 @@ def render_status(
     show = any(len(rs) > 1 or len(rs[0]["nodes"]) > 1 for rs in under.values())
     for n in nodes:
         jobs = ",".join(map(str, n["jobs"])) or "-"
-        gpus = f"{n['gpus_used']}/{n['gpus']}"
+        gpus = f"{n['gpus_used']}/{n['gpus_total']}"
         phase = n["phase"] + ("*" if n["pinned"] else "")
         lines.append(f"{n['name']:<12} {phase:<11} {n['slurm_state']:<18} {gpus:<6} {jobs:<12} {n['reason']}")
+        lines += _held_gpus(n)
         for r in under.get(n["name"], []):
             if show:
                 health = (_unhealthy(r, now) if r.get("health_reason") else

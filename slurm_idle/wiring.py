@@ -19,6 +19,7 @@ from slurm_idle.model import GroupView, Phase
 if TYPE_CHECKING:  # the adapters are imported where they are built
     from slurm_idle.engine import Engine
     from slurm_idle.metrics import MetricsSource
+    from slurm_idle.metrics.gpus import GpuSource
     from slurm_idle.router.sync import RouterSet
 
 
@@ -27,6 +28,16 @@ def make_metrics_source(config: Config, read_only: bool = False) -> MetricsSourc
     from slurm_idle import metrics
 
     return metrics.make_source(config, read_only=read_only)
+
+
+def make_gpu_source(config: Config) -> GpuSource | None:
+    """The GPU exporter's series through Prometheus; None with `metrics.source: scrape` (the
+    GPUs' memory is read from Prometheus only: no node's GPUs are observed)."""
+    if config.metrics.source != "prometheus":
+        return None
+    from slurm_idle.metrics.gpus import PrometheusGpuSource
+
+    return PrometheusGpuSource(config)
 
 
 def build_agent(config: Config, with_textfile: bool = True, read_only: bool = False) -> Agent:
@@ -63,6 +74,7 @@ def build_agent(config: Config, with_textfile: bool = True, read_only: bool = Fa
         on_tick=on_tick,
         # A look-only command makes no key; one that cannot read it checks users alone.
         trust=trust_for(config, create=not read_only, now=time.time()),
+        gpus=make_gpu_source(config),
     )
     agent.router = make_router_set(config, agent)
     return agent

@@ -104,7 +104,9 @@ def status(ctx: Context, as_json: bool) -> None:
     fresh metrics is shown `unhealthy` with why (its /health URL) and since when a tick first
     saw it so (UTC), and listed again in closing `attention:` lines. `--json`: each replica's
     `healthy`, `health_reason`, `health_summary`, `unhealthy_since`, and a top-level
-    `attention` list.
+    `attention` list. Each node row: `gpus_total`, `gpus_used` (Slurm's counts) and `gpus`,
+    every GPU's memory as the site's GPU exporter reports it (`index`, `used_mib`,
+    `total_mib`, `holder`: the job it names, or null), null when not observed.
     """
     from slurm_idle.doctor import status_warnings
     from slurm_idle.replica_health import attention, probe_serving

@@ -42,6 +42,7 @@ from slurm_idle.config.base import (
     FILE_CONTEXT,
     LABEL_NAME_RE,
     LABEL_VALUE_RE,
+    METRIC_NAME_RE,
     NODE_NAME_RE,
     SLURM_NAME_RE,
     _Strict,
@@ -66,7 +67,7 @@ from slurm_idle.config.sections import (
 from slurm_idle.errors import ConfigError
 from slurm_idle.yamlfile import Positions, parse_yaml_located, read_text
 
-__all__ = ['CONFIG_ENV', 'DEFAULT_CONFIG_PATH', 'DEFAULT_REPLICA_URL', 'FILE_CONTEXT', 'LABEL_NAME_RE', 'LABEL_VALUE_RE', 'NODE_NAME_RE', 'SLURM_NAME_RE', 'Config', 'ConfigInvalid', 'ConfigProblem', 'EngineConfig', 'GpuConfig', 'JobPolicyConfig', 'MetricsConfig', 'ModelConfig', 'PathsConfig', 'PipelineConfig', 'PolicyConfig', 'ReplicaConfig', 'ReplicaJobConfig', 'ReportConfig', 'RouterConfig', 'SlurmConfig', 'TimeoutsConfig', 'WebConfig', 'describe_validation_error', 'load_config', 'load_config_located', 'parse_config', 'parse_config_located', 'resolve_config_path']
+__all__ = ['CONFIG_ENV', 'DEFAULT_CONFIG_PATH', 'DEFAULT_REPLICA_URL', 'FILE_CONTEXT', 'LABEL_NAME_RE', 'LABEL_VALUE_RE', 'METRIC_NAME_RE', 'NODE_NAME_RE', 'SLURM_NAME_RE', 'Config', 'ConfigInvalid', 'ConfigProblem', 'EngineConfig', 'GpuConfig', 'JobPolicyConfig', 'MetricsConfig', 'ModelConfig', 'PathsConfig', 'PipelineConfig', 'PolicyConfig', 'ReplicaConfig', 'ReplicaJobConfig', 'ReportConfig', 'RouterConfig', 'SlurmConfig', 'TimeoutsConfig', 'WebConfig', 'describe_validation_error', 'load_config', 'load_config_located', 'parse_config', 'parse_config_located', 'resolve_config_path']
 
 
 class Config(_Strict):
@@ -74,8 +75,8 @@ class Config(_Strict):
 
     slurm: SlurmConfig = SlurmConfig()
     metrics: MetricsConfig = MetricsConfig()
+    gpu: GpuConfig = GpuConfig()
     engine: EngineConfig | None = None
-    gpu: GpuConfig = Field(default_factory=GpuConfig)
     models: tuple[ModelConfig, ...] = Field(..., min_length=1)
     policy: PolicyConfig = PolicyConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()

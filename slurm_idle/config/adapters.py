@@ -1,4 +1,4 @@
-"""The sections of the external systems: `slurm`, `metrics`, `engine` and `router`."""
+"""The sections of the external systems: `slurm`, `metrics`, `gpu`, `engine` and `router`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pydantic import (
 from slurm_idle.config.base import (
     LABEL_NAME_RE,
     LABEL_VALUE_RE,
+    METRIC_NAME_RE,
     SLURM_NAME_RE,
     _http_url,
     _Strict,
@@ -139,6 +140,41 @@ class MetricsConfig(_Strict):
         return value
 
 
+class GpuConfig(_Strict):
+    """Where the GPUs' memory is read: the site's GPU exporter, through the Prometheus of
+    `metrics` (metrics/gpus.py). Defaults are dcgm-exporter's names; other exporters (e.g.
+    `nvidia_gpu_memory_used_bytes`) are named here, in MiB or bytes."""
+
+    # MiB a GPU may hold beyond its engine's own residue and still count as free.
+    free_tolerance_mib: int = Field(1024, ge=0)
+    # The most an asleep or stopped engine may leave on a GPU it lends.
+    max_residue_mib: int = Field(4096, ge=0)
+    used_metric: str = "DCGM_FI_DEV_FB_USED"
+    # Total = used + free; `total_metric` instead where the exporter has the total (null: unknown).
+    free_metric: str | None = "DCGM_FI_DEV_FB_FREE"
+    total_metric: str | None = None
+    unit: Literal["mib", "bytes"] = "mib"
+    node_label: str = "Hostname"  # the node's name (or FQDN, or host:port) in each series
+    index_label: str = "gpu"  # the GPU's index on its node
+    # The job the exporter maps to the GPU (dcgm-exporter's HPC job mapping); null: none.
+    holder_label: str | None = "hpc_job"
+
+    @field_validator("used_metric", "free_metric", "total_metric")
+    @classmethod
+    def _metric_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # It goes into PromQL as it is: anything but a metric name would rewrite the query.
+        if value is not None and not METRIC_NAME_RE.match(value):
+            raise ValueError(f"{info.field_name} {value!r} is not a Prometheus metric name")
+        return value
+
+    @field_validator("node_label", "index_label", "holder_label")
+    @classmethod
+    def _label_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not LABEL_NAME_RE.match(value):
+            raise ValueError(f"{info.field_name} {value!r} is not a Prometheus label name")
+        return value
+
+
 class EngineConfig(_Strict):
     """How a vLLM replica is stopped and started on a node.
 
@@ -162,6 +198,8 @@ class EngineConfig(_Strict):
     expected_start_s: float = Field(300.0, ge=0)
     stop_timeout_s: float = Field(60.0, ge=0)
     http_timeout_s: float = Field(5.0, gt=0)
+    # Wakes or starts tried on one replica before it is given up on (at least 1).
+    wake_attempts: int = Field(3, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -231,11 +269,3 @@ class RouterConfig(_Strict):
             raise ValueError(f"router kind {self.kind!r} needs {' and '.join(missing)}")
         return self
 
-
-class GpuConfig(_Strict):
-    """The site's GPU exporter, read through Prometheus, and what the GPU gate allows: a GPU of a
-    reclaimed node may hold its engine's own residue plus `free_tolerance_mib` before the
-    engine starts or wakes on it."""
-
-    free_tolerance_mib: int = Field(1024, ge=0)
-    max_residue_mib: int = Field(4096, ge=0)

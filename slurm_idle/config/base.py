@@ -27,6 +27,8 @@ NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: A Prometheus label name (`by (...)`) and a label value we put between quotes in PromQL.
 LABEL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,128}$")
+#: A Prometheus metric name, put into PromQL as it is (`DCGM_FI_DEV_FB_USED`).
+METRIC_NAME_RE = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]{0,199}$")
 
 
 def _http_url(value: str, what: str) -> str:

@@ -116,7 +116,7 @@ def diagnose(config: Config) -> list[Check]:
     from slurm_idle.commands import SubprocessRunner
     from slurm_idle.engine import UrllibClient
     from slurm_idle.slurm import make_backend
-    from slurm_idle.wiring import make_metrics_source
+    from slurm_idle.wiring import make_gpu_source, make_metrics_source
 
     runner = SubprocessRunner()
     try:
@@ -128,7 +128,8 @@ def diagnose(config: Config) -> list[Check]:
     routers = RouterSet(config)
     facts = gather(config, runner, make_backend(config, runner), metrics,
                    _engine_facts(config, UrllibClient()),
-                   router_states=routers.states if routers.active else None)
+                   router_states=routers.states if routers.active else None,
+                   gpus=make_gpu_source(config))
     return run_checks(facts, config)
 
 

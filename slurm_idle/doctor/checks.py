@@ -6,7 +6,7 @@ unit-tested on captured Slurm output of both releases. A part of the site that c
 read at all (scontrol missing, Prometheus down) is a `fail` of the checks that need it, named
 with the reading's own error, never a silent pass.
 
-A little over 400 lines on purpose: every check is a short pure function of the same
+A little over 500 lines on purpose: every check is a short pure function of the same
 `SiteFacts`, listed in the order `doctor` prints them; one file is that order.
 """
 
@@ -19,7 +19,7 @@ from typing import Literal
 from slurm_idle import powersave
 from slurm_idle.config import Config
 from slurm_idle.lifecycle import derive_phase, takes_traffic
-from slurm_idle.model import Phase, ReplicaLoad, SlurmNode
+from slurm_idle.model import GpuReading, Phase, ReplicaLoad, SlurmNode
 from slurm_idle.slurm.text import PartitionInfo, is_unset, parse_duration_s
 
 Status = Literal["ok", "warn", "fail"]
@@ -74,6 +74,8 @@ class SiteFacts:
     engines: tuple[EngineFacts, ...] = ()
     paths: tuple[tuple[str, str, str | None], ...] = ()  # (config key, path, problem)
     router_states: Mapping[str, str] | None = None  # replica -> in/out/missing/unknown (routers)
+    # node -> its GPUs' fresh readings (nodes without series left out); None: not read
+    gpus: Mapping[str, tuple[GpuReading, ...]] | None = None
     errors: Mapping[str, str] = field(default_factory=dict)  # part -> why it is missing
 
 
@@ -404,6 +406,35 @@ def check_metrics(facts: SiteFacts, config: Config) -> list[Check]:
     return [Check(name, "ok", f"{source}: fresh series for all {len(serving)} serving replica(s)")]
 
 
+#: What is lost on a node whose GPUs are not observed (the check's and the docs' one wording).
+GPUS_UNSEEN = ("a leftover process on these GPUs is not seen: engines would be woken on held GPUs "
+               "(vLLM: CUDA out of memory) and lends not measured")
+
+
+def check_gpus(facts: SiteFacts, config: Config) -> list[Check]:
+    """Every pool node, and every node `placement: jobs` replicas may run on, has fresh GPU
+    memory series (the `gpu` section's names) in Prometheus."""
+    from slurm_idle.replicajobs import placement_nodes_of
+
+    name = "gpus"
+    gpu = config.gpu
+    series = f"{gpu.used_metric} by {gpu.node_label}"
+    wanted = list(dict.fromkeys([*config.pool_nodes,
+                                 *(n.name for n in placement_nodes_of(config, facts.nodes or ()))]))
+    if facts.gpus is None:
+        why = facts.errors.get("gpus", "not read")
+        return [Check(name, "fail", f"no GPU memory series read ({why}): {GPUS_UNSEEN}")]
+    blind = [n for n in wanted if not facts.gpus.get(n)]
+    if blind:
+        return [Check(name, "fail",
+                      f"no fresh GPU memory series ({series}) for node(s) {', '.join(blind)}: "
+                      f"{GPUS_UNSEEN}; run the GPU exporter there and scrape it "
+                      "(docs/admin.md 'GPU memory, observed'), or name its metrics and labels in `gpu:`")]
+    count = sum(len(facts.gpus[n]) for n in wanted)
+    return [Check(name, "ok", f"fresh GPU memory series ({series}) for all {len(wanted)} "
+                  f"node(s), {count} GPU(s)")]
+
+
 def _engines_down(facts: SiteFacts) -> set[str]:
     """Names of the replicas whose engine did not answer /health."""
     return {e.replica or e.node for e in facts.engines if e.down}
@@ -496,6 +527,7 @@ CHECKS: tuple[Callable[[SiteFacts, Config], list[Check]], ...] = (
     check_accounting,
     check_nodes,
     check_metrics,
+    check_gpus,
     check_engines,
     check_paths,
     check_router,

@@ -1,5 +1,5 @@
 """Read the live site once for the doctor: Slurm's configuration, partitions and nodes, a
-test submission, the metrics, the engines and the agent's files.
+test submission, the metrics, the GPUs' memory, the engines and the agent's files.
 
 Every effect is injected (command runner, Slurm backend, metrics source, engine factory, HTTP
 client), and every failure becomes an entry of `SiteFacts.errors` or an engine/path problem,
@@ -16,14 +16,18 @@ import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_idle.commands import CommandRunner
 from slurm_idle.config import Config, EngineConfig, ReplicaConfig
 from slurm_idle.doctor.checks import EngineFacts, SiteFacts, SubmitProbe
 from slurm_idle.errors import CommandError, SlurmIdleError
 from slurm_idle.metrics.serving import loads_by_replica
+from slurm_idle.replicajobs import placement_nodes_of
 from slurm_idle.slurm.text import parse_show_config, parse_show_partitions
+
+if TYPE_CHECKING:
+    from slurm_idle.metrics.gpus import GpuSource
 
 #: A test job that does nothing; `--test-only` never queues it.
 _TEST_JOB = ("--wrap", "true")
@@ -143,9 +147,11 @@ def gather(
     metrics: Any,
     engine_checks: Callable[[str, str, EngineConfig, ReplicaConfig], EngineFacts],
     router_states: Callable[[list[str]], dict[str, str]] | None = None,
+    gpus: GpuSource | None = None,
 ) -> SiteFacts:
     """Read everything the checks need; parts that fail are recorded in `errors`.
-    `router_states` (replica name -> in/out/missing/unknown) reads the request routers, when any."""
+    `router_states` (replica name -> in/out/missing/unknown) reads the request routers, when any;
+    `gpus` the nodes' GPU memory (None: there is no source to read it from)."""
     errors: dict[str, str] = {}
     timeout = config.slurm.command_timeout_s
 
@@ -173,10 +179,19 @@ def gather(
                            ("textfile", config.paths.textfile))
         if value
     )
+    gpu_readings = None
+    if gpus is None:
+        errors["gpus"] = ("metrics.source is scrape: GPU memory is read from Prometheus only "
+                          "(metrics.source: prometheus)")
+    else:
+        placed = placement_nodes_of(config, nodes or ())
+        asked = list(dict.fromkeys([*config.pool_nodes, *(n.name for n in placed)]))
+        budget = config.metrics.query_timeout_s
+        gpu_readings = read("gpus", lambda: gpus.readings(asked, budget_s=budget))
     routed = None
     if router_states is not None:
         pool = [r.name for _, r in replicas_list]  # each replica its own router target
         routed = read("router", lambda: router_states(pool))
     return SiteFacts(slurm_config=slurm_config, partitions=partitions, nodes=nodes, submit=submit,
                      replicas=replicas, engines=engines, paths=paths, errors=errors,
-                     router_states=routed)
+                     router_states=routed, gpus=gpu_readings)

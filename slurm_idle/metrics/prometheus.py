@@ -99,10 +99,11 @@ class PrometheusSource:
         # the replica list, its target_index, and node -> configured model name
         self._index: tuple[list[tuple[str, ReplicaConfig]], dict[str, str], dict[str, str]] | None = None
 
-    # One round trip, with every failure turned into one MetricsUnavailable line.
-    def _budget(self, budget_s: float | None) -> None:
+    def set_budget(self, budget_s: float | None) -> None:
+        """Every query from now on ends within `budget_s` (None: query_timeout_s alone)."""
         self._deadline = None if budget_s is None else monotonic() + budget_s
 
+    # One round trip, with every failure turned into one MetricsUnavailable line.
     def query(self, promql: str, time: float | None = None) -> _Vector:
         self.queries += 1
         params = {"time": repr(time)} if time is not None else None
@@ -178,7 +179,7 @@ class PrometheusSource:
     ) -> list[ReplicaLoad]:
         """`budget_s`: every query of the call ends within it; `serving` is not needed here
         (Prometheus already scrapes every replica; the agent keeps only serving ones)."""
-        self._budget(budget_s)
+        self.set_budget(budget_s)
         self.dropped = []
         index, model_of = self._target_index(replicas)
         # label value -> node, memoised across the queries; the index's own (lower-case) keys
@@ -336,7 +337,7 @@ class PrometheusSource:
         every series checked by `_valid`, where a foreign series can only raise a maximum
         (which delays lending, never a reclaim)."""
         if budget_s is not None:
-            self._budget(budget_s)
+            self.set_budget(budget_s)
         policy = self.config.policy
         leads = forecast_leads(self.config, models) if policy.forecast and models else None
         queries = self.q.model(policy.scale_down_window_s, None if leads is None else leads.values())

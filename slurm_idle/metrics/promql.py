@@ -11,7 +11,7 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from slurm_idle.config import Config
+from slurm_idle.config import Config, GpuConfig
 from slurm_idle.metrics import names
 from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S
 from slurm_idle.metrics.history import WINDOW_COVERAGE
@@ -134,6 +134,20 @@ class Queries:
         if leads is not None:
             q["forecast"] = self.forecast(leads, window_s)
         return q
+
+    @staticmethod
+    def gpus(gpu: GpuConfig) -> str:
+        """Every GPU's memory in ONE query, told apart by `kind`: `used`, `free` and/or `total`
+        (what the config names), and `ts`, the sample time of `used` (an instant query's own
+        timestamps are evaluation times, so freshness needs `timestamp()`). Not restricted to
+        metrics.job_label: the GPU exporter is another scrape job than vLLM's."""
+        parts = [_kind(gpu.used_metric, "used")]
+        if gpu.free_metric is not None:
+            parts.append(_kind(gpu.free_metric, "free"))
+        if gpu.total_metric is not None:
+            parts.append(_kind(gpu.total_metric, "total"))
+        parts.append(_kind(f"timestamp({gpu.used_metric})", "ts"))
+        return " or ".join(parts)
 
     def forecast(self, leads: Collection[int], window_s: int) -> str:
         """Every input of `policy.forecast_demand`, for every model, in one query.

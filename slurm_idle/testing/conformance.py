@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from slurm_idle.engine import CommandEngine, DockerEngine, Engine, HttpSleepEngine
     from slurm_idle.metrics import MetricsSource
     from slurm_idle.metrics.fallback import FallbackSource
+    from slurm_idle.metrics.gpus import GpuSource, PrometheusGpuSource
     from slurm_idle.metrics.prometheus import PrometheusSource
     from slurm_idle.metrics.scrape import ScrapeSource
     from slurm_idle.router import PoolRouters, Router
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     )
     from slurm_idle.slurm.pyslurm_backend import PyslurmBackend
     from slurm_idle.testing.fake_router import FakeRouter, FakeRouterSet
-    from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
+    from slurm_idle.testing.fakes import FakeEngine, FakeGpus, FakeMetrics, FakeSlurm
 
 
 def _slurm(fake: FakeSlurm, cli: CliBackend, pyslurm: PyslurmBackend) -> None:
@@ -60,6 +61,12 @@ def _metrics(fake: FakeMetrics, prom: PrometheusSource, scrape: ScrapeSource,
     source = prom
     source = scrape
     source = fallback
+    del source
+
+
+def _gpus(fake: FakeGpus, prom: PrometheusGpuSource) -> None:
+    source: GpuSource = fake
+    source = prom
     del source
 
 

@@ -1,4 +1,4 @@
-"""In-memory fakes of the Slurm backend, engine control and metrics source.
+"""In-memory fakes of the Slurm backend, engine control, metrics source and GPU readings.
 
 They follow the same protocols as the real adapters, for pure tests of the agent's glue and
 for users who want to dry-run their own policy code. They are NOT used to claim anything about
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from slurm_idle.config import ModelConfig, ReplicaConfig
 from slurm_idle.engine import EngineHealth, Identity
-from slurm_idle.model import ModelLoad, ReplicaLoad, SlurmJob, SlurmNode
+from slurm_idle.model import GpuReading, ModelLoad, ReplicaLoad, SlurmJob, SlurmNode
 from slurm_idle.replicatrust import agent_user
 from slurm_idle.slurm.parse import JobSignal
 from slurm_idle.slurm.protocol import AcctJob
@@ -300,3 +300,28 @@ class FakeMetrics:
         if self.fail:
             raise MetricsUnavailable("fake metrics source is down")
         return [self.models.get(m.name, ModelLoad(model=m.name, known=False)) for m in models]
+
+
+@dataclass
+class FakeGpus:
+    """GPU readings per node as given (a node not given has no series, like one without an
+    exporter); `fail` makes it raise MetricsUnavailable. Records the nodes each call asked for."""
+
+    nodes: dict[str, tuple[GpuReading, ...]] = field(default_factory=dict)
+    fail: bool = False
+    asked: list[tuple[str, ...]] = field(default_factory=list)
+
+    def readings(self, nodes: Sequence[str], *, budget_s: float) -> dict[str, tuple[GpuReading, ...]]:
+        from slurm_idle.errors import MetricsUnavailable
+
+        self.asked.append(tuple(nodes))
+        if self.fail:
+            raise MetricsUnavailable("fake GPU exporter is down")
+        return {n: self.nodes[n] for n in nodes if n in self.nodes}
+
+    def hold(self, node: str, index: int, used_mib: int, holder: str | None = None,
+             total_mib: int = 81559) -> None:
+        """Set one GPU's reading (the node's others kept)."""
+        others = tuple(g for g in self.nodes.get(node, ()) if g.index != index)
+        reading = GpuReading(index=index, used_mib=used_mib, total_mib=total_mib, holder=holder)
+        self.nodes[node] = tuple(sorted((*others, reading), key=lambda g: g.index))

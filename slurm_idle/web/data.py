@@ -310,5 +310,5 @@ def gpu_counts(doc: Mapping[str, Any]) -> dict[str, int]:
     """GPUs per phase now (the pool view's header)."""
     out: dict[str, int] = {}
     for n in doc.get("nodes", []):
-        out[n["phase"]] = out.get(n["phase"], 0) + int(n.get("gpus") or 0)
+        out[n["phase"]] = out.get(n["phase"], 0) + int(n.get("gpus_total") or 0)
     return out

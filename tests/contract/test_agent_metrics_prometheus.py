@@ -90,6 +90,28 @@ class FileServer:
         self.server.server_close()
 
 
+def start_prometheus(tmp_path: Path, port: int, target_port: int, pids: list[int],
+                     rules: str | None = None, metrics_path: str = "/metrics") -> str:
+    """A Prometheus on 127.0.0.1:`port` scraping 127.0.0.1:`target_port` every second (job
+    `agent`), its pid appended to `pids` (the caller stops it); its URL once it listens."""
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        + (f"rule_files: [{rules}]\n" if rules else "")
+        + "scrape_configs:\n"
+        "  - job_name: agent\n"
+        f"    metrics_path: {metrics_path}\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{target_port}']}}]\n"
+    )
+    pids.append(procs.spawn(
+        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        tmp_path / "prometheus.log", {**os.environ, procs.MARKER: str(tmp_path)},
+        procs.PidFile(tmp_path / "prom.pid")))
+    procs.wait_for(lambda: procs.port_open(port), 30, "prometheus")
+    return f"http://127.0.0.1:{port}"
+
+
 # SLURM_IDLE_TEST_EXPORTER=http-server forces the fallback (to test it where node_exporter exists).
 EXPORTERS = [
     os.environ.get("SLURM_IDLE_TEST_EXPORTER")
@@ -121,21 +143,8 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, 
             server = FileServer(prom_file, exporter_port)
             metrics_path = "/metrics"
         shutil.copy(RULES, tmp_path / "rules.yml")
-        (tmp_path / "prometheus.yml").write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            "rule_files: [rules.yml]\n"
-            "scrape_configs:\n"
-            "  - job_name: agent\n"
-            f"    metrics_path: {metrics_path}\n"
-            f"    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n"
-        )
-        pids.append(procs.spawn(
-            ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}"],
-            tmp_path / "prometheus.log", env, procs.PidFile(tmp_path / "prom.pid")))
-        prom = f"http://127.0.0.1:{prom_port}"
-        procs.wait_for(lambda: procs.port_open(prom_port), 30, "prometheus")
+        prom = start_prometheus(tmp_path, prom_port, exporter_port, pids, rules="rules.yml",
+                                metrics_path=metrics_path)
         procs.wait_for(lambda: procs.port_open(exporter_port), 30, "exporter")
         yield {"prom": prom, "file": prom_file, "exporter": request.param}
     finally:

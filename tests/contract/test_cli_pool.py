@@ -52,8 +52,10 @@ def test_status_json_shape_on_a_fresh_cluster(sb: Any) -> None:
     doc = cli_json(sb, "status")
     assert [n["name"] for n in doc["nodes"]] == ["gpu1", "gpu2", "gpu3", "gpu4"]
     for node in doc["nodes"]:
-        assert {"name", "phase", "slurm_state", "reason", "gpus", "jobs"} <= node.keys()
-        assert node["phase"] == "unknown" and node["gpus"] == 4
+        assert {"name", "phase", "slurm_state", "reason", "gpus_total", "gpus", "jobs"} <= node.keys()
+        assert node["phase"] == "unknown" and node["gpus_total"] == 4
+        # each GPU's memory where the sandbox's GPU exporter runs, null where it does not
+        assert node["gpus"] is None or [g["index"] for g in node["gpus"]] == [0, 1, 2, 3]
     assert doc["models"][0]["model"] == "sandbox-model"
     assert {"serving", "needed"} <= doc["models"][0].keys()
 

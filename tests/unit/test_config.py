@@ -211,8 +211,50 @@ def test_example_config_mentions_every_key() -> None:
     from slurm_idle import config as c
 
     text = EXAMPLE.read_text()
-    sections = (c.SlurmConfig, c.MetricsConfig, c.EngineConfig, c.ModelConfig, c.PolicyConfig,
+    sections = (c.SlurmConfig, c.MetricsConfig, c.GpuConfig, c.EngineConfig, c.ModelConfig, c.PolicyConfig,
                 c.TimeoutsConfig, c.PathsConfig, c.ReportConfig, c.RouterConfig)
     missing = [f"{cls.__name__}.{name}" for cls in sections for name in cls.model_fields
                if not re.search(rf"^[ #-]*\{{?{name}:", text, re.MULTILINE)]
     assert not missing
+
+
+def test_gpu_section_defaults_are_dcgm_exporters_names() -> None:
+    """Without a `gpu:` section: dcgm-exporter's metrics (MiB) and labels, the tolerances, and
+    the two limits later steps read (gpu_free_s, wake_attempts)."""
+    cfg = parse_config(MINIMAL)
+    gpu = cfg.gpu
+    assert (gpu.used_metric, gpu.free_metric, gpu.total_metric, gpu.unit) == (
+        "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", None, "mib")
+    assert (gpu.node_label, gpu.index_label, gpu.holder_label) == ("Hostname", "gpu", "hpc_job")
+    assert (gpu.free_tolerance_mib, gpu.max_residue_mib) == (1024, 4096)
+    assert cfg.timeouts.gpu_free_s == 300 and cfg.engine is not None and cfg.engine.wake_attempts == 3
+
+
+@pytest.mark.parametrize(("section", "error"), [
+    ("gpu: {used_metric: 'up} or vector(1'}", "gpu.used_metric: used_metric 'up} or vector(1' is not a Prometheus metric name"),
+    ("gpu: {total_metric: 'a-b'}", "gpu.total_metric: total_metric 'a-b' is not a Prometheus metric name"),
+    ("gpu: {node_label: 'host name'}", "gpu.node_label: node_label 'host name' is not a Prometheus label name"),
+    ("gpu: {holder_label: '1job'}", "gpu.holder_label: holder_label '1job' is not a Prometheus label name"),
+    ("gpu: {unit: gib}", "gpu.unit"),
+    ("gpu: {free_tolerance_mib: -1}", "gpu.free_tolerance_mib"),
+    ("engine: {kind: command, start_command: a, stop_command: b, wake_attempts: 0}", "engine.wake_attempts"),
+])
+def test_gpu_names_go_into_promql_only_when_they_are_names(section: str, error: str) -> None:
+    """Metric and label names of the `gpu` section are checked like `metrics`' (they are put
+    into PromQL as they are); the unit is mib or bytes; counts are not negative."""
+    text = MINIMAL.replace('engine: {kind: command, start_command: "start {node}", stop_command: "stop {node}"}\n', "")
+    if not section.startswith("engine"):
+        text = MINIMAL + section + "\n"
+    else:
+        text = text + section + "\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert error in str(info.value)
+
+
+def test_gpu_section_for_an_exporter_in_bytes() -> None:
+    """Another exporter's names, in bytes, without a free metric or a holder label."""
+    cfg = parse_config(MINIMAL + "gpu: {used_metric: nvidia_gpu_memory_used_bytes, free_metric: null,"
+                       " total_metric: nvidia_gpu_memory_total_bytes, unit: bytes, node_label: instance,"
+                       " holder_label: null}\n")
+    assert cfg.gpu.unit == "bytes" and cfg.gpu.holder_label is None and cfg.gpu.free_metric is None

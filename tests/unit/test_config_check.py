@@ -229,7 +229,7 @@ def test_show_lists_the_keys_of_every_section_with_their_defaults(
     assert doc["web.show_all_users"] == {"value": True, "source": "file:6"}
     assert doc["engine.kind"] == {"value": "command", "source": "file:1"}
     sections = {key.split(".")[0] for key in doc}
-    assert sections == {"slurm", "metrics", "engine", "gpu", "models", "policy", "timeouts", "paths",
+    assert sections == {"slurm", "metrics", "gpu", "engine", "models", "policy", "timeouts", "paths",
                         "report", "router", "job_policy", "pipeline", "web"}
 
 

@@ -15,6 +15,7 @@ from slurm_idle.doctor.checks import (
     SiteFacts,
     SubmitProbe,
     check_engines,
+    check_gpus,
     check_grace_time,
     check_job_submit,
     check_metrics,
@@ -29,7 +30,7 @@ from slurm_idle.doctor.checks import (
     run_checks,
 )
 from slurm_idle.doctor.gather import _command_program, engine_problems, path_problem
-from slurm_idle.model import ReplicaLoad
+from slurm_idle.model import GpuReading, ReplicaLoad
 from slurm_idle.slurm.parse import parse_nodes
 from slurm_idle.slurm.text import parse_duration_s, parse_show_config, parse_show_partitions
 
@@ -61,6 +62,8 @@ def facts_22(**changes: object) -> SiteFacts:
                            0, (TEXT_22 / "sbatch-test-only-requeue.out").read_text()),
         replicas={n: ReplicaLoad(model="m", node=n) for n in ("gpu1", "gpu2", "gpu3", "gpu4")},
         engines=(EngineFacts("gpu1", "m", "command"),),
+        gpus={n: tuple(GpuReading(i, 0, 81559) for i in range(4))
+              for n in ("gpu1", "gpu2", "gpu3", "gpu4")},
     )
     return replace(facts, **changes)  # type: ignore[arg-type]
 
@@ -518,3 +521,83 @@ models:
     assert check.detail.startswith(
         f"{dead}: engine not answering GET http://127.0.0.1:8001/health (connection refused)"), check.detail
     assert ":8000/health" not in check.detail
+
+
+# --- GPU memory series ---------------------------------------------------------------------
+
+
+def test_gpu_series_for_every_pool_node_pass() -> None:
+    """Fresh GPU memory series for all 4 pool nodes: ok, counting nodes and GPUs."""
+    [check] = check_gpus(facts_22(), config())
+    assert check.status == "ok", check.detail
+    assert check.detail == ("fresh GPU memory series (DCGM_FI_DEV_FB_USED by Hostname) for all 4 "
+                            "node(s), 16 GPU(s)")
+
+
+def test_a_pool_node_without_gpu_series_fails_naming_it_and_what_is_lost() -> None:
+    """gpu3 has no series: fail naming gpu3 (not the others), what is lost without them, and
+    the fix; `doctor`'s order puts it right after the metrics check."""
+    facts = facts_22()
+    assert facts.gpus is not None
+    [check] = check_gpus(replace(facts, gpus={n: g for n, g in facts.gpus.items() if n != "gpu3"}),
+                         config())
+    assert check.status == "fail"
+    assert check.detail.startswith("no fresh GPU memory series (DCGM_FI_DEV_FB_USED by Hostname) "
+                                   "for node(s) gpu3: a leftover process on these GPUs is not seen: "
+                                   "engines would be woken on held GPUs (vLLM: CUDA out of memory) "
+                                   "and lends not measured"), check.detail
+    names = [c.name for c in run_checks(facts_22(), config())]
+    assert names.index("gpus") == names.index("metrics") + 1
+
+
+def test_gpu_series_are_checked_on_the_jobs_placement_nodes_too() -> None:
+    """With a `placement: jobs` model, every node of its partition needs series as well."""
+    cfg = parse_config("""
+engine: {kind: command, start_command: 'true', stop_command: 'true'}
+models:
+  - {name: m, gpus_per_replica: 4, nodes: 'gpu[1-4]'}
+  - {name: j, placement: jobs, job: {replicas: 2, command: serve, port_base: 9000}}
+""")
+    facts = facts_22()
+    assert facts.nodes is not None and facts.gpus is not None
+    partitioned = tuple(replace(n, partitions=("inference", "idle")) for n in facts.nodes)
+    extra = replace(partitioned[0], name="gpu8")
+    [check] = check_gpus(replace(facts, nodes=(*partitioned, extra)), cfg)
+    assert check.status == "fail" and "for node(s) gpu8:" in check.detail, check.detail
+    [check] = check_gpus(replace(facts, nodes=(*partitioned, extra),
+                                 gpus={**facts.gpus, "gpu8": (GpuReading(0, 0),)}), cfg)
+    assert check.status == "ok", check.detail
+
+
+def test_gpu_series_not_read_fail_with_the_reason() -> None:
+    """Prometheus down (or metrics.source scrape): the check fails with the reading's error."""
+    [check] = check_gpus(facts_22(gpus=None, errors={"gpus": "cannot connect to Prometheus"}), config())
+    assert check.status == "fail"
+    assert check.detail.startswith("no GPU memory series read (cannot connect to Prometheus): "
+                                   "a leftover process on these GPUs is not seen")
+
+
+def test_gather_reads_the_gpus_of_the_pool_or_says_why_not() -> None:
+    """gather asks the GPU source for every pool node; without a source (metrics.source
+    scrape) the reason is recorded, and a failing source's error too."""
+    from slurm_idle.doctor.gather import gather
+    from slurm_idle.errors import CommandError
+    from slurm_idle.testing.fakes import FakeGpus, FakeMetrics, FakeSlurm
+
+    class NoCommands:
+        def run(self, argv: object, input: str | None = None, timeout: float | None = None) -> object:
+            raise CommandError(["scontrol"], 1, "not in this test")
+
+    cfg = config()
+    gpus = FakeGpus(nodes={"gpu1": (GpuReading(0, 5),)})
+    slurm = FakeSlurm.with_nodes(["gpu1", "gpu2", "gpu3", "gpu4"])
+    facts = gather(cfg, NoCommands(), slurm, FakeMetrics(), lambda *a: EngineFacts("gpu1", "m", "command"),
+                   gpus=gpus)
+    assert gpus.asked == [("gpu1", "gpu2", "gpu3", "gpu4")]
+    assert facts.gpus == {"gpu1": (GpuReading(0, 5),)}
+    bare = gather(cfg, NoCommands(), slurm, FakeMetrics(), lambda *a: EngineFacts("gpu1", "m", "command"))
+    assert bare.gpus is None and "metrics.source is scrape" in bare.errors["gpus"]
+    gpus.fail = True
+    down = gather(cfg, NoCommands(), slurm, FakeMetrics(), lambda *a: EngineFacts("gpu1", "m", "command"),
+                  gpus=gpus)
+    assert down.gpus is None and down.errors["gpus"] == "fake GPU exporter is down"

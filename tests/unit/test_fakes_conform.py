@@ -14,7 +14,7 @@ from slurm_idle.errors import RouterError
 from slurm_idle.metrics import MetricsSource
 from slurm_idle.slurm.protocol import ClusterReader, JobControl, NodeWriter, PoolSlurm, SlurmBackend
 from slurm_idle.testing import conformance
-from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
+from slurm_idle.testing.fakes import FakeEngine, FakeGpus, FakeMetrics, FakeSlurm
 
 
 @pytest.mark.parametrize("protocol", [ClusterReader, NodeWriter, JobControl, PoolSlurm, SlurmBackend])
@@ -30,6 +30,19 @@ def test_fake_engine_and_metrics_are_the_protocols() -> None:
     assert isinstance(engine, Engine) and isinstance(FakeMetrics(), MetricsSource)
     assert isinstance(engine.health(replica), EngineHealth)
     assert isinstance(engine.identify(replica), Identity)
+
+
+def test_fake_gpus_is_a_gpu_source_answering_gpu_readings() -> None:
+    """FakeGpus is a GpuSource (as PrometheusGpuSource is) and answers GpuReading tuples."""
+    from slurm_idle.metrics.gpus import GpuSource, PrometheusGpuSource
+    from slurm_idle.model import GpuReading
+
+    fake = FakeGpus()
+    fake.hold("gpu1", 0, 812)
+    assert isinstance(fake, GpuSource)
+    assert PrometheusGpuSource.readings.__annotations__ == FakeGpus.readings.__annotations__
+    [reading] = fake.readings(["gpu1"], budget_s=1.0)["gpu1"]
+    assert isinstance(reading, GpuReading)
 
 
 def test_the_router_sets_are_pool_routers(tmp_path: Path) -> None:

@@ -131,7 +131,7 @@ def test_a_failing_health_answer_and_other_reasons() -> None:
 def test_replicas_listed_under_a_node_show_why_they_are_unhealthy() -> None:
     """With two replicas on a node, the one whose engine is down reads `unhealthy: why` in its
     own line instead of `not healthy`; its neighbour stays `healthy`."""
-    node = {"name": "gpu5", "phase": "serving", "slurm_state": "IDLE+DRAIN", "gpus": 8,
+    node = {"name": "gpu5", "phase": "serving", "slurm_state": "IDLE+DRAIN", "gpus_total": 8,
             "gpus_used": 0, "jobs": [], "reason": "", "pinned": False}
     why = "engine not answering GET http://127.0.0.1:8001/health (connection refused)"
     rows = [{"name": f"gpu5:{port}", "model": "m", "nodes": ["gpu5"], "gpus": gpus, "phase": "serving",

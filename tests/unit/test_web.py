@@ -30,9 +30,9 @@ models:
 POOL = {
     "generated_at": "2026-12-03T08:00:00Z",
     "nodes": [{"name": "gpu1", "phase": "serving", "phase_since_iso": "2026-12-03T07:00:00Z",
-               "gpus": 4, "gpus_used": 0, "slurm_state": "IDLE+DRAIN", "jobs": [],
+               "gpus_total": 4, "gpus_used": 0, "slurm_state": "IDLE+DRAIN", "jobs": [],
                "model": "m", "pinned": False},
-              {"name": "gpu2", "phase": "lent", "phase_since_iso": None, "gpus": 4,
+              {"name": "gpu2", "phase": "lent", "phase_since_iso": None, "gpus_total": 4,
                "gpus_used": 1, "slurm_state": "MIXED", "jobs": [7], "model": "m",
                "pinned": False}],
     "models": [], "errors": [],
