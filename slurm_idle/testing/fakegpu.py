@@ -15,7 +15,7 @@ Descriptors are close-on-exec, so a holder's children hold nothing.
 
 CLI (the sandbox's Prolog and `scripts/sandbox gpu-hold` run it):
     python -m slurm_idle.testing.fakegpu hold (--gpu-device PATH ... | --gpu-dir D --gpus 0,1)
-        [--mib N] [--job ID] [--pidfile F]      hold until SIGTERM, then let go
+        [--mib N] [--job ID] [--pidfile F] [--detach]   hold until SIGTERM, then let go
     python -m slurm_idle.testing.fakegpu release --pidfile F    end that holder, wait for it
 """
 
@@ -262,12 +262,16 @@ def _hold(args: argparse.Namespace) -> int:
     if not devices:
         print("fakegpu: no GPU to hold", file=sys.stderr)
         return 0
+    ready = _detach() if args.detach else None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     holder = Holder(devices, args.mib, args.job)
     if args.pidfile is not None:  # last: a pid file means the holding shows
         PidFile(args.pidfile).write(os.getpid())
+    if ready is not None:
+        os.write(ready, b"1")
+        os.close(ready)
     try:
         stop.wait()
     finally:
@@ -275,6 +279,20 @@ def _hold(args: argparse.Namespace) -> int:
         if args.pidfile is not None:
             PidFile(args.pidfile).clear()
     return 0
+
+
+def _detach() -> int:
+    """Go on in a child of a session of its own (a Prolog's caller neither waits for it nor
+    kills its process group); this process exits once the child says it holds: 0, or 1 when
+    the child died first. Returns, in the child, the pipe to say it on."""
+    r, w = os.pipe()
+    if os.fork() > 0:
+        os.close(w)
+        with os.fdopen(r, "rb") as said:
+            os._exit(0 if said.read(1) == b"1" else 1)
+    os.close(r)
+    os.setsid()
+    return w
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -298,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--job", default=None, help="the Slurm job it holds them for")
     h.add_argument("--pidfile", type=Path, default=None,
                    help="written once the GPUs are held, removed when let go")
+    h.add_argument("--detach", action="store_true",
+                   help="hold from a process of a session of its own; return once it holds")
     r = sub.add_parser("release", help="end the holder of a pid file and wait for it")
     r.add_argument("--pidfile", type=Path, required=True)
     args = p.parse_args(argv)
