@@ -19,7 +19,7 @@ import pytest
 
 from slurm_idle.config import load_config
 from slurm_idle.engine import IdentityStore, format_command, identity_dir
-from slurm_idle.testing import procs
+from slurm_idle.testing import fakegpu, procs
 from slurm_idle.testing.sandbox import Sandbox
 from slurm_idle.testing.waiting import poll
 
@@ -198,19 +198,25 @@ def test_generated_config_engine_commands_stop_and_start_a_replica(sandbox: Sand
 
 
 def test_second_sandbox_runs_beside_and_down_leaves_nothing(sandbox: Sandbox, tmp_path: Path) -> None:
-    """A second sandbox (other root, other ports) comes up beside the first and `down` leaves no process."""
+    """A second sandbox (other root, other ports) comes up beside the first and `down` leaves no
+    process: no GPU holder either, a job's (the Prolog's, outside the job) or a gpu-hold's."""
     other = Sandbox(Path(f"{sandbox.root}-2"))
     try:
         assert other.base_port != sandbox.base_port
         other.up()
         assert other.run(["sinfo", "-h", "-o", "%P=%D"]).stdout.split() == [
             "inference=7", "serve=1", "idle*=8"]
-        job = ok(other, ["sbatch", "--parsable", "-p", "idle", "-o", "/dev/null", "--wrap", "sleep 300"]).strip()
+        job = ok(other, ["sbatch", "--parsable", "-p", "idle", "--gres=gpu:1", "-o", "/dev/null",
+                         "--wrap", "sleep 300"]).strip()
         poll(lambda: job_field(other, job, "JobState") == "RUNNING", 20, "job running in 2nd sandbox")
+        other.gpu_hold("gpu3", 0)
+        poll(lambda: {h.job for h in fakegpu.scan(other.layout.dev)} >= {job, None}, 10,
+             "a job's and a gpu-hold's holders")
     finally:
         res = other.down()
+        holders = fakegpu.scan(other.layout.dev)
         shutil.rmtree(other.root, ignore_errors=True)
-    assert res["left"] == [] and res["mounts_left"] == []
+    assert res["left"] == [] and res["mounts_left"] == [] and holders == []
     assert procs.pids_with_env(lambda e: e.get(procs.MARKER) == str(other.root)
                                or e.get("SLURM_CLUSTER_NAME") == other.layout.cluster_name) == []
     assert sandbox.status()["ok"], "the first sandbox must be untouched"
