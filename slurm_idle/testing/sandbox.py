@@ -64,6 +64,12 @@ def default_job_submit_lua() -> Path | None:
     return p if p.is_file() else None
 
 
+def default_alert_rules() -> Path | None:
+    """The product's Prometheus alerts beside the package (etc/prometheus/...), if present."""
+    p = Path(slurm_idle.__file__).resolve().parents[1] / "etc" / "prometheus" / "slurm-idle-alerts.yml"
+    return p if p.is_file() else None
+
+
 def pick_base_port(span: int = sandboxconf.PORT_SPAN, rng: random.Random | None = None) -> int:
     """The base of a block of `span` ports leased to this process (ports.py: no other sandbox
     can be handed any of them until the lease is let go, at the sandbox's `down()` or when
@@ -144,6 +150,7 @@ class Sandbox:
                              slurm_version=self.slurm_version,
                              hostname=socket.gethostname().split(".")[0], python=self.python,
                              job_submit_lua=Path(lua) if lua else None,
+                             alert_rules=default_alert_rules(),
                              pythonpath=str(Path(slurm_idle.__file__).resolve().parents[1]),
                              real_vllm=self.real_vllm_nodes)
         self.base_port = self.layout.base_port

@@ -134,6 +134,17 @@ def test_prometheus_scrapes_every_emulator(sandbox: Sandbox) -> None:
     assert {r["metric"]["engine"] for r in res} == {"0"}
 
 
+def test_prometheus_evaluates_the_products_alert_rules(sandbox: Sandbox) -> None:
+    """The sandbox's Prometheus loads etc/prometheus/slurm-idle-alerts.yml, every rule of it."""
+    rules = json.loads(get(f"{sandbox.prometheus_url}/api/v1/rules")[1])["data"]["groups"]
+    names = {r["name"] for g in rules for r in g["rules"]}
+    shipped = (Path(__file__).resolve().parents[2] / "etc" / "prometheus"
+               / "slurm-idle-alerts.yml").read_text()
+    assert "SlurmIdleTickStale" in names
+    assert names == {line.split("alert:")[1].strip() for line in shipped.splitlines()
+                     if "- alert:" in line}
+
+
 def test_load_reaches_every_awake_replica(sandbox: Sandbox) -> None:
     """`load RPS` is spread over the serving emulators: each one sees prompt tokens."""
     def prompt_tokens(node: str) -> float:

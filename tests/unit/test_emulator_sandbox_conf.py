@@ -124,6 +124,15 @@ def test_prometheus_scrapes_each_emulator_every_second() -> None:
         "gpu5-0", "gpu5-1", "gpu6-0"]
 
 
+def test_prometheus_loads_the_products_alert_rules_when_given() -> None:
+    """rule_files names the product's alerts file when the layout has one, nothing otherwise."""
+    lay = Layout(root=Path("/tmp/sb"), base_port=30000, slurm_version="22.05.8", hostname="vm",
+                 python="/usr/bin/python3", alert_rules=Path("/src/etc/prometheus/a.yml"))
+    assert yaml.safe_load(sandboxconf.prometheus_yml(lay))["rule_files"] == [
+        "/src/etc/prometheus/a.yml"]
+    assert "rule_files" not in yaml.safe_load(sandboxconf.prometheus_yml(layout()))
+
+
 def test_prometheus_scrapes_each_nodes_gpu_exporter_every_second() -> None:
     """Job `dcgm` scrapes one GPU exporter port per node, gpu1-gpu8 (offsets 27-34), inside
     the block and on no other part's port."""
