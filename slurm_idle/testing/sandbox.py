@@ -15,12 +15,14 @@ made on purpose sends a DNS query or a registry request off the machine.
 
 Nodes: gpu1-gpu4 (4 GPUs, one replica each, the default config) and gpu5-gpu7 (8 GPUs: two
 replicas on gpu5, one over gpu[6-7]; their own config, `topology_config_path`; issue 13).
+GPUs: device files of each node's own, held by processes (fakegpu.py: the emulators, a job's
+Prolog holder, `gpu_hold`), reported by one GPU exporter with DCGM's names (gpu_exporter.py).
 
 CLI (sandbox_cli.py): python -m slurm_idle.testing.sandbox [--root DIR] [--base-port N]
      up | down | status [--json] | env | load RPS [--model M] | engine-start NODE [--index N]
      | engine-stop NODE [--index N] | gpu-hold NODE [GPU] [--mib N] | gpu-release NODE
 
-Over 400 lines for now (746): one class drives every daemon's start, readiness and teardown in
+Over 400 lines for now (~1000): one class drives every daemon's start, readiness and teardown in
 order, and CI-flake fixes land here often; splitting it (per daemon) waits until those settle.
 """
 

@@ -1,9 +1,10 @@
-"""The text of every config file the sandbox writes (Slurm, slurmdbd, Prometheus, slurm-idle).
+"""The text of every config file the sandbox writes (Slurm and its Prolog/Epilog, slurmdbd,
+Prometheus, slurm-idle).
 
 Pure functions of a `Layout` (root dir + base port + Slurm version), so the files are
 reviewable in tests without starting anything. Slurm version differences live here:
 24.11 needs `cgroup.conf` with `CgroupPlugin=disabled`; keys removed in 24.11 are not used.
-Longer than most modules (~550 lines) because every generated file reads the same node and
+Longer than most modules (~700 lines) because every generated file reads the same node and
 replica table (NODES, TOPOLOGY_NODES, REPLICAS, the jobs node) and Layout: one place to change
 a port or a node.
 """
