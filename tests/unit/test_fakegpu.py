@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,11 +38,26 @@ def mine(dev: Path) -> list[Holding]:
     return [h for h in fakegpu.scan(dev) if h.pid == os.getpid()]
 
 
+@pytest.fixture(autouse=True)
+def _no_holder_left() -> Iterator[None]:
+    """Every holder a test started ends with it, the test passing or not."""
+    yield
+    for p in _started:
+        p.kill()
+        p.wait(5)
+    _started.clear()
+
+
+_started: list[subprocess.Popen[bytes]] = []
+
+
 def hold_process(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], procs.PidFile]:
-    """`fakegpu hold ARGS` in a process of its own, returned once it holds."""
+    """`fakegpu hold ARGS` in a process of its own, returned once it holds (ended after the
+    test at the latest)."""
     pf = procs.PidFile(tmp_path / f"hold-{len(list(tmp_path.glob('hold-*')))}.pidj")
     p = subprocess.Popen([sys.executable, "-m", "slurm_idle.testing.fakegpu", "hold", *args,
                           f"--pidfile={pf.path}"], env={**os.environ, "PYTHONPATH": REPO})
+    _started.append(p)
     deadline = time.monotonic() + 20
     while pf.read() is None:
         assert p.poll() is None and time.monotonic() < deadline, "fakegpu hold did not hold"
@@ -189,8 +205,11 @@ def test_prolog_holds_a_jobs_gpus_until_the_epilog(tmp_path: Path) -> None:
     assert fakegpu.scan(lay.dev) == []
     assert list(lay.run.iterdir()) == []
     serve = {**env, "SLURM_JOB_PARTITION": sandboxconf.JOBS_PARTITION}
-    assert _run_script(sandboxconf.prolog_sh(lay), tmp_path, serve).returncode == 0
-    assert fakegpu.scan(lay.dev) == [] and list(lay.run.iterdir()) == []
+    try:
+        assert _run_script(sandboxconf.prolog_sh(lay), tmp_path, serve).returncode == 0
+        assert fakegpu.scan(lay.dev) == [] and list(lay.run.iterdir()) == []
+    finally:
+        _run_script(sandboxconf.epilog_sh(lay), tmp_path, serve)
 
 
 def test_a_failing_prolog_still_exits_0(tmp_path: Path) -> None:
