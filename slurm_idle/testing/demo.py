@@ -289,7 +289,8 @@ class Story:
 
 
 def reset_cluster(sb: Any, journal: str | None = None) -> None:
-    """No jobs, every node undrained without a comment, every emulator up, load 0, no journal."""
+    """No jobs, no GPU held outside Slurm, every node undrained without a comment, every
+    emulator up, load 0, no journal."""
     sb.run(["scancel", "--full", "--user", pwd.getpwuid(os.getuid()).pw_name], capture_output=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -297,6 +298,7 @@ def reset_cluster(sb: Any, journal: str | None = None) -> None:
         if not out.stdout.strip():
             break
         time.sleep(0.5)
+    sb.gpu_release()  # before engine_start: an emulator does not start on a held GPU
     for node in getattr(sb, "all_nodes", sb.nodes):  # the 8-GPU nodes too (issue 13)
         sb.run(["scontrol", "update", f"nodename={node}", "comment="], capture_output=True)
         sb.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], capture_output=True)

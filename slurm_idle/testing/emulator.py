@@ -23,6 +23,14 @@ queued in the engine costs a coroutine, not a thread; the simulation runs on one
 request queues in the engine as in vLLM (`max_num_seqs` run, the rest wait, no limit on the
 queue); a client that goes away gets its request aborted, as vLLM aborts a disconnected one.
 
+GPUs (`--gpu-device PATH`, or `--gpu-dir D --gpus LIST`; fakegpu.py): the emulator holds its
+fake GPUs' device files as vLLM holds its GPUs: `--weights-mib` on each while awake,
+`--residue-mib` while asleep (what sleep mode leaves: a CUDA context and more). A `/wake_up`
+while the other holders' MiB plus the weights exceed a GPU answers 500 with vLLM's error
+(`{"error": {"message": "Call to wake_up method failed: CUDA Error: out of memory ...",
+"type": "InternalServerError", "param": null, "code": 500}}`, the shape since vLLM 0.10.1) and
+stays asleep; a cold start in that state exits 1 with the same CUDA error.
+
 Version: `GET /version` answers `--vllm-version` (default DEFAULT_VLLM_VERSION). Below 0.17
 the emulator behaves as those servers do: `/sleep` ignores `mode` and aborts whatever is in
 flight (slurm_idle.engine_version has the feature table).
@@ -45,6 +53,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from slurm_idle.engine_version import SLEEP_MODE_WAIT, supports
+from slurm_idle.testing import fakegpu
 from slurm_idle.testing.emulator_http import AsyncServer
 from slurm_idle.testing.engine_model import Capacity, EngineModel, Request
 
@@ -105,6 +114,46 @@ def haproxy_check(socket_path: str, backend: str, server: str) -> Callable[[], b
     return check
 
 
+class GpuMemory:
+    """What the engine holds on its GPUs: its weights awake, the residue asleep."""
+
+    def __init__(self, devices: list[Path], weights_mib: int, residue_mib: int,
+                 awake: bool) -> None:
+        self.devices = devices
+        self.dev = devices[0].parent.parent  # `{dev}` of `{dev}/NODE/nvidiaI`
+        self.weights_mib = weights_mib
+        self.residue_mib = residue_mib
+        self.holder: fakegpu.Holder | None = None
+        self.need_now = weights_mib if awake else residue_mib
+
+    def crowded(self, need_mib: int) -> list[str]:
+        return fakegpu.crowded(self.dev, self.devices, need_mib, os.getpid())
+
+    def take(self) -> None:
+        self.holder = fakegpu.Holder(self.devices, self.need_now)
+
+    def asleep(self) -> None:
+        if self.holder is not None:
+            self.holder.set_mib(self.residue_mib)
+
+    def wake_error(self) -> str | None:
+        """vLLM's wake_up error while the weights do not fit beside the other holders; else
+        holds them and None."""
+        crowded = self.crowded(self.weights_mib)
+        if crowded:
+            print(f"vllm-emulator: wake_up refused: {'; '.join(crowded)}", file=sys.stderr,
+                  flush=True)
+            return f"Call to wake_up method failed: {fakegpu.CUDA_OOM}"
+        if self.holder is not None:
+            self.holder.set_mib(self.weights_mib)
+        return None
+
+    def release(self) -> None:
+        if self.holder is not None:
+            self.holder.close()
+            self.holder = None
+
+
 @runtime_checkable
 class Done(Protocol):
     """What finishing a request sets: a threading.Event, or the HTTP server's LoopEvent."""
@@ -138,6 +187,7 @@ class Emulator:
         # completion; the first names the metrics (the model's own). The agent proves an
         # engine is its replica's by a secret second name (engine/identity.py).
         self.served_names: tuple[str, ...] = (model.model_name,)
+        self.gpus: GpuMemory | None = None  # its fake GPUs, when it was given some
 
     # --- load sharing -------------------------------------------------------------------
 
@@ -197,12 +247,20 @@ class Emulator:
                     _finished(req)
             self.model.go_to_sleep(level)
             self.draining = False
+            if self.gpus is not None:
+                self.gpus.asleep()
         self.heartbeat()
 
-    def wake_up(self) -> None:
+    def wake_up(self) -> str | None:
+        """Wake the engine; vLLM's error instead when its weights do not fit on its GPUs."""
         with self.lock:
+            if not self.model.awake and self.gpus is not None:
+                error = self.gpus.wake_error()
+                if error is not None:
+                    return error
             self.model.wake_up()
         self.heartbeat()
+        return None
 
     def shutdown(self, timeout_s: float) -> int:
         """SIGTERM: refuse new requests, let in-flight ones finish for up to `timeout_s`
@@ -271,6 +329,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--router-backend", default="vllm")
     p.add_argument("--shutdown-timeout", type=float, default=0.0,
                    help="on SIGTERM, let in-flight requests finish this long (vLLM's flag; 0 aborts them)")
+    fakegpu.add_device_args(p)
+    p.add_argument("--weights-mib", type=int, default=70000,
+                   help="MiB held on each GPU while awake (weights, KV cache)")
+    p.add_argument("--residue-mib", type=int, default=1024,
+                   help="MiB held on each GPU while asleep (what sleep mode leaves)")
     return p.parse_args(argv)
 
 
@@ -290,6 +353,14 @@ def main(argv: list[str] | None = None) -> int:
         emu.in_router = haproxy_check(args.router_socket, args.router_backend, args.node)
     if args.start_delay_s > 0:
         time.sleep(args.start_delay_s)
+    devices = fakegpu.devices_from_args(args)
+    if devices:
+        emu.gpus = GpuMemory(devices, args.weights_mib, args.residue_mib, model.awake)
+        crowded = emu.gpus.crowded(emu.gpus.need_now)
+        if crowded:  # as vLLM's cold start fails loading its weights
+            print(f"vllm-emulator: {'; '.join(crowded)}\n{fakegpu.CUDA_OOM}", file=sys.stderr)
+            return 1
+        emu.gpus.take()
     sim = threading.Thread(target=emu.run, name="sim", daemon=True)
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES")  # the GPUs Slurm gave a replica job
 
@@ -306,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         emu.stop.set()
         emu.forget()
+        if emu.gpus is not None:
+            emu.gpus.release()
     return 0
 
 

@@ -98,7 +98,10 @@ def lifecycle_reply(emu: Emulator, path: str, query: dict[str, str]) -> Reply:
         emu.sleep(level, mode)
         return 200, b"", "text/plain"
     if path == "/wake_up":
-        emu.wake_up()
+        error = emu.wake_up()
+        if error is not None:  # vLLM's exception handler: ErrorResponse (since 0.10.1)
+            return _json(500, {"error": {"message": error, "type": "InternalServerError",
+                                         "param": None, "code": 500}})
         return 200, b"", "text/plain"
     return _json(404, {"detail": "Not Found"})
 

@@ -15,12 +15,14 @@ made on purpose sends a DNS query or a registry request off the machine.
 
 Nodes: gpu1-gpu4 (4 GPUs, one replica each, the default config) and gpu5-gpu7 (8 GPUs: two
 replicas on gpu5, one over gpu[6-7]; their own config, `topology_config_path`; issue 13).
+GPUs: device files of each node's own, held by processes (fakegpu.py: the emulators, a job's
+Prolog holder, `gpu_hold`), reported by one GPU exporter with DCGM's names (gpu_exporter.py).
 
 CLI (sandbox_cli.py): python -m slurm_idle.testing.sandbox [--root DIR] [--base-port N]
      up | down | status [--json] | env | load RPS [--model M] | engine-start NODE [--index N]
-     | engine-stop NODE [--index N]
+     | engine-stop NODE [--index N] | gpu-hold NODE [GPU] [--mib N] | gpu-release NODE
 
-Over 400 lines for now (746): one class drives every daemon's start, readiness and teardown in
+Over 400 lines for now (~1000): one class drives every daemon's start, readiness and teardown in
 order, and CI-flake fixes land here often; splitting it (per daemon) waits until those settle.
 """
 
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import slurm_idle
-from slurm_idle.testing import ports, procs, sandboxconf
+from slurm_idle.testing import fakegpu, ports, procs, sandboxconf
 from slurm_idle.testing.engine_model import Capacity
 from slurm_idle.testing.procs import PidFile
 from slurm_idle.testing.sandboxconf import ALL_NODES, NODES, REPLICAS, Layout
@@ -61,6 +63,12 @@ def detect_slurm_version() -> str:
 def default_job_submit_lua() -> Path | None:
     """The product's job_submit.lua beside the package (etc/job_submit.lua), if present."""
     p = Path(slurm_idle.__file__).resolve().parents[1] / "etc" / "job_submit.lua"
+    return p if p.is_file() else None
+
+
+def default_alert_rules() -> Path | None:
+    """The product's Prometheus alerts beside the package (etc/prometheus/...), if present."""
+    p = Path(slurm_idle.__file__).resolve().parents[1] / "etc" / "prometheus" / "slurm-idle-alerts.yml"
     return p if p.is_file() else None
 
 
@@ -144,6 +152,7 @@ class Sandbox:
                              slurm_version=self.slurm_version,
                              hostname=socket.gethostname().split(".")[0], python=self.python,
                              job_submit_lua=Path(lua) if lua else None,
+                             alert_rules=default_alert_rules(),
                              pythonpath=str(Path(slurm_idle.__file__).resolve().parents[1]),
                              real_vllm=self.real_vllm_nodes)
         self.base_port = self.layout.base_port
@@ -345,13 +354,18 @@ class Sandbox:
             "base_port": lay.base_port, "python": self.python, "slurm_version": self.slurm_version,
             "engine_start_delay_s": self.engine_start_delay_s,
             "real_vllm": list(self.real_vllm_nodes)}))
-        for i in range(max(sandboxconf.GPUS_PER_NODE, sandboxconf.TOPOLOGY_GPUS_PER_NODE,
-                           sandboxconf.JOBS_NODE_GPUS)):
-            dev = lay.dev / f"nvidia{i}"
-            if not dev.exists():
-                os.mknod(dev, 0o666 | 0o020000, os.makedev(195, i))
+        for node in sandboxconf.GPU_NODES:  # a character device per GPU, per node (fakegpu.py)
+            fakegpu.held_dir(lay.node_dev(node)).mkdir(parents=True, exist_ok=True)
+            for i in range(sandboxconf.node_gpus(node)):
+                dev = fakegpu.device_path(lay.node_dev(node), i)
+                if not dev.exists():
+                    os.mknod(dev, 0o666 | 0o020000, os.makedev(195, i))
         (lay.etc / "slurm.conf").write_text(sandboxconf.slurm_conf(lay))
         (lay.etc / "gres.conf").write_text(sandboxconf.gres_conf(lay))
+        lay.prolog.write_text(sandboxconf.prolog_sh(lay))
+        lay.epilog.write_text(sandboxconf.epilog_sh(lay))
+        lay.prolog.chmod(0o755)
+        lay.epilog.chmod(0o755)
         lay.haproxy_cfg.write_text(sandboxconf.haproxy_cfg(lay))
         if lay.needs_cgroup_conf:
             (lay.etc / "cgroup.conf").write_text(sandboxconf.cgroup_conf(lay))
@@ -459,6 +473,7 @@ class Sandbox:
             f"--pidfile={lay.run}/dockerd.pid", f"--host=unix://{lay.docker_socket}"]),
             env=sandboxconf.dockerd_proxy_env(lay))
         self._spawn("prometheus", self._prometheus_argv())
+        self._spawn("gpu-exporter", self._gpu_exporter_argv())
         if self.real_vllm_nodes:
             self._prepare_real_vllm(ready)
         for node in ALL_NODES:
@@ -492,6 +507,8 @@ class Sandbox:
         ready("engines (real vLLM on " + ",".join(self.real_vllm_nodes) + ")"
               if self.real_vllm_nodes else "emulators")
         self._wait("prometheus", lambda: self._targets()["up"] == len(REPLICAS), timeout_s)
+        self._wait("gpu-exporter", lambda: self._targets("dcgm")["up"] == len(sandboxconf.GPU_NODES),
+                   timeout_s)
         ready("scraped")
         self._wait("haproxy", lambda: all(self.router_states().get(r.name) == "UP"
                                           for r in REPLICAS), timeout_s)
@@ -520,6 +537,11 @@ class Sandbox:
                                f"{' '.join(str(exc).split())}") from exc
         finally:
             client.close()
+
+    def _gpu_exporter_argv(self) -> list[str]:
+        lay = self.layout
+        return [self.python, "-m", "slurm_idle.testing.gpu_exporter", "--dev", str(lay.dev),
+                *(f"--node={n}={lay.gpu_exporter_port(n)}" for n in sandboxconf.GPU_NODES)]
 
     def _prometheus_argv(self) -> list[str]:
         root, lay = self.root, self.layout
@@ -567,6 +589,7 @@ class Sandbox:
         for r in REPLICAS:
             ports[f"emulator-{r.name}"] = [lay.emulator_port(r.name)]
         ports[f"slurmd-{sandboxconf.JOBS_NODE}"] = [lay.jobs_slurmd_port]
+        ports["gpu-exporter"] = [lay.gpu_exporter_port(n) for n in sandboxconf.GPU_NODES]
         return ports
 
     def _keep_lease(self) -> None:
@@ -734,7 +757,8 @@ class Sandbox:
             "--load-file", str(lay.model_load_file(r.model)),
             "--max-num-seqs", str(cap.max_num_seqs), "--tokens-per-s", str(cap.tokens_per_s),
             "--seq-tokens-per-s", str(cap.seq_tokens_per_s),
-            "--start-delay-s", str(delay)], {}
+            "--start-delay-s", str(delay),
+            *(f"--gpu-device={d}" for d in lay.replica_devices(r))], {}
 
     @property
     def real_vllm_model(self) -> Path:
@@ -774,6 +798,43 @@ class Sandbox:
             stopped |= pid is not None
         return stopped
 
+    # --- GPUs held outside Slurm (a leftover container, an untracked process) -------------
+
+    def gpu_hold(self, node: str, gpu: int | None = None,
+                 mib: int = fakegpu.DEFAULT_HOLD_MIB) -> int:
+        """Hold `mib` on GPU `gpu` of `node` (every GPU of it when None) from a process outside
+        Slurm, until gpu_release; returns its pid once the hold shows (its record is written).
+        A second hold of the same GPU(s) while one runs is refused."""
+        count = sandboxconf.node_gpus(node)
+        if gpu is not None and not 0 <= gpu < count:
+            raise ValueError(f"{node} has GPUs 0-{count - 1}, not {gpu}")
+        name = f"gpuhold-{node}-{'all' if gpu is None else gpu}"
+        node_dir = self.layout.node_dev(node)
+        argv = [self.python, "-m", "slurm_idle.testing.fakegpu", "hold",
+                f"--gpu-dir={node_dir}", f"--mib={mib}"]
+        if gpu is not None:
+            argv.append(f"--gpus={gpu}")
+        if not self._spawn(name, argv):
+            raise RuntimeError(f"sandbox: {name} runs already; `gpu-release {node}` first")
+        pid = self._pidfile(name).read()
+        record = fakegpu.held_dir(node_dir) / f"{pid}.json"
+        self._wait(name, record.exists, 30)
+        return int(pid or 0)
+
+    def gpu_holds(self) -> dict[str, int]:
+        """The holds running now (`gpuhold-NODE-GPU|all`), by name: their pids."""
+        return {n: pid for n, pid in self._recorded().items() if n.startswith("gpuhold-")}
+
+    def gpu_release(self, node: str | None = None) -> list[str]:
+        """End every hold of `node` (of every node when None) and wait until each is gone;
+        returns the holds ended."""
+        prefix = "gpuhold-" if node is None else f"gpuhold-{node}-"
+        ended = sorted(n for n in self.gpu_holds() if n.startswith(prefix))
+        procs.terminate([self.gpu_holds()[n] for n in ended], timeout_s=10)
+        for n in ended:
+            self._pidfile(n).clear()
+        return ended
+
     # --- teardown ------------------------------------------------------------------------
 
     def _recorded(self) -> dict[str, int]:
@@ -799,9 +860,11 @@ class Sandbox:
         if "dockerd" in running:
             self._remove_containers()
         phases: list[list[str]] = [
-            [n for n in running if n.startswith(("emulator-", "slurmd-"))]
-            + [n for n in ("prometheus", "slurmctld", "dockerd", "haproxy", "loadgen")
-               if n in running],
+            # GPU holders: a hold's, and a job's the Prolog started (outside the job, never
+            # ended when slurmd goes first)
+            [n for n in running if n.startswith(("emulator-", "slurmd-", "gpuhold-", "jobhold-"))]
+            + [n for n in ("prometheus", "gpu-exporter", "slurmctld", "dockerd", "haproxy",
+                           "loadgen") if n in running],
             [n for n in ("slurmdbd",) if n in running],
             [n for n in ("mariadb", "munged") if n in running],
             [n for n in ("portlease",) if n in running],  # the block is ours until the end
@@ -882,6 +945,7 @@ class Sandbox:
         except OSError:
             st["docker"] = False
         st["prometheus_targets"] = targets = self._targets()
+        st["gpu_targets"] = gpu_targets = self._targets("dcgm")
         st["router"] = self.router_states()
         try:
             st["load_rps"] = json.loads(self.layout.load_file.read_text())["rps"]
@@ -897,24 +961,24 @@ class Sandbox:
         # ok: the infrastructure works. Node states and stopped emulators are the product's
         # business (a lent node is drained/allocated, its engine stopped), so they do not count.
         engines = [r.name for r in REPLICAS if running.get(f"emulator-{r.name}")]
-        gpus = {n: sandboxconf.GPUS_PER_NODE for n in NODES}
-        gpus.update(dict.fromkeys(sandboxconf.TOPOLOGY_NODES, sandboxconf.TOPOLOGY_GPUS_PER_NODE))
-        gpus[sandboxconf.JOBS_NODE] = sandboxconf.JOBS_NODE_GPUS
-        st["ok"] = (len(st["nodes"]) == len(ALL_NODES) + 1
-                    and all(n["gpus"] == gpus.get(n["name"])
+        st["gpu_holds"] = self.gpu_holds()
+        st["ok"] = (len(st["nodes"]) == len(sandboxconf.GPU_NODES)
+                    and all(n["gpus"] == sandboxconf.node_gpus(n["name"])
                             and not n["state"].startswith(("down", "unk", "inval", "fail"))
                             for n in st["nodes"])
                     and all(emus[n]["healthy"] for n in engines) and st["sacct"] and st["docker"]
-                    and targets["up"] >= len(engines))
+                    and targets["up"] >= len(engines)
+                    and gpu_targets["up"] == len(sandboxconf.GPU_NODES))
         return st
 
-    def _targets(self) -> dict[str, int]:
-        """How many emulator scrape targets Prometheus has, and how many are up."""
+    def _targets(self, job: str = "vllm") -> dict[str, int]:
+        """How many scrape targets of `job` Prometheus has (emulators: vllm; GPU exporter:
+        dcgm), and how many are up."""
         targets = {"up": 0, "total": 0}
         try:
             data = json.loads(_http_get(f"{self.prometheus_url}/api/v1/targets", 2)[1])
             for t in data["data"]["activeTargets"]:
-                if t["labels"].get("job") == "vllm":
+                if t["labels"].get("job") == job:
                     targets["total"] += 1
                     targets["up"] += t["health"] == "up"
         except (OSError, ValueError, KeyError, TypeError):
@@ -922,8 +986,10 @@ class Sandbox:
         return targets
 
     def _component_names(self) -> list[str]:
-        return (["munged", "mariadb", "slurmdbd", "slurmctld"] + [f"slurmd-{n}" for n in (*ALL_NODES, sandboxconf.JOBS_NODE)]
-                + ["dockerd", "prometheus", "haproxy"] + [f"emulator-{r.name}" for r in REPLICAS])
+        return (["munged", "mariadb", "slurmdbd", "slurmctld"]
+                + [f"slurmd-{n}" for n in sandboxconf.GPU_NODES]
+                + ["dockerd", "prometheus", "gpu-exporter", "haproxy"]
+                + [f"emulator-{r.name}" for r in REPLICAS])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from slurm_idle.testing import sandboxconf
+from slurm_idle.testing import fakegpu, sandboxconf
 from slurm_idle.testing.sandbox import DEFAULT_BASE_PORT, DEFAULT_ROOT, Sandbox
 
 
@@ -33,7 +33,10 @@ def _print_status(st: dict[str, Any]) -> None:
     print(f"sacct: {'works' if st['sacct'] else 'FAILS'}")
     print(f"dockerd: {'answers' if st['docker'] else 'NOT ANSWERING'}")
     t = st["prometheus_targets"]
-    print(f"prometheus: {t['up']}/{t['total']} emulator targets up")
+    print(f"prometheus: {t['up']}/{t['total']} emulator targets up, "
+          f"{st['gpu_targets']['up']}/{st['gpu_targets']['total']} GPU exporter targets up")
+    if st.get("gpu_holds"):
+        print("GPU holds outside Slurm: " + " ".join(sorted(st["gpu_holds"])))
     print("load: " + ", ".join(f"{m} {rps} req/s" for m, rps in st["load_rps_by_model"].items()))
     if st.get("router"):
         print("haproxy: " + " ".join(f"{n}={s}" for n, s in sorted(st["router"].items())))
@@ -100,6 +103,17 @@ def main(argv: list[str] | None = None) -> int:
         if name == "engine-start":
             e.add_argument("--identity", default="",
                            help="the replica's secret served name (the agent's {identity})")
+    gh = sub.add_parser("gpu-hold", help="hold GPU memory of a node from a process outside "
+                        "Slurm, as a leftover container does (seen by the GPU exporter, not by "
+                        "squeue)")
+    gh.add_argument("node", choices=sandboxconf.GPU_NODES)
+    gh.add_argument("gpu", type=int, nargs="?", default=None,
+                    help="the GPU's index (default: every GPU of the node)")
+    gh.add_argument("--mib", type=int, default=fakegpu.DEFAULT_HOLD_MIB,
+                    help=f"MiB held on each GPU (default {fakegpu.DEFAULT_HOLD_MIB}; a GPU has "
+                    f"{fakegpu.TOTAL_MIB})")
+    gr = sub.add_parser("gpu-release", help="end every gpu-hold of a node")
+    gr.add_argument("node", choices=sandboxconf.GPU_NODES)
     args = p.parse_args(argv)
     root = args.root or DEFAULT_ROOT
     base = args.base_port
@@ -174,6 +188,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "engine-stop":
             sb.engine_stop(args.node, index=args.index)
+            return 0
+        if args.cmd == "gpu-hold":
+            pid = sb.gpu_hold(args.node, args.gpu, args.mib)
+            which = "every GPU" if args.gpu is None else f"GPU {args.gpu}"
+            print(f"{args.node}: {which} holds {args.mib} MiB (pid {pid}, outside Slurm); "
+                  f"`gpu-release {args.node}` ends it")
+            return 0
+        if args.cmd == "gpu-release":
+            ended = sb.gpu_release(args.node)
+            print(f"{args.node}: " + (f"ended {', '.join(ended)}" if ended else "no hold"))
             return 0
     except KeyboardInterrupt:
         print("sandbox: interrupted", file=sys.stderr)

@@ -1,9 +1,10 @@
-"""The text of every config file the sandbox writes (Slurm, slurmdbd, Prometheus, slurm-idle).
+"""The text of every config file the sandbox writes (Slurm and its Prolog/Epilog, slurmdbd,
+Prometheus, slurm-idle).
 
 Pure functions of a `Layout` (root dir + base port + Slurm version), so the files are
 reviewable in tests without starting anything. Slurm version differences live here:
 24.11 needs `cgroup.conf` with `CgroupPlugin=disabled`; keys removed in 24.11 are not used.
-Longer than most modules (~550 lines) because every generated file reads the same node and
+Longer than most modules (~700 lines) because every generated file reads the same node and
 replica table (NODES, TOPOLOGY_NODES, REPLICAS, the jobs node) and Layout: one place to change
 a port or a node.
 """
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from slurm_idle.testing import procs
 
 NODES = ("gpu1", "gpu2", "gpu3", "gpu4")  # the default model's: one 4-GPU replica each (the demo)
 GPUS_PER_NODE = 4
@@ -48,6 +51,7 @@ REGISTRY_TRAP = 4
 CLOSED_RESOLVER = "127.255.53.53"
 HAPROXY_BACKEND = "vllm"
 HAPROXY_TOPOLOGY_BACKEND = "vllm-large"
+GPU_EXPORTER0 = 27  # + the node's place in GPU_NODES: its fake DCGM exporter (27-34)
 PORT_SPAN = 40  # 36-38: gpu8 and its replica jobs (placement: jobs)
 
 # `placement: jobs` (issue 17): node gpu8 with 8 GPUs in the serve partition `serve` and the
@@ -61,6 +65,20 @@ JOBS_PARTITION = "serve"
 JOBS_REPLICAS = 2
 JOBS_OFF_REASON = "sandbox: jobs-mode node closed (scripts/sandbox jobs-node on)"
 JOBS_SLURMD, JOBS_PORT0 = 36, 37  # slurmd of gpu8; the replica jobs' ports (JOBS_REPLICAS)
+GPU_NODES = (*ALL_NODES, JOBS_NODE)  # every Slurm node, each with fake GPUs of its own
+#: What an idle-partition job holds on each of its GPUs while it runs (the Prolog's holder).
+JOB_HOLD_MIB = 40000
+
+
+def node_gpus(node: str) -> int:
+    """How many GPUs a sandbox node has (Slurm's gres, its device files)."""
+    if node in NODES:
+        return GPUS_PER_NODE
+    if node in TOPOLOGY_NODES:
+        return TOPOLOGY_GPUS_PER_NODE
+    if node == JOBS_NODE:
+        return JOBS_NODE_GPUS
+    raise ValueError(f"unknown sandbox node {node!r}; nodes are {', '.join(GPU_NODES)}")
 
 
 @dataclass(frozen=True)
@@ -135,6 +153,7 @@ class Layout:
     hostname: str
     python: str
     job_submit_lua: Path | None = None
+    alert_rules: Path | None = None  # Prometheus loads them (etc/prometheus/slurm-idle-alerts.yml)
     pythonpath: str | None = None  # where slurm_idle is importable from, for the engine commands
     #: Nodes whose engine is a real vLLM (`up --real-vllm`), not the emulator: their start
     #: takes what a real start takes, and the config's start timeouts say so.
@@ -166,6 +185,21 @@ class Layout:
 
     def emulator_url(self, replica: str) -> str:
         return f"http://127.0.0.1:{self.emulator_port(replica)}"
+
+    def gpu_exporter_port(self, node: str) -> int:
+        """The port of `node`'s GPU exporter (DCGM's metric names, gpu_exporter.py)."""
+        return self.base_port + GPU_EXPORTER0 + GPU_NODES.index(node)
+
+    def node_dev(self, node: str) -> Path:
+        """`node`'s fake GPUs: `nvidia0`..., `held/` (fakegpu.py), `exporter-off`."""
+        return self.dev / node
+
+    def replica_devices(self, r: SandboxReplica) -> list[Path]:
+        """The device files of replica `r`'s GPUs, on each of its nodes."""
+        from slurm_idle.testing.fakegpu import device_path, parse_indexes
+
+        return [device_path(self.node_dev(node), i) for node in r.nodes
+                for i in (parse_indexes(r.gpus) if r.gpus else range(node_gpus(node)))]
 
     @property
     def jobs_slurmd_port(self) -> int:
@@ -251,6 +285,14 @@ class Layout:
     @property
     def slurm_conf(self) -> Path:
         return self.etc / "slurm.conf"
+
+    @property
+    def prolog(self) -> Path:
+        return self.etc / "prolog.sh"
+
+    @property
+    def epilog(self) -> Path:
+        return self.etc / "epilog.sh"
 
     @property
     def munge_socket(self) -> Path:
@@ -350,6 +392,11 @@ def slurm_conf(lay: Layout) -> str:
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/filetxt",
         f"JobCompLoc={lay.log}/jobcomp.txt",
+        # A job's GPUs hold memory while it runs (prolog_sh); Alloc: at allocation, on every
+        # node of the job, before the batch script starts.
+        f"Prolog={lay.prolog}",
+        f"Epilog={lay.epilog}",
+        "PrologFlags=Alloc",
     ]
     if lay.job_submit_lua is not None:
         lines.append("JobSubmitPlugins=lua")
@@ -445,10 +492,56 @@ def haproxy_cfg(lay: Layout) -> str:
 
 
 def gres_conf(lay: Layout) -> str:
-    return (f"NodeName={_hostlist(NODES)} Name=gpu File={lay.dev}/nvidia[0-{GPUS_PER_NODE - 1}]\n"
-            f"NodeName={_hostlist(TOPOLOGY_NODES)} Name=gpu "
-            f"File={lay.dev}/nvidia[0-{TOPOLOGY_GPUS_PER_NODE - 1}]\n"
-            f"NodeName={JOBS_NODE} Name=gpu File={lay.dev}/nvidia[0-{JOBS_NODE_GPUS - 1}]\n")
+    """One line per node, each naming device files of its own: a process holding gpu2's GPU 0
+    holds `{dev}/gpu2/nvidia0`, which no other node's GPU is (fakegpu.py)."""
+    return "".join(f"NodeName={n} Name=gpu File={lay.node_dev(n)}/nvidia[0-{node_gpus(n) - 1}]\n"
+                   for n in GPU_NODES)
+
+
+def _fakegpu(lay: Layout) -> str:
+    """The command line of `python -m slurm_idle.testing.fakegpu`, its environment set: the
+    sandbox's marker (`down` sweeps what carries it) and where slurm_idle is importable."""
+    env = f"{procs.MARKER}={shlex.quote(str(lay.root))}"
+    if lay.pythonpath:
+        env += f" PYTHONPATH={shlex.quote(lay.pythonpath)}"
+    return f"env {env} {shlex.quote(lay.python)} -m slurm_idle.testing.fakegpu"
+
+
+def job_hold_pidfile(lay: Layout, job: str, node: str) -> Path:
+    """The pid file of the holder the Prolog starts for `job` on `node` (`$VAR`s in scripts)."""
+    return lay.run / f"jobhold-{job}-{node}.pidj"
+
+
+def prolog_sh(lay: Layout) -> str:
+    """Slurm's Prolog: a job's GPUs hold JOB_HOLD_MIB each while it runs, by a holder process
+    outside the job (`hold --detach`: a session of its own, so slurmd neither waits for it nor
+    kills it). The serve partition's replica jobs are skipped: their emulator holds its own.
+    Returns once the holder holds, so an Epilog never misses it; ALWAYS exits 0, as a failing
+    Prolog drains the node."""
+    pidfile = job_hold_pidfile(lay, "$SLURM_JOB_ID", "$SLURMD_NODENAME")
+    return "\n".join([
+        "#!/bin/sh",
+        "# Generated by slurm_idle.testing.sandbox: the job's fake GPUs hold memory while it runs.",
+        f'[ "$SLURM_JOB_PARTITION" = {JOBS_PARTITION} ] && exit 0',
+        '[ -n "$SLURM_JOB_GPUS" ] || exit 0',
+        (f'{_fakegpu(lay)} hold --detach --gpu-dir "{lay.dev}/$SLURMD_NODENAME" '
+         f'--gpus "$SLURM_JOB_GPUS" --mib {JOB_HOLD_MIB} --job "$SLURM_JOB_ID" '
+         f'--pidfile "{pidfile}" </dev/null >>"{lay.log}/jobhold.log" 2>&1'),
+        "exit 0",
+    ]) + "\n"
+
+
+def epilog_sh(lay: Layout) -> str:
+    """Slurm's Epilog: ends the job's holder (prolog_sh) and waits for it; ALWAYS exits 0."""
+    pidfile = job_hold_pidfile(lay, "$SLURM_JOB_ID", "$SLURMD_NODENAME")
+    return "\n".join([
+        "#!/bin/sh",
+        "# Generated by slurm_idle.testing.sandbox: the job's fake GPUs are let go.",
+        f'pidfile="{pidfile}"',
+        '[ -e "$pidfile" ] || exit 0',
+        f'{_fakegpu(lay)} release --pidfile "$pidfile" >>"{lay.log}/jobhold.log" 2>&1',
+        "exit 0",
+    ]) + "\n"
 
 
 def cgroup_conf(lay: Layout) -> str:
@@ -488,10 +581,15 @@ def prometheus_yml(lay: Layout) -> str:
             # The replica jobs of `placement: jobs`, wherever Slurm runs them (filesd.py).
             {"job_name": "vllm-jobs", "file_sd_configs": [
                 {"files": [str(lay.jobs_targets)], "refresh_interval": "1s"}]},
+            # Each node's GPUs, as dcgm-exporter reports them (gpu_exporter.py).
+            {"job_name": "dcgm", "static_configs": [
+                {"targets": [f"127.0.0.1:{lay.gpu_exporter_port(n)}" for n in GPU_NODES]}]},
             {"job_name": "prometheus", "static_configs": [
                 {"targets": [f"127.0.0.1:{lay.prometheus_port}"]}]},
         ],
     }
+    if lay.alert_rules is not None:  # the product's alerts, evaluated as a site's Prometheus does
+        doc["rule_files"] = [str(lay.alert_rules)]
     return "# Generated by slurm_idle.testing.sandbox\n" + str(yaml.safe_dump(doc, sort_keys=False))
 
 
@@ -594,6 +692,8 @@ def slurm_idle_jobs_config(lay: Layout, tokens_per_s_per_replica: float, capacit
                f"--model {{model}} --node {JOBS_NODE}-{{index}} "
                f"--state-dir {shlex.quote(str(lay.root / 'emulators-jobs'))} "
                f"--load-file {shlex.quote(str(lay.jobs_load_file))} --shutdown-timeout 5 "
+               # the GPUs Slurm gave the job, held by the emulator (fakegpu.py)
+               f'--gpu-dir {shlex.quote(str(lay.node_dev(JOBS_NODE)))} --gpus "$SLURM_JOB_GPUS" '
                + " ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in capacity.items()))
     doc["engine"] = {"kind": "command", "start_command": "true", "stop_command": "true",
                      "drain_timeout_s": 10, "start_timeout_s": 60, "stop_timeout_s": 15,

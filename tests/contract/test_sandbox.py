@@ -19,7 +19,7 @@ import pytest
 
 from slurm_idle.config import load_config
 from slurm_idle.engine import IdentityStore, format_command, identity_dir
-from slurm_idle.testing import procs
+from slurm_idle.testing import fakegpu, procs
 from slurm_idle.testing.sandbox import Sandbox
 from slurm_idle.testing.waiting import poll
 
@@ -134,6 +134,17 @@ def test_prometheus_scrapes_every_emulator(sandbox: Sandbox) -> None:
     assert {r["metric"]["engine"] for r in res} == {"0"}
 
 
+def test_prometheus_evaluates_the_products_alert_rules(sandbox: Sandbox) -> None:
+    """The sandbox's Prometheus loads etc/prometheus/slurm-idle-alerts.yml, every rule of it."""
+    rules = json.loads(get(f"{sandbox.prometheus_url}/api/v1/rules")[1])["data"]["groups"]
+    names = {r["name"] for g in rules for r in g["rules"]}
+    shipped = (Path(__file__).resolve().parents[2] / "etc" / "prometheus"
+               / "slurm-idle-alerts.yml").read_text()
+    assert "SlurmIdleTickStale" in names
+    assert names == {line.split("alert:")[1].strip() for line in shipped.splitlines()
+                     if "- alert:" in line}
+
+
 def test_load_reaches_every_awake_replica(sandbox: Sandbox) -> None:
     """`load RPS` is spread over the serving emulators: each one sees prompt tokens."""
     def prompt_tokens(node: str) -> float:
@@ -198,19 +209,25 @@ def test_generated_config_engine_commands_stop_and_start_a_replica(sandbox: Sand
 
 
 def test_second_sandbox_runs_beside_and_down_leaves_nothing(sandbox: Sandbox, tmp_path: Path) -> None:
-    """A second sandbox (other root, other ports) comes up beside the first and `down` leaves no process."""
+    """A second sandbox (other root, other ports) comes up beside the first and `down` leaves no
+    process: no GPU holder either, a job's (the Prolog's, outside the job) or a gpu-hold's."""
     other = Sandbox(Path(f"{sandbox.root}-2"))
     try:
         assert other.base_port != sandbox.base_port
         other.up()
         assert other.run(["sinfo", "-h", "-o", "%P=%D"]).stdout.split() == [
             "inference=7", "serve=1", "idle*=8"]
-        job = ok(other, ["sbatch", "--parsable", "-p", "idle", "-o", "/dev/null", "--wrap", "sleep 300"]).strip()
+        job = ok(other, ["sbatch", "--parsable", "-p", "idle", "--gres=gpu:1", "-o", "/dev/null",
+                         "--wrap", "sleep 300"]).strip()
         poll(lambda: job_field(other, job, "JobState") == "RUNNING", 20, "job running in 2nd sandbox")
+        other.gpu_hold("gpu3", 0)
+        poll(lambda: {h.job for h in fakegpu.scan(other.layout.dev)} >= {job, None}, 10,
+             "a job's and a gpu-hold's holders")
     finally:
         res = other.down()
+        holders = fakegpu.scan(other.layout.dev)
         shutil.rmtree(other.root, ignore_errors=True)
-    assert res["left"] == [] and res["mounts_left"] == []
+    assert res["left"] == [] and res["mounts_left"] == [] and holders == []
     assert procs.pids_with_env(lambda e: e.get(procs.MARKER) == str(other.root)
                                or e.get("SLURM_CLUSTER_NAME") == other.layout.cluster_name) == []
     assert sandbox.status()["ok"], "the first sandbox must be untouched"

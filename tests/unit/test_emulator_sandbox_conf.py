@@ -68,13 +68,31 @@ def test_job_submit_lua_enabled_when_present() -> None:
     assert "JobSubmitPlugins=lua\n" in sandboxconf.slurm_conf(layout(lua=Path("/x/job_submit.lua")))
 
 
-def test_gres_conf_points_at_four_fake_devices() -> None:
-    """gres.conf lists the 4 character devices (a count-only gres.conf leaves nodes INVAL); the
-    8-GPU nodes gpu[5-7] and gpu8 list 8."""
-    assert sandboxconf.gres_conf(layout()) == (
-        "NodeName=gpu[1-4] Name=gpu File=/tmp/sb/dev/nvidia[0-3]\n"
-        "NodeName=gpu[5-7] Name=gpu File=/tmp/sb/dev/nvidia[0-7]\n"
-        "NodeName=gpu8 Name=gpu File=/tmp/sb/dev/nvidia[0-7]\n")
+def test_gres_conf_gives_each_node_device_files_of_its_own() -> None:
+    """gres.conf lists each node's character devices (a count-only gres.conf leaves nodes
+    INVAL), in a directory per node, so that a process holding gpu2's GPU 0 holds no other
+    node's: 4 on gpu1-gpu4, 8 on gpu5-gpu7 and gpu8."""
+    assert sandboxconf.gres_conf(layout()) == "".join(
+        [f"NodeName=gpu{i} Name=gpu File=/tmp/sb/dev/gpu{i}/nvidia[0-3]\n" for i in range(1, 5)]
+        + [f"NodeName=gpu{i} Name=gpu File=/tmp/sb/dev/gpu{i}/nvidia[0-7]\n" for i in range(5, 9)])
+
+
+@pytest.mark.parametrize("version", ["22.05.8", "24.11.5"])
+def test_jobs_hold_their_gpus_from_prolog_to_epilog(version: str) -> None:
+    """slurm.conf runs the sandbox's Prolog at allocation (PrologFlags=Alloc) and its Epilog."""
+    keys = conf_keys(sandboxconf.slurm_conf(layout(version)))
+    assert (keys["Prolog"], keys["Epilog"], keys["PrologFlags"]) == (
+        "/tmp/sb/etc/prolog.sh", "/tmp/sb/etc/epilog.sh", "Alloc")
+
+
+def test_each_replica_holds_the_gpus_of_its_nodes() -> None:
+    """A whole-node replica holds its node's GPUs, gpu5's two replicas GPUs 0-3 and 4-7, and
+    the replica over gpu[6-7] all 16 GPUs of both."""
+    lay = layout()
+    devices = {r.name: [str(d) for d in lay.replica_devices(r)] for r in sandboxconf.REPLICAS}
+    assert devices["gpu2"] == [f"/tmp/sb/dev/gpu2/nvidia{i}" for i in range(4)]
+    assert devices["gpu5-1"] == [f"/tmp/sb/dev/gpu5/nvidia{i}" for i in range(4, 8)]
+    assert devices["gpu6-0"] == [f"/tmp/sb/dev/gpu{n}/nvidia{i}" for n in (6, 7) for i in range(8)]
 
 
 def test_jobs_config_runs_the_emulator_in_replica_jobs() -> None:
@@ -88,6 +106,8 @@ def test_jobs_config_runs_the_emulator_in_replica_jobs() -> None:
     (model,) = cfg.models
     assert model.placement == "jobs" and model.job is not None and model.job.partition == "serve"
     assert model.job.port_base == lay.jobs_port_base and "--port {port}" in (model.job.command or "")
+    # the emulator holds the GPUs Slurm gave the job, on gpu8
+    assert '--gpu-dir /tmp/sb/dev/gpu8 --gpus "$SLURM_JOB_GPUS"' in (model.job.command or "")
     assert cfg.router.kind == "none" and cfg.paths.file_sd == str(lay.jobs_targets)
     assert cfg.paths.lock != parse_config(sandboxconf.slurm_idle_config(lay, 600.0)).paths.lock
 
@@ -102,6 +122,32 @@ def test_prometheus_scrapes_each_emulator_every_second() -> None:
         (["127.0.0.1:30024"], "gpu5"), (["127.0.0.1:30025"], "gpu5"), (["127.0.0.1:30026"], "gpu6")]
     assert [sc["labels"].get("replica") for sc in vllm["static_configs"]][4:] == [
         "gpu5-0", "gpu5-1", "gpu6-0"]
+
+
+def test_prometheus_loads_the_products_alert_rules_when_given() -> None:
+    """rule_files names the product's alerts file when the layout has one, nothing otherwise."""
+    lay = Layout(root=Path("/tmp/sb"), base_port=30000, slurm_version="22.05.8", hostname="vm",
+                 python="/usr/bin/python3", alert_rules=Path("/src/etc/prometheus/a.yml"))
+    assert yaml.safe_load(sandboxconf.prometheus_yml(lay))["rule_files"] == [
+        "/src/etc/prometheus/a.yml"]
+    assert "rule_files" not in yaml.safe_load(sandboxconf.prometheus_yml(layout()))
+
+
+def test_prometheus_scrapes_each_nodes_gpu_exporter_every_second() -> None:
+    """Job `dcgm` scrapes one GPU exporter port per node, gpu1-gpu8 (offsets 27-34), inside
+    the block and on no other part's port."""
+    lay = layout()
+    doc = yaml.safe_load(sandboxconf.prometheus_yml(lay))
+    (dcgm,) = [sc for sc in doc["scrape_configs"] if sc["job_name"] == "dcgm"]
+    assert dcgm["static_configs"] == [{"targets": [f"127.0.0.1:{30027 + i}" for i in range(8)]}]
+    assert "scrape_interval" not in dcgm and doc["global"]["scrape_interval"] == "1s"
+    others = {lay.ctld_port, lay.dbd_port, lay.mysql_port, lay.prometheus_port, lay.haproxy_port,
+              lay.registry_trap_port, lay.jobs_slurmd_port, *range(lay.jobs_port_base,
+                                                                   lay.jobs_port_base + 2),
+              *(lay.slurmd_port(n) for n in sandboxconf.ALL_NODES),
+              *(lay.emulator_port(r.name) for r in sandboxconf.REPLICAS)}
+    exporters = {lay.gpu_exporter_port(n) for n in sandboxconf.GPU_NODES}
+    assert not exporters & others and max(exporters) < 30000 + sandboxconf.PORT_SPAN
 
 
 def test_engine_commands_carry_the_package_path() -> None:
