@@ -14,12 +14,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_idle import filesd
 from slurm_idle.config import Config, ReplicaConfig
+from slurm_idle.engine_notes import EngineNotes, notes_path
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.gpugate import GpuReader
 from slurm_idle.jobdriver import JobDriver
@@ -159,9 +160,11 @@ class Agent:
             self.trust = trust_for(self.config, create=True, now=self.clock())
 
     def observe(self, budget_s: float | None = None) -> Observation:
-        return observe(self.config, self.slurm, self.metrics, self.clock(),
-                       identify=self._identify, budget_s=budget_s, trust=self.trust,
-                       gpus=self.gpus)
+        obs = observe(self.config, self.slurm, self.metrics, self.clock(),
+                      identify=self._identify, budget_s=budget_s, trust=self.trust,
+                      gpus=self.gpus)
+        notes = EngineNotes(notes_path(self.config.paths.journal))
+        return replace(obs, failing_starts=notes.failing())
 
     def _identify(self, model: str, replica: ReplicaConfig) -> Identity:
         """The model's engine's identity check of one replica (engines without one: ours)."""

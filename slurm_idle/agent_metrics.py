@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_idle import safefiles
-from slurm_idle.handover import HeldEntry
+from slurm_idle.handover import HeldEntry, WakeFailedEntry
 from slurm_idle.lifecycle import edges
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Phase
@@ -62,6 +62,11 @@ METRICS: dict[str, tuple[str, str]] = {
         ("1 per GPU of a node handed to the admin because someone else held its memory past "
          "timeouts.gpu_free_s, by node, gpu and holder (MiB held as label mib)."),
     ),
+    "slurm_idle_wake_failed": (
+        "gauge",
+        ("1 per node handed to the admin because its replica's starts or wakes kept failing, "
+         "by node, replica and the engine's last error."),
+    ),
 }
 
 #: Label values of slurm_idle_metrics_source (metrics.fallback), all written so none vanishes.
@@ -84,6 +89,7 @@ def write_textfile(
     metrics_source: str | None = None,
     router_errors: int = 0,
     gpu_held: Iterable[HeldEntry] = (),
+    wake_failed: Iterable[WakeFailedEntry] = (),
 ) -> None:
     """Write the agent's metrics for this tick, carrying the counters over from the last file.
 
@@ -111,6 +117,7 @@ def write_textfile(
         metrics_source=metrics_source,
         router_errors=router_errors,
         gpu_held=gpu_held,
+        wake_failed=wake_failed,
     )
     atomic_write(target, text)
 
@@ -131,6 +138,7 @@ def render(
     metrics_source: str | None = None,
     router_errors: int = 0,
     gpu_held: Iterable[HeldEntry] = (),
+    wake_failed: Iterable[WakeFailedEntry] = (),
 ) -> str:
     """The textfile's content (pure): previous counters + this tick's increments."""
     # Every phase appears, so a phase that empties reads 0 rather than vanishing; when the
@@ -162,6 +170,8 @@ def render(
         "slurm_idle_lock_blocked_seconds": [({}, 0)],  # a tick that ran holds the lock
         "slurm_idle_gpu_held": [({"node": g.node, "gpu": str(g.gpu), "holder": g.holder[:80],
                                   "mib": str(g.used_mib)}, 1) for g in gpu_held],
+        "slurm_idle_wake_failed": [({"node": w.node, "replica": w.replica, "error": w.error[:120]}, 1)
+                                   for w in wake_failed],
     }
     # HELP/TYPE even without samples: every family is declared in every file.
     lines = [line for name in METRICS for line in _family_lines(name, samples[name])]

@@ -133,6 +133,10 @@ EDGES: tuple[Edge, ...] = (
     Edge(Phase.STARTING, Phase.SERVING,
          "engine healthy and awake: serving again",
          "start_s", Ready.ENGINES_SERVING, Effect.WARM_UP_AND_ROUTER_ADD),
+    Edge(Phase.STARTING, Phase.ADMIN,
+         "its starts or wakes kept failing (engine.wake_attempts, then a cold restart where one "
+         "is configured): drained for the admin with the engine's error",
+         None, Ready.NOW, Effect.HAND_OVER),
     Edge(Phase.UNKNOWN, Phase.RECLAIMING,
          "unmanaged pool node: adopt it into serving (service first)",
          None, Ready.NOW, Effect.DRAIN_AND_REQUEUE),

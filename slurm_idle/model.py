@@ -328,6 +328,9 @@ class Observation:
     placement_nodes: tuple[NodeView, ...] = ()
     # Jobs shaped like replica jobs that are not the agent's (replicatrust.py): ignored.
     foreign_replica_jobs: tuple[ForeignReplicaJob, ...] = ()
+    # Replicas whose start or wake failed since they last served (engine_notes.py): a wake is
+    # expected in seconds, so such a replica is not counted as coming back.
+    failing_starts: frozenset[str] = frozenset()
 
     def model_load(self, model: str) -> ModelLoad | None:
         for load in self.models:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from slurm_idle import handover
 from slurm_idle.config import Config, ReplicaConfig
+from slurm_idle.engine_notes import EngineNotes, notes_path
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.eviction import Evictor
 from slurm_idle.gpugate import GpuGate, GpuReader
@@ -73,6 +74,7 @@ from slurm_idle.model import (
 from slurm_idle.policy.gpus import GateVerdict, describe
 from slurm_idle.powersave import needs_power_up, power_flags
 from slurm_idle.slurm.protocol import PoolSlurm
+from slurm_idle.start_retry import After, StartRetries
 from slurm_idle.steps import (
     ACTIVE_JOB_STATES,
     MIN_ENGINE_CALL_S,
@@ -131,6 +133,8 @@ class NodeDriver:
         self._why: dict[str, str] = {}
         self._replica_configs = {r.name: (m.name, r) for m in self.config.models for r in m.replicas}
         self._gpus = GpuGate(self.config, self.gpu_readings, self.clock)
+        self._retries = StartRetries(self.config, EngineNotes(notes_path(self.config.paths.journal)),
+                                     self.engine_for, self.clock)
         # Per group: the side edge a waiting step asked for (Divert), taken by `drive`.
         self._diverts: dict[str, Phase] = {}
 
@@ -472,17 +476,38 @@ class NodeDriver:
     def _start(self, view: GroupView, deadline: float, only: set[str] | None = None) -> None:
         """Start the group's engines (or those named in `only`), each once in this tick. A start
         still running at the deadline is not an error: the group is STARTING in Slurm, and the
-        next tick re-checks health and re-issues the start (see `_wait_serving`)."""
+        next tick re-checks health and re-issues the start (see `_wait_serving`). A start or
+        wake that fails is retried with a backoff, then cold, then given up (start_retry.py):
+        an error, a wait, or Divert to the admin."""
         from slurm_idle.engine import EngineDeadline
 
+        waits: list[str] = []
+        failed: list[str] = []
         for model, replica in self._replicas(view):
             if only is not None and replica.name not in only:
+                continue
+            given_up = self._retries.given_up(model, replica)
+            if given_up is not None:
+                raise Divert(Phase.ADMIN, f"{given_up}: handed to the admin")
+            backing_off = self._retries.backing_off(model, replica)
+            if backing_off is not None:
+                waits.append(backing_off)
                 continue
             self._started.add(replica.name)
             try:
                 self._call_engine("start", model, replica, deadline)
             except EngineDeadline as exc:
                 log.warning("%s: %s; stays starting, carried over to the next tick", replica.name, exc)
+            except SlurmIdleError as exc:
+                after, why = self._retries.failed(model, replica, exc,
+                                                  max(MIN_ENGINE_CALL_S, deadline - self.clock()))
+                if after is After.GIVE_UP:
+                    raise Divert(Phase.ADMIN, f"{why}: handed to the admin") from None
+                (waits if after is After.COLD else failed).append(why)
+        if failed:
+            raise SlurmIdleError("; ".join(failed + waits))
+        if waits:
+            raise CarryOver("; ".join(waits))
 
     def _jobs_on(self, node: str) -> list[SlurmJob]:
         return [j for j in self._jobs_poll.get() if node in j.nodes and j.state in ACTIVE_JOB_STATES]
@@ -659,10 +684,35 @@ class NodeDriver:
         return True
 
     def _hand_over(self, view: GroupView, edge: Edge, deadline: float) -> None:
-        """HELD past timeouts.gpu_free_s: drain every node of the group for the admin, its
-        Reason naming its held GPUs and their holder (handover.py). Read fresh: GPUs freed
-        meanwhile leave the group HELD, and the next step starts the engine instead."""
+        """Drain every node of the group for the admin with a Reason that says why
+        (handover.py): a GPU held past timeouts.gpu_free_s (HELD), or starts that kept
+        failing (STARTING)."""
         self._still_ours(view)
+        if view.phase is Phase.STARTING:
+            self._hand_over_failed_starts(view)
+        else:
+            self._hand_over_held(view)
+
+    def _hand_over_failed_starts(self, view: GroupView) -> None:
+        """Every replica given up is named with its last error; their failures are forgotten
+        (the admin's fix starts afresh once the node is resumed and adopted again)."""
+        now = self.clock()
+        given_up = [(m, r, self._retries.given_up(m, r)) for m, r in self._replicas(view)]
+        failing = [(r, why) for m, r, why in given_up if why is not None]
+        if not failing:
+            raise Superseded(f"{view.name}: no replica given up any more: not handed over")
+        replica, why = failing[0]
+        for node in view.nodes:
+            self.slurm.drain(node.name, handover.format_wake_failed(self.tag, node.name, now,
+                                                                    replica.name, why))
+        for replica, _ in failing:
+            self._retries.served(replica)
+        log.error("%s handed to the admin: %s", view.name, "; ".join(why for _, why in failing))
+
+    def _hand_over_held(self, view: GroupView) -> None:
+        """HELD past timeouts.gpu_free_s: the Reason names its held GPUs and their holder.
+        Read fresh: GPUs freed meanwhile leave the group HELD, and the next step starts the
+        engine instead."""
         verdict = self._gpus.verdict(self._replicas(view), fresh_after=view.phase_since)
         if verdict.clear:
             raise Superseded(f"{view.name}: its GPUs are free again: not handed over")
@@ -693,6 +743,7 @@ class NodeDriver:
             for name, (model, replica) in list(coming.items()):
                 if self.engine_for(model).health(replica).serving:
                     del coming[name]
+                    self._retries.served(replica)
             return not coming
 
         if not self._poll_until(deadline, serving):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurm_idle.agent import Agent, TickResult
 from slurm_idle.config import Config
-from slurm_idle.handover import HeldEntry, parse_reason
+from slurm_idle.handover import HeldEntry, WakeFailedEntry, parse_reason, parse_wake_failed
 from slurm_idle.journal import StepOutcome
 from slurm_idle.lifecycle import takes_traffic
 from slurm_idle.model import GroupView, Phase
@@ -117,6 +117,7 @@ def _textfile_writer(config: Config) -> Callable[[TickResult], None]:
             if result.observation is not None else None,
             router_errors=result.router_errors,
             gpu_held=gpus_handed_over(result, config),
+            wake_failed=wakes_handed_over(result, config),
             **group_counts(result, config),
         )
 
@@ -130,6 +131,15 @@ def gpus_handed_over(result: TickResult, config: Config) -> list[HeldEntry]:
     tag = config.slurm.tag
     return [entry for v in result.observation.nodes
             for entry in parse_reason(tag, v.name, v.node.reason.strip()) or ()]
+
+
+def wakes_handed_over(result: TickResult, config: Config) -> list[WakeFailedEntry]:
+    """The replicas named in the wake-failed Reasons of the observed pool nodes (handover.py)."""
+    if result.observation is None:
+        return []
+    tag = config.slurm.tag
+    return [entry for v in result.observation.nodes
+            if (entry := parse_wake_failed(tag, v.name, v.node.reason.strip())) is not None]
 
 
 def _final_groups(result: TickResult, config: Config) -> list[tuple[GroupView, Phase, bool]]:

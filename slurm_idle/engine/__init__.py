@@ -91,7 +91,10 @@ class Engine(Protocol):
     `timeout_s` bounds the call (see the module docstring); none of them waits for a state,
     the caller polls `released` (the stop took effect) and `health` (serving again).
     `in_flight` counts the requests running *and* waiting (stopping would drop either); None
-    when the replica is down or its metrics unreadable. The fake in `slurm_idle.testing.fakes`
+    when the replica is down or its metrics unreadable. `cold_restart` stops the server and
+    starts a fresh one where the kind has a start besides its wake (http-sleep with
+    start_command/stop_command), True once issued; False, nothing done, where a start is
+    already cold (command, docker) or no command is configured. The fake in `slurm_idle.testing.fakes`
     implements it too.
     """
 
@@ -108,6 +111,8 @@ class Engine(Protocol):
     def in_flight(self, replica: ReplicaConfig) -> float | None: ...
 
     def identify(self, replica: ReplicaConfig) -> Identity: ...
+
+    def cold_restart(self, replica: ReplicaConfig, timeout_s: float | None = None) -> bool: ...
 
 
 #: The protocol's earlier name, kept for callers outside the package.

@@ -263,6 +263,10 @@ class HttpProbe:
 class _HttpHealth:
     """health(), identify(), in_flight() and the old-vLLM check shared by every engine kind."""
 
+    def cold_restart(self, replica: ReplicaConfig, timeout_s: float | None = None) -> bool:
+        """Nothing to do: this kind's start is already a cold start (see Engine)."""
+        return False
+
     probe: HttpProbe
     model: str
     config: EngineConfig

@@ -52,6 +52,20 @@ class HttpSleepEngine(_HttpHealth):
                 if resp.status == 404 else ""
             raise EngineError(f"{replica.node}: POST {path} answered {resp.status} {detail}{hint}")
 
+    def cold_restart(self, replica: ReplicaConfig, timeout_s: float | None = None) -> bool:
+        """After wakes that keep failing (vLLM leaks what a failed wake had mapped, so later
+        wakes can fail after the holder is gone): the site's stop_command, then its
+        start_command, which starts a fresh server, awake. False when they are not both
+        configured."""
+        if not (self.config.start_command and self.config.stop_command):
+            return False
+        from slurm_idle.engine.command import CommandEngine
+
+        cold = CommandEngine(self.config.model_copy(update={"kind": "command"}), self.model)
+        cold.stop(replica, timeout_s)
+        cold.start(replica, timeout_s)
+        return True
+
     def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
         health = self.health(replica)
         if health.serving:

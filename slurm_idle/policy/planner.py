@@ -63,10 +63,13 @@ class _Unit:
     _arriving: int = field(default=0, compare=False)
 
     @classmethod
-    def of(cls, group: GroupView, replicas: tuple[Replica, ...]) -> _Unit:
+    def of(cls, group: GroupView, replicas: tuple[Replica, ...],
+           failing: frozenset[str] = frozenset()) -> _Unit:
+        """`failing`: replicas whose start or wake failed since they last served (not arriving)."""
         loads = tuple(group.load(r) for r in replicas)
         return cls(group, replicas, loads, sum(1 for ld in loads if not _out_of_service(ld)),
-                   sum(1 for ld in loads if not _dead(ld)))
+                   sum(1 for r, ld in zip(replicas, loads, strict=True)
+                       if not _dead(ld) and r.name not in failing))
 
     @property
     def name(self) -> str:
@@ -87,7 +90,8 @@ class _Unit:
         """Replicas that serve once the group is back (starting, reclaiming, or reclaimed this
         tick): asleep ones too, the start wakes them; not one seen failing its health check,
         which counts for nothing in any phase, or a group with a dead engine would hold a
-        model short while a lent group that could serve stays lent."""
+        model short while a lent group that could serve stays lent; nor one whose start or
+        wake failed (a wake is expected in seconds: capacity is taken elsewhere at once)."""
         return self._arriving
 
     def running(self) -> float:
@@ -454,16 +458,17 @@ def _paused_gc(fn: Callable[[Observation, Config, float], list[_Model]], obs: Ob
 
 def _models(obs: Observation, config: Config, now: float) -> list[_Model]:
     by_model: dict[str, list[_Unit]] = {}
+    failing = obs.failing_starts
     for group in group_views(obs, config):  # one pass, not one per model
         replicas = group.group.replicas
         if len(replicas) == 1:
-            by_model.setdefault(replicas[0].model, []).append(_Unit.of(group, replicas))
+            by_model.setdefault(replicas[0].model, []).append(_Unit.of(group, replicas, failing))
             continue
         mine: dict[str, list[Replica]] = {}
         for r in replicas:
             mine.setdefault(r.model, []).append(r)
         for model, reps in mine.items():
-            by_model.setdefault(model, []).append(_Unit.of(group, tuple(reps)))
+            by_model.setdefault(model, []).append(_Unit.of(group, tuple(reps), failing))
     return [_examine(obs, config, model, now, by_model.get(model.name, []))
             for model in config.models if model.placement == "nodes"]
 

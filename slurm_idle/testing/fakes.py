@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from slurm_idle.config import ModelConfig, ReplicaConfig
 from slurm_idle.engine import EngineHealth, Identity
+from slurm_idle.errors import EngineError
 from slurm_idle.model import GpuReading, ModelLoad, ReplicaLoad, SlurmJob, SlurmNode
 from slurm_idle.replicatrust import agent_user
 from slurm_idle.slurm.parse import JobSignal
@@ -216,11 +217,17 @@ class FakeEngine:
     running: dict[str, float] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)
     start_delay_polls: int = 0  # health() says not serving this many times after a start
+    # replica -> the error its start (or wake) answers, e.g. a CUDA out of memory; a cold
+    # restart clears it when `cold` (an engine whose kind can restart cold).
+    fail_starts: dict[str, str] = field(default_factory=dict)
+    cold: bool = False
     log: list[tuple[str, str]] = field(default_factory=list)
     _pending: dict[str, int] = field(default_factory=dict)
 
     def start(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
         self.log.append(("start", replica.name))
+        if replica.name in self.fail_starts:
+            raise EngineError(f"{replica.name}: {self.fail_starts[replica.name]}")
         if not self.up.get(replica.name):
             self._pending[replica.name] = self.start_delay_polls
         self.up[replica.name] = True
@@ -228,6 +235,16 @@ class FakeEngine:
     def stop(self, replica: ReplicaConfig, timeout_s: float | None = None) -> None:
         self.log.append(("stop", replica.name))
         self.up[replica.name] = False
+
+    def cold_restart(self, replica: ReplicaConfig, timeout_s: float | None = None) -> bool:
+        """Stop and start afresh when `cold`: a fresh server no longer fails its start."""
+        self.log.append(("cold_restart", replica.name))
+        if not self.cold:
+            return False
+        self.fail_starts.pop(replica.name, None)
+        self.up[replica.name] = True
+        self._pending[replica.name] = self.start_delay_polls
+        return True
 
     def released(self, replica: ReplicaConfig) -> bool:
         """Stopped at once: released as soon as it is not up."""

@@ -184,6 +184,7 @@ EXPECTED: dict[tuple[Phase, Phase], set[str]] = {
     (Phase.RECLAIMING, Phase.HELD): EVERY_EDGE,
     (Phase.HELD, Phase.STARTING): EVERY_EDGE | FORWARD,
     (Phase.HELD, Phase.ADMIN): EVERY_EDGE,
+    (Phase.STARTING, Phase.ADMIN): EVERY_EDGE,
     (Phase.STARTING, Phase.SERVING): EVERY_EDGE | FORWARD | TRAFFIC,
     (Phase.UNKNOWN, Phase.RECLAIMING): EVERY_EDGE,
     (Phase.SERVING, Phase.STARTING): EVERY_EDGE,
@@ -327,7 +328,7 @@ def test_job_edges_are_the_node_edges_without_the_lending_shortcut() -> None:
     assert keys == {(e.from_phase, e.to_phase) for e in lifecycle.EDGES} - {
         (Phase.LENDING, Phase.STARTING), (Phase.UNKNOWN, Phase.RECLAIMING),
         (Phase.SERVING, Phase.STARTING), (Phase.RECLAIMING, Phase.HELD),
-        (Phase.HELD, Phase.STARTING), (Phase.HELD, Phase.ADMIN)}
+        (Phase.HELD, Phase.STARTING), (Phase.HELD, Phase.ADMIN), (Phase.STARTING, Phase.ADMIN)}
     assert set(lifecycle.JOB_LIFECYCLE.forward) == {Phase.RETIRING, Phase.LENDING,
                                                     Phase.RECLAIMING, Phase.STARTING}
     with pytest.raises(lifecycle.IllegalTransition):
