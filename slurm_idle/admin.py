@@ -210,6 +210,8 @@ def _set_pin(agent: Agent, node: str, pinned: bool, dry_run: bool,
     command = "pin" if pinned else "unpin"
     obs = agent.observe()
     view = node_view(obs, node)
+    if not pinned and not dry_run:
+        _allow_lend(agent, node)
     if view.phase is Phase.ADMIN:
         raise Refused(f"{node} is drained by an admin ({view.node.reason!r}); not touching it")
     if view.phase in DRAINED_PHASES:
@@ -246,3 +248,19 @@ def _write_reason(agent: Agent, view: NodeView, command: str, reason: str) -> No
         agent.journal.append(replace(record, outcome=StepOutcome.ERROR, detail=str(exc)))
         raise
     agent.journal.append(record)
+
+
+def _allow_lend(agent: Agent, node: str) -> None:
+    """`unpin` also lifts a lend refused for the memory the node's engines left on its GPUs
+    (engine_notes.py): the admin has looked at it."""
+    from slurm_idle.engine_notes import EngineNotes, notes_path
+    from slurm_idle.logs import get_logger
+    from slurm_idle.topology import group_index
+
+    group = group_index(agent.config).get(node)
+    notes = EngineNotes(notes_path(agent.config.paths.journal))
+    for replica in group.replicas if group is not None else ():
+        if notes.lend_refused(replica.name) is not None:
+            notes.allow_lend(replica.name)
+            get_logger(__name__).info("%s: lend allowed again (refused before: the memory its "
+                                      "engine left on the GPUs)", replica.name)

@@ -164,7 +164,7 @@ class Agent:
                       identify=self._identify, budget_s=budget_s, trust=self.trust,
                       gpus=self.gpus)
         notes = EngineNotes(notes_path(self.config.paths.journal))
-        return replace(obs, failing_starts=notes.failing())
+        return replace(obs, failing_starts=notes.failing(), lend_refused=notes.refused())
 
     def _identify(self, model: str, replica: ReplicaConfig) -> Identity:
         """The model's engine's identity check of one replica (engines without one: ours)."""

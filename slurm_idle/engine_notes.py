@@ -167,3 +167,37 @@ class EngineNotes:
     def record_residue(self, replica: str, per_gpu: dict[int, int] | None) -> None:
         self._set(replica, "residue_mib", {str(k): v for k, v in sorted(per_gpu.items())}
                   if per_gpu is not None else None)
+
+    def released_at(self, replica: str, now: float) -> float:
+        """When the engine's stop (or sleep) was first seen to have taken effect in this lend:
+        the residue is read from samples after it, however many ticks that takes."""
+        with self._lock:
+            ts = self._doc.get(replica, {}).get("released_at")
+        if isinstance(ts, int | float) and math.isfinite(ts):
+            return float(ts)
+        self._set(replica, "released_at", now)
+        return now
+
+    def lent(self, replica: str) -> None:
+        """The lend went through (or was abandoned): the next one waits for its own release."""
+        self._set(replica, "released_at", None)
+
+    # -- lends refused ------------------------------------------------------------------------
+
+    def refuse_lend(self, replica: str, why: str, now: float) -> None:
+        """The engine left more than gpu.max_residue_mib behind: not lent again until an admin
+        says so (`slurm-idle unpin`)."""
+        self._set(replica, "lend_refused", {"ts": now, "why": why[:300]})
+
+    def lend_refused(self, replica: str) -> str | None:
+        with self._lock:
+            entry = self._doc.get(replica, {}).get("lend_refused")
+        return str(entry.get("why", "")) if isinstance(entry, dict) else None
+
+    def allow_lend(self, replica: str) -> None:
+        self._set(replica, "lend_refused", None)
+
+    def refused(self) -> frozenset[str]:
+        """Replicas whose lend was refused for their residue."""
+        with self._lock:
+            return frozenset(r for r, e in self._doc.items() if isinstance(e.get("lend_refused"), dict))

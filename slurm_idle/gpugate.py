@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeAlias
 
 from slurm_idle.config import Config, ReplicaConfig
+from slurm_idle.engine_notes import EngineNotes
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.logs import get_logger
 from slurm_idle.model import GpuReading
@@ -27,9 +28,11 @@ GpuReader: TypeAlias = Callable[[Sequence[str]], Mapping[str, tuple[GpuReading, 
 class GpuGate:
     """One shared read of the pool's GPU readings per POLL_S, judged per group."""
 
-    def __init__(self, config: Config, read: GpuReader | None, clock: Callable[[], float]) -> None:
+    def __init__(self, config: Config, read: GpuReader | None, clock: Callable[[], float],
+                 notes: EngineNotes | None = None) -> None:
         self.config = config
         self._read = read
+        self._notes = notes
         self._nodes = sorted({n for m in config.models for r in m.replicas for n in _nodes_of(r)})
         self._poll = SharedPoll(self._read_all, POLL_S, clock)
 
@@ -42,6 +45,33 @@ class GpuGate:
             log.warning("GPU readings unavailable (%s): GPUs are not checked before a start", exc)
             return None
 
+    @property
+    def active(self) -> bool:
+        """A GPU source is wired (the gate and the residue measure read it)."""
+        return self._read is not None
+
+    def residue(self, replicas: Sequence[tuple[str, ReplicaConfig]],
+                newer_than: float) -> dict[str, dict[int, int]] | None:
+        """Per replica: the MiB on each of its GPUs in samples taken after `newer_than`; None
+        while one of them has no such sample yet. A node without series (or no source) is
+        not measured: its replicas get no entry."""
+        readings = self._poll.get() if self._read is not None else None
+        if readings is None:
+            return {}
+        out: dict[str, dict[int, int]] = {}
+        for _model, replica in replicas:
+            per: dict[int, int] = {}
+            for node in _nodes_of(replica):
+                for gpu in readings.get(node, ()):
+                    if replica.gpus is not None and gpu.index not in replica.gpus:
+                        continue
+                    if gpu.sample_ts is None or gpu.sample_ts < newer_than:
+                        return None
+                    per[gpu.index] = max(per.get(gpu.index, 0), gpu.used_mib)
+            if per:
+                out[replica.name] = per
+        return out
+
     def verdict(self, replicas: Sequence[tuple[str, ReplicaConfig]], fresh_after: float | None) -> GateVerdict:
         """Every GPU of the replicas (model, config) over what its engine may find there."""
         if self._read is None:
@@ -51,7 +81,9 @@ class GpuGate:
         unobserved: list[str] = []
         for model, replica in replicas:
             engine = self.config.engine_for(model)
-            allowed = allowance_mib(may_sleep=engine.kind == "http-sleep", residue_mib=None,
+            residue = self._notes.residue(replica.name) if self._notes is not None else None
+            allowed = allowance_mib(may_sleep=engine.kind == "http-sleep",
+                                    residue_mib=max(residue.values()) if residue else None,
                                     tolerance_mib=self.config.gpu.free_tolerance_mib,
                                     max_residue_mib=self.config.gpu.max_residue_mib)
             nodes = {n: (readings.get(n) if readings is not None else None) for n in _nodes_of(replica)}

@@ -132,9 +132,9 @@ class NodeDriver:
         # Per group: the reason of the step under way, journaled with its router calls.
         self._why: dict[str, str] = {}
         self._replica_configs = {r.name: (m.name, r) for m in self.config.models for r in m.replicas}
-        self._gpus = GpuGate(self.config, self.gpu_readings, self.clock)
-        self._retries = StartRetries(self.config, EngineNotes(notes_path(self.config.paths.journal)),
-                                     self.engine_for, self.clock)
+        self._notes = EngineNotes(notes_path(self.config.paths.journal))
+        self._gpus = GpuGate(self.config, self.gpu_readings, self.clock, self._notes)
+        self._retries = StartRetries(self.config, self._notes, self.engine_for, self.clock)
         # Per group: the side edge a waiting step asked for (Divert), taken by `drive`.
         self._diverts: dict[str, Phase] = {}
 
@@ -415,6 +415,7 @@ class NodeDriver:
             raise CarryOver(f"replica(s) {', '.join(stopping)}: not stopped (or asleep) yet at the "
                             "tick's deadline; stays lending, the next tick re-issues the stop "
                             "and checks again")
+        self._measure_residue(replicas, deadline)
         # Stopping can take minutes: an admin who drained a node meanwhile keeps the group (the
         # RESUME below would clear their drain and reason).
         self._still_ours(view, fresh=True)
@@ -425,6 +426,40 @@ class NodeDriver:
             # which the next tick carries on; never an undrained node without our comment.
             self.slurm.set_comment(node.name, lent_comment(self.tag, self.clock(), node.node.comment))
             self.slurm.resume(node.name)
+
+    def _measure_residue(self, replicas: list[tuple[str, ReplicaConfig]], deadline: float) -> None:
+        """The engine stopped or asleep: what it left on each GPU, from samples taken after
+        that (the exporter lags), is recorded as its residue, which the GPU gate allows it
+        to find again at the reclaim. Above gpu.max_residue_mib a research job would get a GPU
+        with less memory than Slurm promises: the lend is refused (Divert back to STARTING),
+        and the replica is not lent again until `slurm-idle unpin`."""
+        if not self._gpus.active:
+            return
+        since = min(self._notes.released_at(r.name, self.clock()) for _, r in replicas)
+        measured: dict[str, dict[int, int]] = {}
+
+        def read() -> bool:
+            got = self._gpus.residue(replicas, newer_than=since)
+            if got is not None:
+                measured.update(got)
+            return got is not None
+
+        if not self._poll_until(deadline, read):
+            raise CarryOver("waiting for GPU readings taken after the engine stopped (the memory "
+                            "it leaves is measured before the node is lent); stays lending")
+        limit = self.config.gpu.max_residue_mib
+        over = [f"{name} GPU {i}: {mib} MiB" for name, per in measured.items()
+                for i, mib in sorted(per.items()) if mib > limit]
+        for _, replica in replicas:
+            self._notes.lent(replica.name)
+        if over:
+            why = (f"lend refused: the engine left {'; '.join(over)} on its GPUs (more than "
+                   f"gpu.max_residue_mib {limit}); not lent again until `slurm-idle unpin`")
+            for _, replica in replicas:
+                self._notes.refuse_lend(replica.name, why, self.clock())
+            raise Divert(Phase.STARTING, why)
+        for name, per in measured.items():
+            self._notes.record_residue(name, per)
 
     def _restart_engines(self, view: GroupView, edge: Edge, deadline: float) -> None:
         """A SERVING group whose engine is gone or not ours: out of the router first (no

@@ -266,6 +266,8 @@ class _Tick:
     returning: set[str] = field(default_factory=set)  # groups an action brings back to serving
     leaving: set[str] = field(default_factory=set)  # SERVING groups lent this tick
     lent_out: dict[str, int] = field(default_factory=dict)  # model -> replicas lent this tick
+    # Replicas whose lend was refused for the memory their engine leaves (not lent again).
+    refused: frozenset[str] = frozenset()
 
 
 def _supply(m: _Model, tick: _Tick, config: Config, now: float) -> int:
@@ -389,7 +391,8 @@ def _plan_model(m: _Model, tick: _Tick, config: Config, now: float) -> list[Acti
         before = serving[name]
         spare = sorted(
             (u for u in m.units(Phase.SERVING)
-             if not u.group.pinned and u.name not in touched and not _asleep(u)),
+             if not u.group.pinned and u.name not in touched and not _asleep(u)
+             and not any(r.name in tick.refused for r in u.group.group.replicas)),
             key=_lend_order,
         )
         for unit in spare:
@@ -476,7 +479,8 @@ def _models(obs: Observation, config: Config, now: float) -> list[_Model]:
 def plan(observation: Observation, config: Config, now: float) -> list[Action]:
     """The actions of this tick, in model order; deterministic for equal inputs."""
     models = _paused_gc(_models, observation, config, now)
-    tick = _Tick({m.config.name: m for m in models}, config.policy.max_transitions_per_tick)
+    tick = _Tick({m.config.name: m for m in models}, config.policy.max_transitions_per_tick,
+                 refused=observation.lend_refused)
     actions: list[Action] = []
     for m in models:
         actions.extend(_plan_model(m, tick, config, now))
