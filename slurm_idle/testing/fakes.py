@@ -216,6 +216,8 @@ class FakeEngine:
     running: dict[str, float] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)
     start_delay_polls: int = 0  # health() says not serving this many times after a start
+    failing: set[str] = field(default_factory=set)  # up, but check() sees /health fail
+    asleep: set[str] = field(default_factory=set)  # up, but check() sees it asleep
     log: list[tuple[str, str]] = field(default_factory=list)
     _pending: dict[str, int] = field(default_factory=dict)
 
@@ -257,6 +259,16 @@ class FakeEngine:
         if not self.up.get(replica.name):
             return Identity(False, "nothing answers /v1/models (fake)")
         return Identity(True, "fake engine")
+
+    def check(self, replica: ReplicaConfig) -> EngineHealth:
+        """The tick's probe as the real engines answer it: a down engine is proven absent
+        (refused), one in `failing` is up but its /health fails, one in `asleep` sleeps."""
+        if not self.up.get(replica.name):
+            why = "nothing answers /v1/models (fake)"
+            return EngineHealth(up=False, awake=None, error=why, foreign=why, foreign_proven=True)
+        if replica.name in self.failing:
+            return EngineHealth(up=False, awake=None, error="/health answered 503")
+        return EngineHealth(up=True, awake=replica.name not in self.asleep)
 
 
 @dataclass

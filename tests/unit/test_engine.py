@@ -177,7 +177,7 @@ def test_health_up_awake_running(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
     state, replica = vllm
     state.running = 4.0
     health = sleep_engine().health(replica)
-    assert health == EngineHealth(up=True, awake=True, running=5.0, error=None)
+    assert health == EngineHealth(up=True, awake=True, running=5.0, error=None, may_sleep=True)
     assert health.serving
 
 
