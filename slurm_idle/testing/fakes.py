@@ -216,8 +216,8 @@ class FakeEngine:
     running: dict[str, float] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)
     start_delay_polls: int = 0  # health() says not serving this many times after a start
-    failing: set[str] = field(default_factory=set)  # up, but check() sees /health fail
-    asleep: set[str] = field(default_factory=set)  # up, but check() sees it asleep
+    failing: set[str] = field(default_factory=set)  # running, but its /health fails
+    asleep: set[str] = field(default_factory=set)  # running, asleep
     log: list[tuple[str, str]] = field(default_factory=list)
     _pending: dict[str, int] = field(default_factory=dict)
 
@@ -251,7 +251,10 @@ class FakeEngine:
         if self._pending.get(replica.name, 0) > 0:
             self._pending[replica.name] -= 1
             return EngineHealth(up=False, awake=None, error="starting (fake)")
-        return EngineHealth(up=True, awake=True, running=self.running.get(replica.name, 0.0),
+        if replica.name in self.failing:
+            return EngineHealth(up=False, awake=None, error="/health answered 503")
+        return EngineHealth(up=True, awake=replica.name not in self.asleep,
+                            running=self.running.get(replica.name, 0.0),
                             waiting=self.waiting.get(replica.name, 0.0))
 
     def identify(self, replica: ReplicaConfig) -> Identity:
@@ -262,7 +265,7 @@ class FakeEngine:
 
     def check(self, replica: ReplicaConfig) -> EngineHealth:
         """The tick's probe as the real engines answer it: a down engine is proven absent
-        (refused), one in `failing` is up but its /health fails, one in `asleep` sleeps."""
+        (refused), one in `failing` runs but its /health fails, one in `asleep` sleeps."""
         if not self.up.get(replica.name):
             why = "nothing answers /v1/models (fake)"
             return EngineHealth(up=False, awake=None, error=why, foreign=why, foreign_proven=True)
