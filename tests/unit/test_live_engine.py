@@ -16,6 +16,7 @@ from slurm_idle.loop import run_loop
 from slurm_idle.model import ActionKind, ModelLoad, Phase, ReplicaLoad, SlurmNode
 from slurm_idle.observe import observe
 from slurm_idle.policy import assess, fast_plan, plan
+from slurm_idle.replica_health import unhealthy_names
 from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
 
 from . import test_agent_jobs as jobs
@@ -94,6 +95,7 @@ def test_a_serving_node_whose_health_fails_is_not_counted_and_a_lent_one_comes_b
     [gpu1] = [v.replica for v in obs.nodes if v.name == "gpu1"]
     assert gpu1 is not None and gpu1.healthy is False
     assert any(e.startswith("gpu1: engine failing its health check") for e in obs.errors)
+    assert unhealthy_names(obs, agent.config) == ["gpu1"]  # `status` says since when
     result = agent.tick()
     assert [(a.kind, a.node) for a in result.actions] == [(ActionKind.RECLAIM, "gpu3")]
     assert [p.serving_replicas for p in result.plans] == [1]
