@@ -5,6 +5,7 @@ replica comes back in its place, and the fast check does it without waiting for 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -244,3 +245,26 @@ def test_the_fast_check_replaces_a_replica_job_out_of_service(tmp_path: Path) ->
     cluster.engine.failing.add("jm#0")
     fast = replace(agent, planner=fast_plan)
     assert [(a.kind, a.node) for a in fast.tick().actions] == [(ActionKind.RECLAIM, "jm#1")]
+
+
+# --- the probe's budget --------------------------------------------------------------------
+
+
+def test_probes_that_hang_tell_nothing_and_leave_the_metrics_their_share(tmp_path: Path) -> None:
+    """Every engine hangs on its probe: observe waits PROBE_SHARE of its budget for them, then
+    plans on the metrics as before the probe (nothing marked failing, nothing reclaimed)."""
+    agent, slurm, _ = node_agent(tmp_path, demand=150.0)
+    release = threading.Event()
+
+    def hung(model: str, replica: ReplicaConfig) -> EngineHealth:
+        release.wait(5)
+        return EngineHealth(up=False, awake=None, error="late")
+
+    started = time.monotonic()
+    try:
+        obs = observe(agent.config, slurm, agent.metrics, T0, probe=hung, budget_s=2.0)
+    finally:
+        release.set()
+    assert time.monotonic() - started < 1.8  # half the budget for probes, the metrics after
+    assert all(v.replica is None or v.replica.healthy is None for v in obs.nodes)
+    assert all(m.known for m in obs.models) and plan(obs, agent.config, T0) == []
