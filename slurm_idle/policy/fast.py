@@ -5,10 +5,10 @@ A full tick runs every policy.tick_interval_s; a queue building just after it wo
 the next one. The fast check runs every policy.fast_interval_s on the same observation and
 planner, and keeps only the scale-up actions (abort a lend, reclaim) of models whose serving
 replicas show pressure now (a sustained queue, a hot KV cache, TTFT over its SLO, or a
-serving replica gone out of service: its engine failing the probe the fast check's observe
-makes, asleep or not ours, so it is replaced within one fast check): never a
-lend, nothing on a trend or a forecast alone (those wait for the full tick, which sees the
-same numbers a few seconds later). It also carries on reclaims under way (RECLAIMING,
+serving replica gone out of service: failing the probe the fast check's observe makes, asleep
+or not ours, so it is replaced within one fast check): never a lend, nothing on a trend or a
+forecast alone (those wait for the full tick, which sees the same numbers a few seconds later).
+A repair of a dead engine waits for the full tick too: the replacement is what cannot wait. It also carries on reclaims under way (RECLAIMING,
 STARTING), so a replica serves as soon as its engine is healthy; lends wait for the tick.
 """
 

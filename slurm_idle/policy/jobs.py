@@ -7,12 +7,12 @@ scale up at once and without limit (abort RETIRING replicas first, then submit L
 lowest index first); scale down only on known metrics, inside the lending windows, with nothing
 on its way back, never below the need over the window or the floor, at most
 `max_transitions_per_tick` lends per model and tick (highest index, least busy first); carry
-every other transitional replica one step on. A serving replica out of service (policy/service.py)
-is no capacity and nothing is lent meanwhile; one whose endpoint is proved not its engine
-(the vLLM inside the job is gone) is repaired: its job is cancelled (SERVING -> RETIRING ->
-LENDING -> LENT) and submitted again when the need asks for it. With unknown metrics nothing is lent and what
-serves or is on its way back is held (or everything comes back with
-`policy.reclaim_on_unknown_metrics`); a model with no replica at all starts its floor.
+every other transitional replica one step on. A serving replica out of service
+(policy/service.py) is no capacity and nothing is lent meanwhile; one whose endpoint is proved
+not its engine (the vLLM inside the job is gone) is repaired: its job is cancelled (SERVING ->
+RETIRING -> LENDING -> LENT) and submitted again when the need asks for it. With unknown
+metrics nothing is lent and what serves or is on its way back is held (or everything comes
+back with `policy.reclaim_on_unknown_metrics`); a model with no replica at all starts its floor.
 """
 
 from __future__ import annotations
