@@ -48,7 +48,7 @@ from slurm_idle.topology import group_views
 from slurm_idle.transitions import NodeDriver, StepResult
 
 if TYPE_CHECKING:  # imported where used: a tick that needs no engine loads none
-    from slurm_idle.engine import Engine, Identity
+    from slurm_idle.engine import Engine, EngineHealth
     from slurm_idle.metrics import MetricsSource
     from slurm_idle.metrics.gpus import GpuSource
     from slurm_idle.router import PoolRouters
@@ -67,7 +67,7 @@ MAX_ACTION_WORKERS = 32
 #: Step outcomes that count as a tick's errors (the textfile's tick_error, `explain`).
 FAILED_OUTCOMES = frozenset({StepOutcome.ERROR, StepOutcome.STUCK})
 
-#: Share of the tick budget observe may spend on metrics and identity checks (Slurm reads have
+#: Share of the tick budget observe may spend on metrics and the serving replicas' probes (Slurm reads have
 #: their own command timeout): the rest is for acting, which a surge needs most.
 OBSERVE_SHARE = 0.5
 
@@ -161,17 +161,13 @@ class Agent:
 
     def observe(self, budget_s: float | None = None) -> Observation:
         obs = observe(self.config, self.slurm, self.metrics, self.clock(),
-                      identify=self._identify, budget_s=budget_s, trust=self.trust,
-                      gpus=self.gpus)
+                      probe=self._probe, budget_s=budget_s, trust=self.trust, gpus=self.gpus)
         notes = EngineNotes(notes_path(self.config.paths.journal))
         return replace(obs, failing_starts=notes.failing(), lend_refused=notes.refused())
 
-    def _identify(self, model: str, replica: ReplicaConfig) -> Identity:
-        """The model's engine's identity check of one replica (engines without one: ours)."""
-        from slurm_idle.engine import Identity
-
-        check = getattr(self.engine_for(model), "identify", None)
-        return check(replica) if check is not None else Identity(True, "engine cannot tell")
+    def _probe(self, model: str, replica: ReplicaConfig) -> EngineHealth:
+        """The model's engine's probe of one serving replica (Engine.check)."""
+        return self.engine_for(model).check(replica)
 
     def tick(self, dry_run: bool = False) -> TickResult:
         """One reconcile pass under the lock. A second concurrent tick returns at once.

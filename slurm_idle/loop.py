@@ -3,9 +3,10 @@
 cron starts `tick` once a minute, so a queue that builds at 10:00:05 is acted on at 10:01 at
 best. The loop runs the same full tick (same lock, same state in Slurm, same journal) every
 `policy.tick_interval_s`, and between two ticks a fast check every `policy.fast_interval_s`:
-the same observe and planner, keeping only the reclaims that queue / KV-cache / TTFT pressure
-asks for (policy/fast.py). Each pass takes the lock on its own, so cron ticks, admin commands
-and a second agent interleave with it as they do with each other.
+the same observe and planner, keeping only the reclaims that queue / KV-cache / TTFT pressure,
+or a serving replica gone out of service, asks for (policy/fast.py). Each pass takes the lock on
+its own, so cron ticks, admin commands and a second agent interleave with it as they do with
+each other.
 
 Stopping: `stop` (set by SIGTERM/SIGINT in the CLI) is checked between passes and ends every
 wait at once. A pass in flight finishes its current steps, bounded by timeouts.tick_budget_s;

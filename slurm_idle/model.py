@@ -350,7 +350,9 @@ class ActionKind(StrEnum):
     CONTINUE = "continue"  # carry on a transition already under way (after a crash or timeout)
     ABORT_LEND = "abort-lend"  # RETIRING back to SERVING: load rose before the replica stopped
     ADOPT = "adopt"  # bring an unmanaged pool node into SERVING (service first)
-    REPAIR = "repair"  # SERVING -> STARTING: its engine is gone or not ours; restart it
+    # SERVING -> STARTING: its engine is gone or not ours; restart it (placement: jobs,
+    # SERVING -> RETIRING: cancel its job, submitted again when needed)
+    REPAIR = "repair"
     HAND_OVER = "hand-over"  # HELD -> ADMIN: a GPU still held past gpu_free_s; the admin's now
 
 

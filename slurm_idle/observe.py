@@ -1,9 +1,10 @@
 """Observe: the tick's passive "sync from the world", one frozen snapshot of the pool.
 
 One `sinfo`/`scontrol show node` and one `squeue` call, one batch of metrics queries, one GPU
-memory query and the serving replicas' identity checks (in parallel, within the observe
-budget), whatever the fleet size. Phases come from Slurm first, so that only replicas we know
-are ours and serving count.
+memory query and one probe of each serving replica, both placements (identity, /health, and
+the sleep state where the engine sleeps; in parallel, within a share of the observe budget),
+whatever the fleet size. Phases come from Slurm first, so that only replicas we know are ours,
+live and serving count.
 """
 
 from __future__ import annotations
@@ -37,18 +38,21 @@ from slurm_idle.slurm.protocol import ClusterReader
 from slurm_idle.transitions import ACTIVE_JOB_STATES
 
 if TYPE_CHECKING:  # imported where used: a tick that needs no engine loads none
-    from slurm_idle.engine import Identity
+    from slurm_idle.engine import EngineHealth
     from slurm_idle.metrics import MetricsSource
     from slurm_idle.metrics.gpus import GpuSource
 
 log = get_logger(__name__)
 
-#: Identity checks in flight at once (threads that mostly wait on HTTP), as many as the nodes
-#: a tick acts on at once (agent.MAX_ACTION_WORKERS).
-MAX_IDENTITY_CHECKS = 32
+#: Probes in flight at once (threads that mostly wait on HTTP), as many as the nodes a tick
+#: acts on at once (agent.MAX_ACTION_WORKERS).
+MAX_PROBES = 32
+#: Share of what is left of the observe budget the probes may take: the metrics queries after
+#: them keep the rest, so hung engines cannot leave the tick without its load figures.
+PROBE_SHARE = 0.5
 
-#: model name, replica -> whether its endpoint is the expected engine (engine.Identity).
-Identify = Callable[[str, ReplicaConfig], "Identity"]
+#: model name, replica -> its engine's probe now (engine.Engine.check).
+Probe = Callable[[str, ReplicaConfig], "EngineHealth"]
 
 
 def observe(
@@ -57,7 +61,7 @@ def observe(
     metrics: MetricsSource,
     now: float,
     *,
-    identify: Identify | None = None,
+    probe: Probe | None = None,
     budget_s: float | None = None,
     trust: ReplicaTrust | None = None,
     gpus: GpuSource | None = None,
@@ -65,12 +69,13 @@ def observe(
     """Build one frozen snapshot of the pool from Slurm and the engines' metrics.
 
     Phases come first (from Slurm), so that only the replicas we know are ours and serving
-    count: each serving-phase endpoint is checked to be the expected engine (`identify`, every
-    tick), and each model's present demand is summed over those replicas alone
+    count: each serving-phase replica, node or job, is probed every tick (`probe`: the expected
+    engine, /health 200, awake where the engine sleeps) and its load says so (`healthy`,
+    `foreign`); each model's present demand is summed over the replicas proved ours alone
     (metrics.serving), never over a lent node's port. `budget_s` bounds the metrics calls and
-    identity checks together (each HTTP call has a total deadline within it). `gpus` fills
-    each pool node's and each `placement: jobs` node's `NodeView.gpus` in one call; without it,
-    or when it fails (an error of the snapshot, never of the tick), they stay None: not observed.
+    probes together (each HTTP call has a total deadline within it). `gpus` fills each pool
+    node's and each `placement: jobs` node's `NodeView.gpus` in one call; without it, or when it
+    fails (an error of the snapshot, never of the tick), they stay None: not observed.
 
     Python's cyclic GC is paused meanwhile: decoding and parsing 10,000 nodes' JSON allocates
     some 10^5 containers and no cycles, and the collector's passes over them cost as much CPU as
@@ -118,21 +123,26 @@ def observe(
                 infos[name] = derive_phase(node, tag)
         errors.extend(gres_mismatches(config, nodes))
         serving = serving_replicas(replicas, infos)
-        foreign: dict[str, str] = {}  # replica name -> why
-        if identify is not None and serving:
-            foreign = check_identities(identify, serving, left())
-            for name, why in sorted(foreign.items()):
-                errors.append(f"{name}: its endpoint is not the expected engine ({why}): not "
-                              "counted as serving")
+        targets = [*serving, *((r.model, probe_config(r)) for r in job_serving)]
+        checked: dict[str, EngineHealth] = {}  # replica name -> its probe, when it answered
+        if probe is not None and targets:
+            budget = left()
+            checked = probe_replicas(probe, targets, None if budget is None else budget * PROBE_SHARE)
+        foreign = {name: h.foreign or "" for name, h in checked.items() if h.foreign_proven}
+        for name, health in sorted(checked.items()):
+            trouble = not_serving_why(health)
+            if trouble is not None:
+                errors.append(f"{name}: {trouble}: not counted as serving")
         # Per replica, never per node: two replicas on one node (or one spanning nodes) are
         # counted, or not, each on its own; a foreign one never takes its neighbour with it.
         counted = {r.name for _, r in serving if r.name not in foreign}
+        jobs_counted = {r.name for r in job_serving if r.name not in foreign}
         found: list[ReplicaLoad] = []
         model_loads: tuple[ModelLoad, ...]
         try:
             probes = [(r.model, probe_config(r)) for r in placed]
             found = list(metrics.replica_loads([*replicas, *probes], budget_s=left(),
-                                               serving=counted | {r.name for r in job_serving}))
+                                               serving=counted | jobs_counted))
             model_loads = tuple(metrics.model_loads(config.models, now, budget_s=left(),
                                                     serving=counted))
         except MetricsUnavailable as exc:
@@ -145,17 +155,19 @@ def observe(
         of_replica = loads_by_replica(replicas, found)  # replica name -> load
         by_url = {load.url: load for load in found if load.url}  # replica jobs' loads
         for model_name, replica in serving:
-            if replica.name in foreign:  # its metrics are not a replica of ours: never counted
-                of_replica[replica.name] = ReplicaLoad(
-                    model=model_name, node=replica.node, url=replica.url, known=False, foreign=True
-                )
+            if replica.name in checked:
+                of_replica[replica.name] = probed(of_replica.get(replica.name), checked[replica.name],
+                                                  model_name, replica.node, replica.url)
+        job_loads = {r.name: probed(by_url.get(r.url), checked[r.name], r.model, r.nodes[0], r.url)
+                     if r.name in checked else by_url.get(r.url) for r in placed}
         counted_of: dict[str, list[ReplicaLoad | None]] = {}
         for model_name, replica in replicas:
             if replica.name in counted:
                 counted_of.setdefault(model_name, []).append(of_replica.get(replica.name))
         for r in job_serving:
-            counted_of.setdefault(r.model, []).append(by_url.get(r.url))
-        replica_jobs = tuple(replace(r, load=by_url.get(r.url)) if r.url else r
+            if r.name in jobs_counted:
+                counted_of.setdefault(r.model, []).append(job_loads[r.name])
+        replica_jobs = tuple(replace(r, load=job_loads.get(r.name)) if r.url else r
                              for r in replica_jobs)
         weight = config.policy.prompt_token_weight
         model_loads = tuple(
@@ -275,28 +287,48 @@ def _loads_of(
     return tuple(out)
 
 
-def check_identities(
-    identify: Identify, serving: Sequence[tuple[str, ReplicaConfig]], budget_s: float | None
-) -> dict[str, str]:
-    """replica name -> why, for the serving replicas whose endpoint proved not to be the expected
-    engine. Checked in parallel; a check that does not answer within `budget_s` tells nothing
-    (the replica's metrics decide, as before), only a definite "not ours" excludes it."""
-    pool = ThreadPoolExecutor(max_workers=max(1, min(len(serving), MAX_IDENTITY_CHECKS)))
+def probe_replicas(
+    probe: Probe, targets: Sequence[tuple[str, ReplicaConfig]], budget_s: float | None
+) -> dict[str, EngineHealth]:
+    """replica name -> its probe, for the serving replicas whose probe answered within
+    `budget_s` (in parallel). One that did not, or raised, tells nothing: its load stays
+    unchecked (`healthy` None) and its metrics decide, as before the probe."""
+    pool = ThreadPoolExecutor(max_workers=max(1, min(len(targets), MAX_PROBES)))
     try:
-        futures = {pool.submit(identify, m, r): r.name for m, r in serving}
+        futures = {pool.submit(probe, m, r): r.name for m, r in targets}
         done, _ = wait(futures, timeout=budget_s)
-        foreign = {}
+        checked = {}
         for future in done:
             try:
-                identity = future.result()
+                checked[futures[future]] = future.result()
             except Exception as exc:  # noqa: BLE001 - a probe bug tells nothing either way
-                log.warning("%s: identity check failed: %s", futures[future], exc)
-                continue
-            if identity.ours is False:
-                foreign[futures[future]] = identity.why
-        return foreign
+                log.warning("%s: probe failed: %s", futures[future], exc)
+        return checked
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def not_serving_why(health: EngineHealth) -> str | None:
+    """Why a probed serving replica does not count, for the tick's errors; None when it does
+    or when it only sleeps (the planner says that itself)."""
+    if health.foreign_proven:
+        return f"its endpoint is not the expected engine ({health.foreign})"
+    if not health.up:
+        return f"engine failing its health check ({health.error or '/health did not answer'})"
+    if not health.live and health.awake is None:
+        return "engine's sleep state unknown (neither /is_sleeping nor the sleep gauge told)"
+    return None
+
+
+def probed(load: ReplicaLoad | None, health: EngineHealth, model: str, node: str,
+           url: str) -> ReplicaLoad:
+    """A serving replica's load as its probe found it: `healthy` when live (a failing one gets
+    a load even without series, so that it is never counted), asleep when it said so, and
+    one proven not ours keeps no metrics: they are not a replica of ours."""
+    if health.foreign_proven:
+        return ReplicaLoad(model=model, node=node, url=url, known=False, foreign=True, healthy=False)
+    base = load if load is not None else ReplicaLoad(model=model, node=node, url=url, known=False)
+    return replace(base, healthy=health.live, sleeping=base.sleeping or health.awake is False)
 
 
 def log_observation(obs: Observation) -> None:

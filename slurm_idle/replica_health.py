@@ -81,6 +81,9 @@ def unhealthy(url: str, health: EngineHealth | None, load: ReplicaLoad | None) -
                              f"{url} is not the expected engine ({health.foreign})")
     if load is not None and load.foreign:
         return Unhealthy("endpoint is not the expected engine", f"{url} is not the expected engine")
+    if health is None and load is not None and load.healthy is False and not load.sleeping:
+        return Unhealthy("engine failing its health check",
+                         f"engine at {url} failed the tick's probe ({health_url(url)}, awake)")
     if (health is not None and health.awake is False) or (load is not None and load.sleeping):
         return Unhealthy("engine asleep", f"engine at {url} is asleep")
     if load is None or not load.known:

@@ -46,7 +46,8 @@ class PolicyConfig(_Strict):
     headroom_sigmas: float = Field(3.0, ge=0)
     # `slurm-idle agent` (a long-running loop instead of cron): a full tick every
     # tick_interval_s, and between ticks a fast check every fast_interval_s that only starts
-    # reclaims of models under queue / KV-cache / TTFT pressure (0: no fast check).
+    # reclaims of models under queue / KV-cache / TTFT pressure or with a serving replica out of
+    # service (0: no fast check).
     tick_interval_s: int = Field(60, ge=1)
     fast_interval_s: int = Field(10, ge=0)
     # Like Slurm's PreemptExemptTime: a lent node running a job younger than this is reclaimed

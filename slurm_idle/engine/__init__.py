@@ -9,7 +9,8 @@ site policy, chosen by `engine.kind`:
 - `http-sleep`: vLLM sleep mode (`POST /sleep?level=N&mode=wait`, `POST /wake_up`), fastest.
 One module per kind (command, container, sleep), what they share in probe; this one holds the
 protocol, the factory and what the driver polls. Health is the same for all: `GET /health` 200, awake per `GET /is_sleeping` (dev mode) or the
-`vllm:engine_sleep_state` gauge, in-flight requests from `vllm:num_requests_running` plus
+`vllm:engine_sleep_state` gauge (an http-sleep server that tells neither is not serving: it
+may be asleep), in-flight requests from `vllm:num_requests_running` plus
 `vllm:num_requests_waiting` (a queued request is as much in flight as a running one).
 HTTP, commands, docker client and the clock are injected so tests replace them, not patch them.
 
@@ -91,10 +92,11 @@ class Engine(Protocol):
     `timeout_s` bounds the call (see the module docstring); none of them waits for a state,
     the caller polls `released` (the stop took effect) and `health` (serving again).
     `in_flight` counts the requests running *and* waiting (stopping would drop either); None
-    when the replica is down or its metrics unreadable. `cold_restart` stops the server and
-    starts a fresh one where the kind has a start besides its wake (http-sleep with
-    start_command/stop_command), True once issued; False, nothing done, where a start is
-    already cold (command, docker) or no command is configured. The fake in `slurm_idle.testing.fakes`
+    when the replica is down or its metrics unreadable. `check` is a tick's cheap probe of a
+    serving replica (identity, /health, and the sleep state where the engine sleeps), no load.
+    `cold_restart` stops the server and starts a fresh one where the kind has a start besides
+    its wake (http-sleep with start_command/stop_command), True once issued; False, nothing
+    done, where a start is already cold (command, docker) or no command is configured. The fake in `slurm_idle.testing.fakes`
     implements it too.
     """
 
@@ -113,6 +115,8 @@ class Engine(Protocol):
     def identify(self, replica: ReplicaConfig) -> Identity: ...
 
     def cold_restart(self, replica: ReplicaConfig, timeout_s: float | None = None) -> bool: ...
+
+    def check(self, replica: ReplicaConfig) -> EngineHealth: ...
 
 
 #: The protocol's earlier name, kept for callers outside the package.

@@ -90,10 +90,19 @@ class EngineHealth:
     # only could not be confirmed (no answer in time, the identity store unreadable to this
     # user). Both keep it out of service; only a proof makes `status` call it another server.
     foreign_proven: bool = False
+    # The engine kind puts its server to sleep (http-sleep): an unknown sleep state may then
+    # be a sleeping server, which serves nothing. A server nobody puts to sleep is awake.
+    may_sleep: bool = False
+
+    @property
+    def live(self) -> bool:
+        """/health answered 200 and the server is awake, or, for an engine that is never put
+        to sleep, not known to be asleep: a live engine, whoever it proves to be."""
+        return self.up and (self.awake is True or (self.awake is None and not self.may_sleep))
 
     @property
     def serving(self) -> bool:
-        return self.up and self.awake is not False and self.foreign is None
+        return self.live and self.foreign is None
 
 
 #: Answers of /v1/models that say nothing of who serves (an --api-key server refuses us).
@@ -246,15 +255,18 @@ class HttpProbe:
         except ValueError:
             return None
 
-    def health(self, replica: ReplicaConfig) -> EngineHealth:
+    def health(self, replica: ReplicaConfig, *, load: bool = True, sleep: bool = True) -> EngineHealth:
+        """/health, then (`sleep`) whether it is awake: /is_sleeping, else the sleep gauge of
+        /metrics; and (`load`) the requests in flight from /metrics. Without `sleep` the
+        state is not asked (awake None); without `load` /metrics is read only for the gauge."""
         try:
             resp = self.get(replica, "/health")
         except EngineError as exc:
             return EngineHealth(up=False, awake=None, error=str(exc))
         if resp.status != 200:
             return EngineHealth(up=False, awake=None, error=f"/health answered {resp.status}")
-        sleeping = self.is_sleeping(replica)
-        reading = self.metrics(replica)
+        sleeping = self.is_sleeping(replica) if sleep else None
+        reading = self.metrics(replica) if load or (sleep and sleeping is None) else None
         awake = (not sleeping) if sleeping is not None else (reading.awake if reading else None)
         return EngineHealth(up=True, awake=awake, running=reading.running if reading else None,
                             waiting=reading.waiting if reading else None)
@@ -273,6 +285,8 @@ class _HttpHealth:
     #: The replicas' identity names, when the engine is started with one (`{identity}` in
     #: the start command); None: the model name is all there is to check.
     identities: IdentityStore | None = None
+    #: This engine kind puts servers to sleep (EngineHealth.may_sleep).
+    may_sleep: bool = False
 
     def identify(self, replica: ReplicaConfig) -> Identity:
         """Whether the endpoint is this model's engine (see HttpProbe.identify): with
@@ -288,14 +302,23 @@ class _HttpHealth:
     def health(self, replica: ReplicaConfig) -> EngineHealth:
         """/health, awake, in flight; and a 200 counts as serving only from the expected
         engine: an endpoint not proven ours is `foreign` (a start is then still issued)."""
-        health = self.probe.health(replica)
+        health = replace(self.probe.health(replica), may_sleep=self.may_sleep)
         if not health.up:
             return health
+        return _with_identity(health, self.identify(replica))
+
+    def check(self, replica: ReplicaConfig) -> EngineHealth:
+        """A tick's probe of a serving replica: whether its endpoint is ours (/v1/models, asked
+        first: a refused connection proves the engine gone in one request, and nothing more is
+        asked of an endpoint proven not ours, read as not up), whether /health answers 200, and
+        for an engine that sleeps whether it is awake. No load is read (the metrics source has
+        it), so an engine nobody puts to sleep costs two requests."""
         identity = self.identify(replica)
-        if identity.ours:
-            return health
-        return replace(health, foreign=identity.why or "not confirmed to be the expected engine",
-                       foreign_proven=identity.ours is False)
+        if identity.ours is False:
+            return EngineHealth(up=False, awake=None, error=identity.why, foreign=identity.why,
+                                foreign_proven=True, may_sleep=self.may_sleep)
+        health = self.probe.health(replica, load=False, sleep=self.may_sleep)
+        return _with_identity(replace(health, may_sleep=self.may_sleep), identity)
 
     def version(self, replica: ReplicaConfig) -> str | None:
         return self.probe.version(replica)
@@ -317,3 +340,12 @@ class _HttpHealth:
         unreadable. A waiting request is in flight too: stopping would drop it."""
         reading = self.probe.metrics(replica)
         return reading.in_flight if reading else None
+
+
+def _with_identity(health: EngineHealth, identity: Identity) -> EngineHealth:
+    """`health` of an endpoint as `identity` found it: one not proven ours is `foreign` (a
+    /health 200 from it is not serving; only a proof makes it another server)."""
+    if identity.ours:
+        return health
+    return replace(health, foreign=identity.why or "not confirmed to be the expected engine",
+                   foreign_proven=identity.ours is False)

@@ -27,6 +27,8 @@ WAKE_RETRY_PAUSE_S = 0.5
 class HttpSleepEngine(_HttpHealth):
     """vLLM sleep mode: the server keeps running, its weights leave the GPUs while lent."""
 
+    may_sleep = True  # a server whose sleep state is unknown may be asleep: not serving
+
     def __init__(self, config: EngineConfig, http: HttpClient | None = None, model: str = "") -> None:
         self.config = config
         self.model = model

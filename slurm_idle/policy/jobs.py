@@ -7,9 +7,12 @@ scale up at once and without limit (abort RETIRING replicas first, then submit L
 lowest index first); scale down only on known metrics, inside the lending windows, with nothing
 on its way back, never below the need over the window or the floor, at most
 `max_transitions_per_tick` lends per model and tick (highest index, least busy first); carry
-every other transitional replica one step on. With unknown metrics nothing is lent and what
-serves or is on its way back is held (or everything comes back with
-`policy.reclaim_on_unknown_metrics`); a model with no replica at all starts its floor.
+every other transitional replica one step on. A serving replica out of service
+(policy/service.py) is no capacity and nothing is lent meanwhile; one whose endpoint is proved
+not its engine (the vLLM inside the job is gone) is repaired: its job is cancelled (SERVING ->
+RETIRING -> LENDING -> LENT) and submitted again when the need asks for it. With unknown
+metrics nothing is lent and what serves or is on its way back is held (or everything comes
+back with `policy.reclaim_on_unknown_metrics`); a model with no replica at all starts its floor.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from slurm_idle.metrics.serving import usable
 from slurm_idle.model import Action, ActionKind, JobReplica, ModelPlan, Observation, Phase
 from slurm_idle.policy.capacity import assess_need, default_forecast_lead_s
 from slurm_idle.policy.reclaim_order import reclaim_rank
+from slurm_idle.policy.service import out_of_service
 from slurm_idle.policy.windows import in_windows
 from slurm_idle.replicajobs import partition_of
 
@@ -39,12 +43,13 @@ def _verdict(obs: Observation, config: Config, model: ModelConfig,
     assert model.job is not None
     total = model.job.replicas
     floor = min(model.min_serving_replicas, total)
-    taking = [r for r in mine if takes_traffic(r.phase)]
+    taking = [r for r in mine if takes_traffic(r.phase) and not out_of_service(r.load)]
+    gone = [r.name for r in mine if takes_traffic(r.phase) and out_of_service(r.load)]
     supply = len(taking) + sum(1 for r in mine if r.phase in _ARRIVING)
     policy = config.policy
     load = obs.model_load(model.name)
     window_ok = in_windows(obs.now, policy.lending_windows, policy.timezone)
-    blind = [r.name for r in taking if not usable(r.load) or (r.load is not None and r.load.sleeping)]
+    blind = [r.name for r in taking if not usable(r.load)]
     if load is None or not load.known or blind:
         why = ("model load metrics missing or stale" if load is None or not load.known
                else f"metrics unknown for serving replica(s) {', '.join(blind)}")
@@ -57,6 +62,9 @@ def _verdict(obs: Observation, config: Config, model: ModelConfig,
                        default_forecast_lead_s(config, model.name))
     if not window_ok:
         return total, None, f"{need.reason}; outside lending windows"
+    if gone:
+        return need.up, None, (f"{need.reason}; serving replica(s) {', '.join(gone)} out of "
+                               "service (not counted): nothing lent")
     return need.up, need.down, need.reason
 
 
@@ -64,15 +72,25 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[l
     mine = [r for r in obs.replica_jobs if r.model == model.name]
     needed, down, reason = _verdict(obs, config, model, mine)
     by = {p: [r for r in mine if r.phase is p] for p in Phase}
-    serving = len(by[Phase.SERVING])
-    taking = serving + len(by[Phase.RETIRING])
+    live = {p: [r for r in by[p] if not out_of_service(r.load)] for p in (Phase.SERVING, Phase.RETIRING)}
+    serving = len(live[Phase.SERVING])
+    taking = serving + len(live[Phase.RETIRING])
     supply = serving + sum(len(by[p]) for p in _ARRIVING)
     actions: list[Action] = []
     touched: set[str] = set()
+    for r in by[Phase.SERVING]:
+        if r.load is not None and r.load.foreign:
+            # Its vLLM is gone (nothing listens) or another server holds the port, while the job
+            # runs on: cancelled through the lend's edges, so its GPUs are freed and the
+            # replica is submitted afresh (maybe elsewhere) when the need asks for it.
+            actions.append(_act(ActionKind.REPAIR, r, Phase.RETIRING,
+                                f"engine of serving replica {r.name} gone or not ours: "
+                                f"cancelling job {r.job_id}, submitted again when needed"))
+            touched.add(r.name)
     deficit = needed - supply
     if deficit > 0:
         why = f"{reason}; {supply} serving or coming back: needs {needed}"
-        candidates = ([(ActionKind.ABORT_LEND, r, Phase.SERVING) for r in by[Phase.RETIRING]]
+        candidates = ([(ActionKind.ABORT_LEND, r, Phase.SERVING) for r in live[Phase.RETIRING]]
                       + [(ActionKind.RECLAIM, r, Phase.RECLAIMING) for r in by[Phase.LENT]])
         taken: dict[str, int] = {}
         for kind, r, to in candidates[:deficit]:
@@ -87,7 +105,7 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[l
             touched.add(r.name)
     elif down is not None and not any(by[p] for p in _ARRIVING) and serving > down:
         budget = config.policy.max_transitions_per_tick
-        spare = sorted((r for r in by[Phase.SERVING] if not r.pinned),  # an admin's pin
+        spare = sorted((r for r in live[Phase.SERVING] if not r.pinned),  # an admin's pin
                        key=lambda r: (r.load.running if r.load else 0.0, -r.index))
         for r in spare[:min(budget, serving - down)]:
             actions.append(_act(ActionKind.LEND, r, Phase.RETIRING,

@@ -19,9 +19,10 @@ scale-up counts the replicas of the model a group brings back; a lend picks grou
 freed first, idle ones before busy ones) only while every model with a replica on the group keeps
 its need over the window, its floor and its `max_lent_fraction`. A group's replicas always share
 its phase, so no group is ever left half-retired. One-replica-per-node pools are groups of one.
-A replica in a serving phase whose engine reports sleeping serves nothing: it is not counted as
-capacity (a lent node comes back in its place if the need says so), and, as with unknown
-metrics, nothing of the model is lent while it sleeps; the node itself is left alone.
+A replica in a serving phase that is out of service (policy/service.py: asleep, failing the
+tick's probe, or not our engine) serves nothing: it is not counted as capacity (a lent node
+comes back in its place if the need says so), and, as with unknown metrics, nothing of the
+model is lent meanwhile; a sleeping one's node is left alone, one not our engine is repaired.
 Over 400 lines while the policy is being tuned (issue 15): plan() and assess() share its helpers.
 """
 
@@ -47,6 +48,7 @@ from slurm_idle.model import (
 from slurm_idle.policy.capacity import Need, assess_need, default_forecast_lead_s
 from slurm_idle.policy.jobs import assess_jobs, plan_jobs
 from slurm_idle.policy.reclaim_order import reclaim_rank, young_jobs
+from slurm_idle.policy.service import failing, out_of_service
 from slurm_idle.policy.windows import in_windows
 from slurm_idle.topology import group_index, group_views
 
@@ -64,12 +66,13 @@ class _Unit:
 
     @classmethod
     def of(cls, group: GroupView, replicas: tuple[Replica, ...],
-           failing: frozenset[str] = frozenset()) -> _Unit:
-        """`failing`: replicas whose start or wake failed since they last served (not arriving)."""
+           failed_starts: frozenset[str] = frozenset()) -> _Unit:
+        """`failed_starts`: replicas whose start or wake failed since they last served (not
+        arriving)."""
         loads = tuple(group.load(r) for r in replicas)
-        return cls(group, replicas, loads, sum(1 for ld in loads if not _out_of_service(ld)),
+        return cls(group, replicas, loads, sum(1 for ld in loads if not out_of_service(ld)),
                    sum(1 for r, ld in zip(replicas, loads, strict=True)
-                       if not _dead(ld) and r.name not in failing))
+                       if not failing(ld) and r.name not in failed_starts))
 
     @property
     def name(self) -> str:
@@ -101,17 +104,6 @@ class _Unit:
         """Requests running on every replica of the group, whatever its model."""
         loads = (self.group.load(r) for r in self.group.group.replicas)
         return sum(load.running for load in loads if load is not None)
-
-
-def _dead(load: ReplicaLoad | None) -> bool:
-    """Seen failing its health check."""
-    return load is not None and load.healthy is False
-
-
-def _out_of_service(load: ReplicaLoad | None) -> bool:
-    """Asleep (even on stale metrics: then it may still be), seen unhealthy, or its endpoint
-    proved not to be the expected engine (`foreign`)."""
-    return load is not None and (load.sleeping or load.foreign or load.healthy is False)
 
 
 def _asleep(unit: _Unit) -> bool:
@@ -157,6 +149,10 @@ def _load_known(load: ModelLoad | None, serving: list[_Unit]) -> tuple[bool, str
                if ld is not None and ld.foreign]
     if foreign:
         return False, f"serving replica(s) {', '.join(foreign)} not the expected engine (not counted)"
+    down = [r.name for u in serving for r, ld in zip(u.replicas, u.loads(), strict=True)
+            if failing(ld) and ld is not None and not ld.sleeping]  # asleep: said below
+    if down:
+        return False, f"serving replica(s) {', '.join(down)} failing their health check (not counted)"
     blind = [r.name for u in serving for r, ld in zip(u.replicas, u.loads(), strict=True)
              if ld is None or not ld.known]
     if blind:
@@ -207,7 +203,7 @@ def _examine(obs: Observation, config: Config, model: ModelConfig, now: float, u
         return _Model(model, by_phase, adoptable, total, False, window_ok, need, needed, reason,
                       arriving)
 
-    replicas = [ld for u in taking for ld in u.loads() if ld is not None and not _out_of_service(ld)]
+    replicas = [ld for u in taking for ld in u.loads() if ld is not None and not out_of_service(ld)]
     lead_s = default_forecast_lead_s(config, model.name)
     need = assess_need(model, policy, load, replicas, awake, total, lead_s)
     needed, reason = need.up, need.reason
@@ -407,7 +403,7 @@ def _plan_model(m: _Model, tick: _Tick, config: Config, now: float) -> list[Acti
             tick.budget -= 1
             for r in unit.group.group.replicas:
                 ld = unit.group.load(r)
-                serving[r.model] -= 0 if _out_of_service(ld) else 1
+                serving[r.model] -= 0 if out_of_service(ld) else 1
                 out[r.model] += 1
                 tick.lent_out[r.model] = tick.lent_out.get(r.model, 0) + 1
 
@@ -461,17 +457,17 @@ def _paused_gc(fn: Callable[[Observation, Config, float], list[_Model]], obs: Ob
 
 def _models(obs: Observation, config: Config, now: float) -> list[_Model]:
     by_model: dict[str, list[_Unit]] = {}
-    failing = obs.failing_starts
+    failed_starts = obs.failing_starts
     for group in group_views(obs, config):  # one pass, not one per model
         replicas = group.group.replicas
         if len(replicas) == 1:
-            by_model.setdefault(replicas[0].model, []).append(_Unit.of(group, replicas, failing))
+            by_model.setdefault(replicas[0].model, []).append(_Unit.of(group, replicas, failed_starts))
             continue
         mine: dict[str, list[Replica]] = {}
         for r in replicas:
             mine.setdefault(r.model, []).append(r)
         for model, reps in mine.items():
-            by_model.setdefault(model, []).append(_Unit.of(group, tuple(reps), failing))
+            by_model.setdefault(model, []).append(_Unit.of(group, tuple(reps), failed_starts))
     return [_examine(obs, config, model, now, by_model.get(model.name, []))
             for model in config.models if model.placement == "nodes"]
 

@@ -221,6 +221,8 @@ class FakeEngine:
     # restart clears it when `cold` (an engine whose kind can restart cold).
     fail_starts: dict[str, str] = field(default_factory=dict)
     cold: bool = False
+    failing: set[str] = field(default_factory=set)  # running, but its /health fails
+    asleep: set[str] = field(default_factory=set)  # running, asleep
     log: list[tuple[str, str]] = field(default_factory=list)
     _pending: dict[str, int] = field(default_factory=dict)
 
@@ -266,7 +268,10 @@ class FakeEngine:
         if self._pending.get(replica.name, 0) > 0:
             self._pending[replica.name] -= 1
             return EngineHealth(up=False, awake=None, error="starting (fake)")
-        return EngineHealth(up=True, awake=True, running=self.running.get(replica.name, 0.0),
+        if replica.name in self.failing:
+            return EngineHealth(up=False, awake=None, error="/health answered 503")
+        return EngineHealth(up=True, awake=replica.name not in self.asleep,
+                            running=self.running.get(replica.name, 0.0),
                             waiting=self.waiting.get(replica.name, 0.0))
 
     def identify(self, replica: ReplicaConfig) -> Identity:
@@ -274,6 +279,16 @@ class FakeEngine:
         if not self.up.get(replica.name):
             return Identity(False, "nothing answers /v1/models (fake)")
         return Identity(True, "fake engine")
+
+    def check(self, replica: ReplicaConfig) -> EngineHealth:
+        """The tick's probe as the real engines answer it: a down engine is proven absent
+        (refused), one in `failing` runs but its /health fails, one in `asleep` sleeps."""
+        if not self.up.get(replica.name):
+            why = "nothing answers /v1/models (fake)"
+            return EngineHealth(up=False, awake=None, error=why, foreign=why, foreign_proven=True)
+        if replica.name in self.failing:
+            return EngineHealth(up=False, awake=None, error="/health answered 503")
+        return EngineHealth(up=True, awake=replica.name not in self.asleep)
 
 
 @dataclass

@@ -188,12 +188,23 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EngineCas
 
 
 def test_engine_health_and_identity_types(engine: EngineCase) -> None:
-    """A serving replica: EngineHealth up, awake and serving; Identity ours; nothing in flight."""
+    """A serving replica: EngineHealth up, awake and serving; Identity ours; the tick's check
+    live and ours; nothing in flight."""
     health = engine.engine.health(engine.replica)
     assert isinstance(health, EngineHealth) and health.serving and health.up
     identity = engine.engine.identify(engine.replica)
     assert isinstance(identity, Identity) and identity.ours is True
+    checked = engine.engine.check(engine.replica)
+    assert isinstance(checked, EngineHealth) and checked.serving and not checked.foreign_proven
     assert engine.engine.in_flight(engine.replica) == 0
+
+
+def test_engine_check_of_a_stopped_replica(engine: EngineCase) -> None:
+    """Stopped (the fake: gone; the sleep engine: asleep): the tick's check says it is not
+    live, so it is no capacity, whichever way each engine kind tells it."""
+    engine.engine.stop(engine.replica, timeout_s=10)
+    settle(lambda: engine.engine.released(engine.replica), "stop taken effect")
+    assert not engine.engine.check(engine.replica).live
 
 
 def test_engine_in_flight_counts_waiting_requests(engine: EngineCase) -> None:

@@ -46,6 +46,7 @@ class Cluster:
 
     def __init__(self, slurm: FakeSlurm, engine: FakeEngine) -> None:
         self.t, self.slurm, self.engine = T0, slurm, engine
+        self.dead: set[str] = set()  # replicas whose vLLM is gone while their job runs on
 
     def __call__(self) -> float:
         return self.t
@@ -59,7 +60,8 @@ class Cluster:
             jobs.append(j)
         self.slurm.job_list = jobs
         running = {j.comment.split("index=")[1].split(" ")[0] for j in jobs if j.state == "RUNNING"}
-        self.engine.up = {f"jm#{i}": str(i) in running for i in range(2)}
+        self.engine.up = {f"jm#{i}": str(i) in running and f"jm#{i}" not in self.dead
+                          for i in range(2)}
 
 
 def make_agent(tmp_path: Path, demand: float) -> tuple[Agent, FakeSlurm, FakeMetrics, Cluster]:

@@ -58,17 +58,21 @@ class FakeVllm:
     running: float = 0.0
     posts: list[str] = field(default_factory=list)
     version: str | None = "0.18.0"  # GET /version; None: an endpoint that is not there
+    sleep_gauge: bool = True  # False: an older vLLM without vllm:engine_sleep_state
+    gets: list[str] = field(default_factory=list)
 
     def metrics(self) -> str:
         awake = 0.0 if self.sleeping else 1.0
-        return (
+        page = (
             "# TYPE vllm:num_requests_running gauge\n"
             f'vllm:num_requests_running{{engine="0",model_name="m"}} {self.running}\n'
             'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+        )
+        return page + (
             "# TYPE vllm:engine_sleep_state gauge\n"
             f'vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="awake"}} {awake}\n'
             f'vllm:engine_sleep_state{{engine="0",sleep_state="weights_offloaded"}} {1 - awake}\n'
-        )
+        ) if self.sleep_gauge else page
 
 
 def _handler(state: FakeVllm) -> type[BaseHTTPRequestHandler]:
@@ -84,6 +88,7 @@ def _handler(state: FakeVllm) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def do_GET(self) -> None:
+            state.gets.append(self.path)
             if self.path == "/health":
                 self._send(state.health_status)
             elif self.path == "/is_sleeping" and state.dev_mode:
@@ -163,10 +168,52 @@ def test_parse_is_sleeping() -> None:
 
 
 def test_health_serving_property() -> None:
-    """Serving means up and not known to be asleep."""
+    """Serving means up and awake; an unknown sleep state counts as awake only for an engine
+    that never puts its server to sleep."""
     assert EngineHealth(up=True, awake=None).serving
+    assert not EngineHealth(up=True, awake=None, may_sleep=True).serving
+    assert EngineHealth(up=True, awake=True, may_sleep=True).serving
     assert not EngineHealth(up=True, awake=False).serving
     assert not EngineHealth(up=False, awake=True).serving
+
+
+def test_an_unknown_sleep_state_is_not_serving_where_the_engine_sleeps(
+        vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
+    """No /is_sleeping (no dev mode) and no sleep gauge (an older vLLM): the http-sleep engine,
+    which puts servers to sleep, cannot count the server as serving, neither in its health nor
+    in the tick's check; a command engine, whose server nobody puts to sleep, counts it."""
+    state, replica = vllm
+    state.dev_mode, state.sleep_gauge = False, False
+    sleeper, command = sleep_engine(), CommandEngine(command_config(), runner=Recorder())
+    for health in (sleeper.health(replica), sleeper.check(replica)):
+        assert health.up and health.awake is None and not health.live and not health.serving
+    for health in (command.health(replica), command.check(replica)):
+        assert health.up and health.live and health.serving
+
+
+def test_the_ticks_check_reads_no_load_and_the_sleep_state_only_where_it_matters(
+        vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
+    """check() is the tick's cheap probe: /health alone for a command engine, /health and
+    /is_sleeping for http-sleep (the gauge of /metrics only when /is_sleeping cannot tell)."""
+    state, replica = vllm
+    command = CommandEngine(command_config(), runner=Recorder())
+    assert command.check(replica).serving and state.gets == ["/health"]
+    state.gets.clear()
+    assert sleep_engine().check(replica).serving and state.gets == ["/health", "/is_sleeping"]
+    state.gets.clear()
+    state.dev_mode = False
+    assert sleep_engine().check(replica).serving and state.gets == ["/health", "/is_sleeping", "/metrics"]
+
+
+def test_the_ticks_check_of_a_failing_or_gone_engine(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
+    """/health 503: not live, not proven foreign (no repair on it); nothing listening: proven
+    gone by the identity request alone, the one a repair acts on."""
+    state, replica = vllm
+    state.health_status = 503
+    failing = sleep_engine().check(replica)
+    assert not failing.live and not failing.foreign_proven and "503" in (failing.error or "")
+    gone = HttpSleepEngine(EngineConfig(kind="http-sleep"), model="m").check(closed_port_replica())
+    assert not gone.live and gone.foreign_proven and "nothing listens" in (gone.foreign or "")
 
 
 # --- health over HTTP ----------------------------------------------------------------------
@@ -177,7 +224,7 @@ def test_health_up_awake_running(vllm: tuple[FakeVllm, ReplicaConfig]) -> None:
     state, replica = vllm
     state.running = 4.0
     health = sleep_engine().health(replica)
-    assert health == EngineHealth(up=True, awake=True, running=5.0, error=None)
+    assert health == EngineHealth(up=True, awake=True, running=5.0, error=None, may_sleep=True)
     assert health.serving
 
 

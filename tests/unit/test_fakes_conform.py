@@ -30,6 +30,7 @@ def test_fake_engine_and_metrics_are_the_protocols() -> None:
     assert isinstance(engine, Engine) and isinstance(FakeMetrics(), MetricsSource)
     assert isinstance(engine.health(replica), EngineHealth)
     assert isinstance(engine.identify(replica), Identity)
+    assert isinstance(engine.check(replica), EngineHealth)
 
 
 def test_fake_gpus_is_a_gpu_source_answering_gpu_readings() -> None:

@@ -73,8 +73,9 @@ def test_a_forged_replica_job_is_not_adopted_and_the_real_one_starts(tmp_path: P
 def test_an_older_agents_unsigned_replica_job_is_adopted(tmp_path: Path) -> None:
     """Migration: a replica job of the agent's own user with no signature, submitted before
     the key was made (an older agent version's), stays the replica: no second job for it."""
-    agent, slurm, _, _ = make_agent(tmp_path, demand=150.0)
+    agent, slurm, _, cluster = make_agent(tmp_path, demand=150.0)
     slurm.job_list.append(forged(agent_user(), UNSIGNED, submitted=T0 - 3600))
+    cluster.engine.up["jm#1"] = True  # its vLLM runs: it answers the tick's probe
     for _ in range(3):
         agent.tick()
     assert phases(agent) == [Phase.SERVING, Phase.SERVING]

@@ -11,7 +11,7 @@ import pytest
 
 from slurm_idle.agent import observe
 from slurm_idle.config import ModelConfig, ReplicaConfig, parse_config
-from slurm_idle.engine import CommandEngine, EngineConfig, HttpResponse, Identity
+from slurm_idle.engine import CommandEngine, EngineConfig, EngineHealth, HttpResponse
 from slurm_idle.errors import EngineError, MetricsUnavailable
 from slurm_idle.lifecycle import format_lent_comment, format_reason
 from slurm_idle.metrics.fallback import FallbackSource
@@ -105,10 +105,12 @@ def test_a_foreign_endpoint_is_not_counted_as_serving() -> None:
         models={"m": ModelLoad(model="m", generation_tokens_per_s=2100)},
     )
 
-    def identify(model: str, replica: ReplicaConfig) -> Identity:
-        return Identity(False, "/v1/models lists x") if replica.node == "gpu2" else Identity(True)
+    def probe(model: str, replica: ReplicaConfig) -> EngineHealth:
+        if replica.node == "gpu2":
+            return EngineHealth(up=False, awake=None, foreign="/v1/models lists x", foreign_proven=True)
+        return EngineHealth(up=True, awake=True)
 
-    obs = observe(cfg, pool(), metrics, T0, identify=identify)
+    obs = observe(cfg, pool(), metrics, T0, probe=probe)
     view = {v.name: v for v in obs.nodes}
     assert view["gpu2"].replica is not None and view["gpu2"].replica.foreign
     assert any("gpu2: its endpoint is not the expected engine" in e for e in obs.errors)
@@ -119,12 +121,15 @@ def test_a_foreign_endpoint_is_not_counted_as_serving() -> None:
 
 
 def test_an_identity_check_without_answer_excludes_nothing() -> None:
-    """A check that cannot tell (no answer in time) leaves the replica to its metrics."""
+    """An identity check that cannot tell (no answer in time) leaves the replica to its
+    metrics: not foreign, and live when /health answered."""
     cfg = parse_config(CONFIG)
     metrics = FakeMetrics(replicas={"gpu1": load("gpu1"), "gpu2": load("gpu2")},
                           models={"m": ModelLoad(model="m")})
-    obs = observe(cfg, pool(), metrics, T0, identify=lambda m, r: Identity(None, "timeout"))
+    untold = EngineHealth(up=True, awake=None, foreign="timeout", foreign_proven=False)
+    obs = observe(cfg, pool(), metrics, T0, probe=lambda m, r: untold)
     assert not any(v.replica is not None and v.replica.foreign for v in obs.nodes)
+    assert all(v.replica is not None and v.replica.healthy for v in obs.nodes if v.name != "gpu3")
 
 
 class Http:

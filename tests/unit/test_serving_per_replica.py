@@ -11,7 +11,7 @@ import pytest
 
 from slurm_idle.agent import observe
 from slurm_idle.config import Config, ReplicaConfig, parse_config
-from slurm_idle.engine import Identity
+from slurm_idle.engine import EngineHealth
 from slurm_idle.lifecycle import format_lent_comment, format_reason
 from slurm_idle.metrics.prometheus import match_target, target_index
 from slurm_idle.metrics.scrape import HttpResponse, ScrapeSource
@@ -58,9 +58,11 @@ def pool(lent: Sequence[str] = ()) -> FakeSlurm:
 
 
 def foreign(*urls: str) -> object:
-    def identify(model: str, replica: ReplicaConfig) -> Identity:
-        return Identity(False, "/v1/models lists x") if replica.url in urls else Identity(True)
-    return identify
+    def probe(model: str, replica: ReplicaConfig) -> EngineHealth:
+        if replica.url in urls:
+            return EngineHealth(up=False, awake=None, foreign="/v1/models lists x", foreign_proven=True)
+        return EngineHealth(up=True, awake=True)
+    return probe
 
 
 def load(url: str, gen: float) -> ReplicaLoad:
@@ -85,7 +87,7 @@ def test_one_foreign_replica_leaves_its_neighbours_demand_counted_once() -> None
         replicas={"gpu5:8000": load(A, 900.0), "gpu5:8001": load(B, 700.0)},
         models={MODEL: ModelLoad(model=MODEL, generation_tokens_per_s=1600.0)},
     )
-    obs = observe(config(), pool(lent=("gpu6", "gpu7")), metrics, T0, identify=foreign(A))  # type: ignore[arg-type]
+    obs = observe(config(), pool(lent=("gpu6", "gpu7")), metrics, T0, probe=foreign(A))  # type: ignore[arg-type]
     model = obs.model_load(MODEL)
     assert model is not None and model.known and model.generation_tokens_per_s == 700.0
     assert metrics.seen == {"gpu5:8001"}
@@ -93,17 +95,17 @@ def test_one_foreign_replica_leaves_its_neighbours_demand_counted_once() -> None
     assert [(r.name, r.foreign) for r in gpu5.loads()] == [("gpu5:8000", True), ("gpu5:8001", False)]
 
 
-@pytest.mark.parametrize(("identify", "expected"), [
+@pytest.mark.parametrize(("probe", "expected"), [
     (None, 500.0),  # A counted once, never again for B whose reading is missing
     (foreign(A), None),  # A is not ours: B (unread) must not take A's load by node name
 ])
 def test_a_replica_without_a_reading_never_takes_its_neighbours(
-    identify: object, expected: float | None
+    probe: object, expected: float | None
 ) -> None:
     """Only gpu5:8000's load comes back: gpu5:8001 has none (it is not read as gpu5's)."""
     metrics = FakeMetrics(replicas={"gpu5:8000": load(A, 500.0)},
                           models={MODEL: ModelLoad(model=MODEL, known=False)})
-    obs = observe(config(), pool(lent=("gpu6", "gpu7")), metrics, T0, identify=identify)  # type: ignore[arg-type]
+    obs = observe(config(), pool(lent=("gpu6", "gpu7")), metrics, T0, probe=probe)  # type: ignore[arg-type]
     model = obs.model_load(MODEL)
     assert model is not None
     if expected is None:
@@ -150,7 +152,7 @@ def test_the_scrape_source_never_reads_a_foreign_neighbour() -> None:
     web = Web({f"{A}/metrics": page, f"{B}/metrics": page, f"{BIG}/metrics": None})
     cfg = config()
     obs = observe(cfg, pool(lent=("gpu6", "gpu7")), scrape_source(cfg, web), T0,
-                  identify=foreign(A))  # type: ignore[arg-type]
+                  probe=foreign(A))  # type: ignore[arg-type]
     assert f"{A}/metrics" not in web.got and f"{B}/metrics" in web.got
     assert f"{BIG}/metrics" not in web.got  # a lent node's port: never read
     model = obs.model_load(MODEL)
@@ -164,7 +166,7 @@ def test_an_unhealthy_replica_beside_a_foreign_one_makes_the_model_unknown() -> 
     web = Web({f"{A}/metrics": page, f"{B}/metrics": None})
     cfg = config()
     obs = observe(cfg, pool(lent=("gpu6", "gpu7")), scrape_source(cfg, web), T0,
-                  identify=foreign(A))  # type: ignore[arg-type]
+                  probe=foreign(A))  # type: ignore[arg-type]
     model = obs.model_load(MODEL)
     assert model is not None and not model.known
 
@@ -176,12 +178,12 @@ def test_a_spanning_replica_with_one_node_lent_is_not_serving() -> None:
     web = Web({f"{A}/metrics": page, f"{B}/metrics": page, f"{BIG}/metrics": page})
     checked: list[str] = []
 
-    def identify(model: str, replica: ReplicaConfig) -> Identity:
+    def probe(model: str, replica: ReplicaConfig) -> EngineHealth:
         checked.append(replica.name)
-        return Identity(True)
+        return EngineHealth(up=True, awake=True)
 
     cfg = config()
-    observe(cfg, pool(lent=("gpu7",)), scrape_source(cfg, web), T0, identify=identify)
+    observe(cfg, pool(lent=("gpu7",)), scrape_source(cfg, web), T0, probe=probe)
     assert f"{BIG}/metrics" not in web.got
     assert sorted(checked) == ["gpu5:8000", "gpu5:8001"]
 
