@@ -98,8 +98,10 @@ def _print_dry_run(result: TickResult) -> None:
 def status(ctx: Context, as_json: bool) -> None:
     """Every pool node's phase and every model's serving/needed replicas and load signals.
 
-    Phases: serving, retiring, lending, lent, reclaiming, starting, admin (drained by someone
-    else: never touched), unknown (not managed yet, or down). Each replica meant to serve is
+    Phases: serving, retiring, lending, lent, reclaiming, held (empty of jobs, but a GPU still
+    holds someone's memory: nothing wakes on it), starting, admin (drained by someone else, or
+    handed to an admin with a Reason saying why: never touched), unknown (not managed yet, or
+    down). Each replica meant to serve is
     asked for /health now; one that fails it, is asleep, is not the expected engine or has no
     fresh metrics is shown `unhealthy` with why (its /health URL) and since when a tick first
     saw it so (UTC), and listed again in closing `attention:` lines. `--json`: each replica's
