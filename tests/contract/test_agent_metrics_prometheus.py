@@ -169,7 +169,7 @@ def test_prometheus_ingests_the_textfile(stack: dict[str, Any]) -> None:
     assert float(series[0]["value"][1]) == 2
     lent = query(prom, 'slurm_idle_nodes{phase="lent"}')
     assert float(lent[0]["value"][1]) == 1
-    assert len(query(prom, "slurm_idle_nodes")) == 8  # every phase, zeros included
+    assert len(query(prom, "slurm_idle_nodes")) == 9  # every phase, zeros included
     needed = query(prom, "slurm_idle_needed_replicas")
     assert needed[0]["metric"]["model"] == MODEL and float(needed[0]["value"][1]) == 3
     assert float(query(prom, "slurm_idle_tick_errors_total")[0]["value"][1]) == 1
@@ -181,15 +181,20 @@ def test_prometheus_ingests_the_textfile(stack: dict[str, Any]) -> None:
 
 
 def test_alert_rules_load_and_fire_on_a_sick_agent(stack: dict[str, Any]) -> None:
-    """A stale tick, a node stuck reclaiming and serving below floor/need raise their alerts."""
+    """A stale tick, a node stuck reclaiming, serving below floor/need, a node handed over for a
+    held GPU and one for failed wakes raise their alerts."""
+    from slurm_idle.handover import HeldEntry, WakeFailedEntry
+
     write_textfile(
         stack["file"], phases={"serving": 1, "reclaiming": 1, "lent": 2}, needed={MODEL: 3},
         serving={MODEL: 1}, tick_duration_s=0.5, tick_ts=time.time() - 1000, transitions=[],
         tick_error=False, floors={MODEL: 2},
+        gpu_held=[HeldEntry("gpu2", 0, 20480, "job 123")],
+        wake_failed=[WakeFailedEntry("gpu3", "gpu3", "POST /wake_up answered 500 CUDA error")],
     )
     prom = stack["prom"]
     shipped = {"SlurmIdleTickStale", "SlurmIdleReclaimTooSlow", "SlurmIdleServingBelowFloor",
-               "SlurmIdleTickErrors"}
+               "SlurmIdleTickErrors", "SlurmIdleGpuHeld", "SlurmIdleWakeFailed"}
 
     def loaded() -> set[str] | None:
         # Prometheus answers on its port before it has read its rule files (and answers 503
@@ -200,7 +205,7 @@ def test_alert_rules_load_and_fire_on_a_sick_agent(stack: dict[str, Any]) -> Non
 
     wait(loaded, 40, f"rules {sorted(shipped)} loaded")
     expected = {"SlurmIdleTickStale", "SlurmIdleReclaimTooSlow", "SlurmIdleServingBelowFloor",
-                "SlurmIdleServingBelowNeed"}
+                "SlurmIdleServingBelowNeed", "SlurmIdleGpuHeld", "SlurmIdleWakeFailed"}
 
     def active() -> set[str] | None:
         alerts = get_json(f"{prom}/api/v1/alerts")["data"]["alerts"]
