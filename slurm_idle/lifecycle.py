@@ -117,7 +117,7 @@ EDGES: tuple[Edge, ...] = (
          "load rises or forecast ramp: DRAIN and requeue the idle jobs",
          None, Ready.NOW, Effect.DRAIN_AND_REQUEUE),
     Edge(Phase.RECLAIMING, Phase.STARTING,
-         "node empty and its GPUs free: start or wake the engine",
+         "node empty: start or wake the engine",
          "reclaim_s", Ready.NODES_EMPTY, Effect.START_ENGINES),
     Edge(Phase.RECLAIMING, Phase.HELD,
          "node empty but a GPU still holds memory that is not the engine's (a process Slurm "
