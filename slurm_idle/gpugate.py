@@ -9,7 +9,7 @@ blocks a reclaim on a monitoring outage (doctor fails instead, and the step says
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.engine_notes import EngineNotes
@@ -18,6 +18,9 @@ from slurm_idle.logs import get_logger
 from slurm_idle.model import GpuReading
 from slurm_idle.policy.gpus import GateVerdict, HeldGpu, allowance_mib, gate
 from slurm_idle.steps import POLL_S, SharedPoll
+
+if TYPE_CHECKING:
+    from slurm_idle.engine import Engine
 
 log = get_logger(__name__)
 
@@ -29,10 +32,12 @@ class GpuGate:
     """One shared read of the pool's GPU readings per POLL_S, judged per group."""
 
     def __init__(self, config: Config, read: GpuReader | None, clock: Callable[[], float],
-                 notes: EngineNotes | None = None) -> None:
+                 notes: EngineNotes | None = None,
+                 engine_for: Callable[[str], Engine] | None = None) -> None:
         self.config = config
         self._read = read
         self._notes = notes
+        self._engine_for = engine_for
         self._nodes = sorted({n for m in config.models for r in m.replicas for n in _nodes_of(r)})
         self._poll = SharedPoll(self._read_all, POLL_S, clock)
 
@@ -80,9 +85,14 @@ class GpuGate:
         held: list[HeldGpu] = []
         unobserved: list[str] = []
         for model, replica in replicas:
-            engine = self.config.engine_for(model)
+            # The engine's own memory is no leftover: an engine serving already (adopted with
+            # it running, a start of an earlier tick) needs no gate, and one that is up but not
+            # serving (asleep) keeps its residue on its GPUs.
+            health = self._engine_for(model).health(replica) if self._engine_for is not None else None
+            if health is not None and health.serving:
+                continue
             residue = self._notes.residue(replica.name) if self._notes is not None else None
-            allowed = allowance_mib(may_sleep=engine.kind == "http-sleep",
+            allowed = allowance_mib(engine_up=health is not None and health.up,
                                     residue_mib=max(residue.values()) if residue else None,
                                     tolerance_mib=self.config.gpu.free_tolerance_mib,
                                     max_residue_mib=self.config.gpu.max_residue_mib)

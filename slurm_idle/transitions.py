@@ -133,7 +133,7 @@ class NodeDriver:
         self._why: dict[str, str] = {}
         self._replica_configs = {r.name: (m.name, r) for m in self.config.models for r in m.replicas}
         self._notes = EngineNotes(notes_path(self.config.paths.journal))
-        self._gpus = GpuGate(self.config, self.gpu_readings, self.clock, self._notes)
+        self._gpus = GpuGate(self.config, self.gpu_readings, self.clock, self._notes, self.engine_for)
         self._retries = StartRetries(self.config, self._notes, self.engine_for, self.clock)
         # Per group: the side edge a waiting step asked for (Divert), taken by `drive`.
         self._diverts: dict[str, Phase] = {}
@@ -435,7 +435,8 @@ class NodeDriver:
         and the replica is not lent again until `slurm-idle unpin`."""
         if not self._gpus.active:
             return
-        since = min(self._notes.released_at(r.name, self.clock()) for _, r in replicas)
+        since = min(self._notes.released_at(r.name, self.clock()) for _, r in replicas) \
+            + self.config.gpu.sample_lag_s
         measured: dict[str, dict[int, int]] = {}
 
         def read() -> bool:
@@ -685,7 +686,7 @@ class NodeDriver:
         on until the tick's deadline, then HELD too."""
         if not self._nodes_empty(view, deadline):
             return False
-        empty_at = self.clock()
+        empty_at = self.clock() + self.config.gpu.sample_lag_s
         replicas = self._replicas(view)
         verdict = GateVerdict()
 
@@ -709,7 +710,7 @@ class NodeDriver:
 
         def free() -> bool:
             nonlocal verdict
-            verdict = self._gpus.verdict(replicas, fresh_after=view.phase_since)
+            verdict = self._gpus.verdict(replicas, fresh_after=None)
             return verdict.clear
 
         if not self._poll_until(deadline, free):

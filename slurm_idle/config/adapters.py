@@ -158,6 +158,10 @@ class GpuConfig(_Strict):
     index_label: str = "gpu"  # the GPU's index on its node
     # The job the exporter maps to the GPU (dcgm-exporter's HPC job mapping); null: none.
     holder_label: str | None = "hpc_job"
+    # How old a reading may already be when Prometheus scrapes it (dcgm-exporter's
+    # --collect-interval, 30 s by default): a reading counts as taken after an event (an
+    # engine's sleep, a node emptied) only when scraped this long after it.
+    sample_lag_s: float = Field(30.0, ge=0)
 
     @field_validator("used_metric", "free_metric", "total_metric")
     @classmethod

@@ -56,13 +56,16 @@ class GateVerdict:
         return tuple(g for g in self.held if g.fresh)
 
 
-def allowance_mib(*, may_sleep: bool, residue_mib: int | None, tolerance_mib: int,
+def allowance_mib(*, engine_up: bool, residue_mib: int | None, tolerance_mib: int,
                   max_residue_mib: int) -> int:
-    """What one GPU may hold when its engine starts or wakes: the engine's own residue (as
-    recorded when it was lent; without a record, a sleeping engine is allowed what a lend
-    accepts, `gpu.max_residue_mib`, and a stopped one nothing) plus the tolerance."""
-    if residue_mib is None:
-        residue_mib = max_residue_mib if may_sleep else 0
+    """What one GPU may hold when its engine starts or wakes: the residue of an engine that is
+    up (asleep: its CUDA context and what sleep did not free), as recorded when it was lent or,
+    without a record, what a lend accepts (`gpu.max_residue_mib`); nothing of a stopped one
+    (its process is gone); plus the tolerance."""
+    if not engine_up:
+        residue_mib = 0
+    elif residue_mib is None:
+        residue_mib = max_residue_mib
     return residue_mib + tolerance_mib
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_idle.config import load_config
+from slurm_idle.engine_notes import notes_path
 from slurm_idle.journal import StepOutcome
 from slurm_idle.model import Phase
 from slurm_idle.testing.loadgen import CLIENT_OVERLOAD, failure_kind
@@ -290,7 +291,7 @@ class Story:
 
 def reset_cluster(sb: Any, journal: str | None = None) -> None:
     """No jobs, no GPU held outside Slurm, every node undrained without a comment, every
-    emulator up, load 0, no journal."""
+    emulator up, load 0, no journal (nor the engine notes beside it)."""
     sb.run(["scancel", "--full", "--user", pwd.getpwuid(os.getuid()).pw_name], capture_output=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -311,6 +312,8 @@ def reset_cluster(sb: Any, journal: str | None = None) -> None:
     sb.router_ready_all()  # every replica back in HAProxy, as on a fresh sandbox
     if journal and Path(journal).exists():
         Path(journal).unlink()
+    if journal:  # what the agent remembered of the engines (failed wakes, residues, refusals)
+        notes_path(journal).unlink(missing_ok=True)
 
 
 def wake_all(sb: Any) -> None:

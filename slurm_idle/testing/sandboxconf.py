@@ -608,6 +608,8 @@ def slurm_idle_config(lay: Layout, tokens_per_s_per_replica: float) -> str:
                   "requeue_grace_s": GRACE_TIME_S},
         "metrics": {"source": "prometheus", "prometheus_url": lay.prometheus_url,
                     "query_timeout_s": 5, "rate_window_s": 10, "staleness_s": 30},
+        # The fake exporter reads the GPUs at each scrape (a 0.5 s cache), scraped every second.
+        "gpu": {"sample_lag_s": 2},
         "engine": {"kind": "command",
                    "start_command": f"{base} engine-start {{node}} --identity {{identity}}",
                    "stop_command": f"{base} engine-stop {{node}}",

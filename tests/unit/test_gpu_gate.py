@@ -151,11 +151,24 @@ def test_a_node_without_gpu_series_passes_and_says_so(tmp_path: Path,
 def test_a_sleeping_engine_may_find_its_residue_a_stopped_one_nothing(tmp_path: Path) -> None:
     """4000 MiB is within a sleeping engine's allowance (max_residue 4096 + 1024) but a
     leftover for an engine that was stopped (nothing of it stays on the GPU)."""
-    for kind, starts in (("http-sleep", True), ("command", False)):
-        driver, _slurm, _engine, readings, view, clock = _driver(tmp_path, Phase.RECLAIMING, kind)
+    for asleep, starts in ((True, True), (False, False)):
+        driver, _slurm, engine, readings, view, clock = _driver(tmp_path, Phase.RECLAIMING)
+        if asleep:
+            engine.up["gpu1"] = True
+            engine.asleep.add("gpu1")
         readings.used["gpu1"] = 4000
         steps = _continue(driver, view, clock, Phase.STARTING)
-        assert (steps[0].outcome is StepOutcome.OK) is starts, kind
+        assert (steps[0].outcome is StepOutcome.OK) is starts, asleep
+
+
+def test_an_engine_serving_already_is_not_held_by_its_own_memory(tmp_path: Path) -> None:
+    """Adopting a node whose engine runs (or a start an earlier tick issued): its weights on
+    the GPU are its own, not a leftover."""
+    driver, _slurm, engine, readings, view, clock = _driver(tmp_path, Phase.RECLAIMING)
+    engine.up["gpu1"] = True
+    readings.used["gpu1"] = 70000
+    steps = _continue(driver, view, clock, Phase.STARTING)
+    assert steps[0].outcome is StepOutcome.OK
 
 
 def test_gate_counts_only_the_replicas_gpus_and_only_fresh_evidence() -> None:
@@ -170,9 +183,9 @@ def test_gate_counts_only_the_replicas_gpus_and_only_fresh_evidence() -> None:
 
 
 def test_allowance_is_the_recorded_residue_or_the_engines_kind() -> None:
-    assert allowance_mib(may_sleep=True, residue_mib=None, tolerance_mib=1024, max_residue_mib=4096) == 5120
-    assert allowance_mib(may_sleep=False, residue_mib=None, tolerance_mib=1024, max_residue_mib=4096) == 1024
-    assert allowance_mib(may_sleep=True, residue_mib=812, tolerance_mib=1024, max_residue_mib=4096) == 1836
+    assert allowance_mib(engine_up=True, residue_mib=None, tolerance_mib=1024, max_residue_mib=4096) == 5120
+    assert allowance_mib(engine_up=False, residue_mib=812, tolerance_mib=1024, max_residue_mib=4096) == 1024
+    assert allowance_mib(engine_up=True, residue_mib=812, tolerance_mib=1024, max_residue_mib=4096) == 1836
 
 
 @pytest.mark.parametrize(("held_for", "handed_over"), [(60, False), (10_000, True)])
