@@ -31,7 +31,7 @@ def _config(sb: Any, tmp_path: Path, floor: int) -> Path:
     doc = yaml.safe_load(sb.config_path.read_text())
     doc["engine"] = {"kind": "http-sleep", "drain_timeout_s": 10, "start_timeout_s": 20,
                      "stop_timeout_s": 15, "http_timeout_s": 2, "wake_attempts": 2}
-    doc["gpu"] = {"free_tolerance_mib": 30000}  # the gate does not see the hold (see above)
+    doc["gpu"]["free_tolerance_mib"] = 30000  # the gate does not see the hold (see above)
     doc["models"][0]["min_serving_replicas"] = floor
     doc["policy"]["min_job_runtime_s"] = 600  # gpu2's young job: gpu1 is reclaimed first
     doc["timeouts"]["tick_budget_s"] = 30
