@@ -37,6 +37,8 @@ paths:
   lock: {tmp_path}/tick.lock
 timeouts:
   tick_budget_s: 10
+gpu:
+  sample_lag_s: 2
 """)
 
 
@@ -243,3 +245,49 @@ def test_a_gpu_freed_at_the_hand_over_is_not_handed_over(tmp_path: Path) -> None
     action = Action(ActionKind.HAND_OVER, "gpu1", "m", Phase.HELD, Phase.ADMIN, "held too long")
     [step] = driver.drive(view, action, deadline=clock() + 5.0)
     assert step.outcome is StepOutcome.SKIPPED and slurm.node_map["gpu1"].reason == before
+
+
+# --- the residue a lend leaves --------------------------------------------------------------
+
+
+def _lend(driver: NodeDriver, view: NodeView, clock: Clock):
+    action = Action(ActionKind.CONTINUE, "gpu1", "m", Phase.LENDING, Phase.LENT, "carry on")
+    return driver.drive(view, action, deadline=clock() + 10.0)
+
+
+def test_a_lend_records_the_residue_the_gate_then_allows(tmp_path: Path) -> None:
+    """The engine asleep leaves 1500 MiB: recorded, the node lent; at the reclaim the same
+    1500 MiB (+ the tolerance) is its own, not a leftover."""
+    from slurm_idle.engine_notes import EngineNotes, notes_path
+
+    driver, slurm, engine, readings, view, clock = _driver(tmp_path, Phase.LENDING)
+    engine.up["gpu1"] = False  # stopped (or asleep: released) at once
+    readings.used["gpu1"] = 1500
+    steps = _lend(driver, view, clock)
+    assert steps[0].outcome is StepOutcome.OK and "lent" in slurm.node_map["gpu1"].comment
+    notes = EngineNotes(notes_path(driver.config.paths.journal))
+    assert notes.residue("gpu1") == {0: 1500, 1: 0}
+    assert notes.lend_refused("gpu1") is None
+
+
+def test_a_lend_leaving_more_than_max_residue_is_refused_and_not_tried_again_until_unpin(
+        tmp_path: Path) -> None:
+    from slurm_idle.engine_notes import EngineNotes, notes_path
+    from slurm_idle.policy import plan
+
+    from .test_policy_helpers import NOW, config, load, node, observation
+
+    driver, slurm, engine, readings, view, clock = _driver(tmp_path, Phase.LENDING)
+    engine.up["gpu1"] = False
+    readings.used["gpu1"] = 16384  # e.g. sleep freed nothing (expandable segments on)
+    steps = _lend(driver, view, clock)
+    assert [(s.from_phase, s.to_phase, s.outcome) for s in steps][:2] == [
+        (Phase.LENDING, Phase.LENT, StepOutcome.WAITING), (Phase.LENDING, Phase.STARTING, StepOutcome.OK)]
+    assert "lend refused: the engine left gpu1 GPU 0: 16384 MiB" in (steps[0].detail or "")
+    assert "lent" not in slurm.node_map["gpu1"].comment  # never RESUMEd into the idle partition
+    assert EngineNotes(notes_path(driver.config.paths.journal)).lend_refused("gpu1")
+    # The planner does not lend it again (it would lend the others).
+    obs = observation(*(node(f"m0-n{i}") for i in range(3)), loads=(load(0.0),))
+    refused = replace(obs, lend_refused=frozenset({"m0-n0", "m0-n1"}))
+    lends = {a.node for a in plan(refused, config(replicas=3, floor=1), NOW) if a.kind is ActionKind.LEND}
+    assert lends and not lends & {"m0-n0", "m0-n1"}
