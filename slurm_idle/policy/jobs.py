@@ -7,7 +7,10 @@ scale up at once and without limit (abort RETIRING replicas first, then submit L
 lowest index first); scale down only on known metrics, inside the lending windows, with nothing
 on its way back, never below the need over the window or the floor, at most
 `max_transitions_per_tick` lends per model and tick (highest index, least busy first); carry
-every other transitional replica one step on. With unknown metrics nothing is lent and what
+every other transitional replica one step on. A replica job whose script waits for a held GPU
+(HELD) counts as coming back until timeouts.gpu_free_s, then is handed over (its node to the
+admin, the job cancelled), and like any replica stuck on its way back it is no longer counted,
+so the same tick submits another. With unknown metrics nothing is lent and what
 serves or is on its way back is held (or everything comes back with
 `policy.reclaim_on_unknown_metrics`); a model with no replica at all starts its floor.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from slurm_idle.config import Config, ModelConfig
-from slurm_idle.lifecycle import job_next_phase, takes_traffic
+from slurm_idle.lifecycle import job_arriving_phases, job_next_phase, job_overdue, takes_traffic
 from slurm_idle.metrics.serving import usable
 from slurm_idle.model import Action, ActionKind, JobReplica, ModelPlan, Observation, Phase
 from slurm_idle.policy.capacity import assess_need, default_forecast_lead_s
@@ -25,7 +28,12 @@ from slurm_idle.policy.reclaim_order import reclaim_rank
 from slurm_idle.policy.windows import in_windows
 from slurm_idle.replicajobs import partition_of
 
-_ARRIVING = (Phase.RECLAIMING, Phase.STARTING)
+
+def _arriving(config: Config, mine: list[JobReplica], now: float) -> list[JobReplica]:
+    """The replicas on their way back (RECLAIMING, HELD, STARTING) not stuck past their
+    phase's timeout: one that never gets there must not hold the model below its need."""
+    return [r for r in mine
+            if r.phase in job_arriving_phases() and not job_overdue(r.phase, r.phase_since, config, now)]
 
 
 def _act(kind: ActionKind, r: JobReplica, to: Phase, reason: str) -> Action:
@@ -40,7 +48,7 @@ def _verdict(obs: Observation, config: Config, model: ModelConfig,
     total = model.job.replicas
     floor = min(model.min_serving_replicas, total)
     taking = [r for r in mine if takes_traffic(r.phase)]
-    supply = len(taking) + sum(1 for r in mine if r.phase in _ARRIVING)
+    supply = len(taking) + len(_arriving(config, mine, obs.now))
     policy = config.policy
     load = obs.model_load(model.name)
     window_ok = in_windows(obs.now, policy.lending_windows, policy.timezone)
@@ -66,9 +74,16 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[l
     by = {p: [r for r in mine if r.phase is p] for p in Phase}
     serving = len(by[Phase.SERVING])
     taking = serving + len(by[Phase.RETIRING])
-    supply = serving + sum(len(by[p]) for p in _ARRIVING)
+    supply = serving + len(_arriving(config, mine, obs.now))
     actions: list[Action] = []
     touched: set[str] = set()
+    for r in by[Phase.HELD]:
+        if job_overdue(r.phase, r.phase_since, config, obs.now):
+            actions.append(_act(ActionKind.HAND_OVER, r, Phase.LENDING,
+                                f"GPU memory still held after timeouts.gpu_free_s "
+                                f"({config.timeouts.gpu_free_s:.0f} s): its node to the admin, "
+                                "the replica elsewhere"))
+            touched.add(r.name)
     deficit = needed - supply
     if deficit > 0:
         why = f"{reason}; {supply} serving or coming back: needs {needed}"
@@ -85,7 +100,8 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[l
                                                     "its idle jobs lose the least work)")
             actions.append(action)
             touched.add(r.name)
-    elif down is not None and not any(by[p] for p in _ARRIVING) and serving > down:
+    elif (down is not None and not any(by[p] for p in job_arriving_phases())
+          and serving > down):
         budget = config.policy.max_transitions_per_tick
         spare = sorted((r for r in by[Phase.SERVING] if not r.pinned),  # an admin's pin
                        key=lambda r: (r.load.running if r.load else 0.0, -r.index))
