@@ -47,16 +47,21 @@ def jobs_mode(sandbox: Any) -> Iterator[Any]:
     try:
         yield sandbox
     finally:
-        ids = sandbox.run(["squeue", "-h", "-w", sandboxconf.JOBS_NODE, "-o", "%A"]).stdout.split()
-        ids += sandbox.run(["squeue", "-h", "-p", sandboxconf.JOBS_PARTITION, "-o", "%A"]).stdout.split()
-        # ... and the idle jobs asked for gpu8 (a preempted one waits PENDING, on no node: it
-        # would take the GPUs the next module's lend frees before that module's own idle job).
-        asked = sandbox.run(["squeue", "-h", "-o", "%A %n"]).stdout.splitlines()
-        ids += [line.split()[0] for line in asked if sandboxconf.JOBS_NODE in line.split()[1:]]
-        if ids:
-            sandbox.run(["scancel", *sorted(set(ids))])
+        cancel_gpu8_jobs(sandbox)
         sandbox.load_jobs(0.0)
         sandbox.jobs_node(False)
+
+
+def cancel_gpu8_jobs(sb: Any) -> None:
+    """Cancel every job on gpu8, in the serve partition, or asked for gpu8."""
+    ids = sb.run(["squeue", "-h", "-w", sandboxconf.JOBS_NODE, "-o", "%A"]).stdout.split()
+    ids += sb.run(["squeue", "-h", "-p", sandboxconf.JOBS_PARTITION, "-o", "%A"]).stdout.split()
+    # ... and the idle jobs asked for gpu8 (a preempted one waits PENDING, on no node: it
+    # would take the GPUs the next module's lend frees before that module's own idle job).
+    asked = sb.run(["squeue", "-h", "-o", "%A %n"]).stdout.splitlines()
+    ids += [line.split()[0] for line in asked if sandboxconf.JOBS_NODE in line.split()[1:]]
+    if ids:
+        sb.run(["scancel", *sorted(set(ids))])
 
 
 def tick(sb: Any) -> dict[str, Any]:
@@ -168,3 +173,41 @@ def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["inference_gpu_hours"] > 0 and doc["lent_gpu_hours"] > 0, doc
+
+
+def listening(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_a_replica_job_waits_for_its_held_gpus_then_serves(jobs_mode: Any) -> None:
+    """Every GPU of gpu8 held by a process outside Slurm when the replica jobs start there:
+    each job's script waits before vLLM (its stderr names the GPU and MiB), the replica is
+    `held` and `explain` says what holds it, no emulator listens on its port; once the hold
+    ends, the scripts start the emulators and both replicas serve."""
+    sb = jobs_mode
+    sb.load_jobs(HIGH_RPS)
+    names = [f"{sandboxconf.JOBS_MODEL}#{i}" for i in range(sandboxconf.JOBS_REPLICAS)]
+    sb.gpu_hold(sandboxconf.JOBS_NODE, mib=20000)
+    try:
+        cancel_gpu8_jobs(sb)  # the replica jobs start again, on the held GPUs
+        rows = tick_until(sb, dict.fromkeys(names, "held"), SETTLE_S)
+        for name in names:
+            assert not listening(rows[name]["port"]), f"{name}: an engine started on a held GPU"
+            out = (sb.layout.log / f"replica-{rows[name]['job_id']}.out").read_text()
+            assert "holds 20000 MiB (allowed 1024): not starting vLLM" in out, out
+        tick(sb)  # a tick of HELD (waiting for the GPUs), journaled with what holds them
+        r = sb.run(["slurm-idle", "--config", str(sb.layout.jobs_config_path), "explain", names[0]])
+        assert r.returncode == 0 and "MiB held (allowed 1024)" in r.stdout, r.stdout + r.stderr
+        assert "waits for its GPUs before vLLM starts" in r.stdout, r.stdout
+    finally:
+        sb.gpu_release(sandboxconf.JOBS_NODE)
+    t0 = time.monotonic()
+    tick_until(sb, dict.fromkeys(names, "serving"), SETTLE_S)
+    print(f"MEASURE jobs-mode held -> serving after the hold ends: {time.monotonic() - t0:.1f}s")
