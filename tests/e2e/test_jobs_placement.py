@@ -64,25 +64,26 @@ def cancel_gpu8_jobs(sb: Any) -> None:
         sb.run(["scancel", *sorted(set(ids))])
 
 
-def tick(sb: Any) -> dict[str, Any]:
-    r = sb.run(["slurm-idle", "--config", str(sb.layout.jobs_config_path), "tick", "--json"],
+def tick(sb: Any, config: Path | None = None) -> dict[str, Any]:
+    r = sb.run(["slurm-idle", "--config", str(config or sb.layout.jobs_config_path), "tick", "--json"],
                timeout=120)
     assert r.returncode in (0, 1), r.stderr
     return dict(json.loads(r.stdout))
 
 
-def replicas(sb: Any) -> dict[str, dict[str, Any]]:
-    r = sb.run(["slurm-idle", "--config", str(sb.layout.jobs_config_path), "status", "--json"])
+def replicas(sb: Any, config: Path | None = None) -> dict[str, dict[str, Any]]:
+    r = sb.run(["slurm-idle", "--config", str(config or sb.layout.jobs_config_path), "status", "--json"])
     return {row["name"]: row for row in json.loads(r.stdout)["replicas"]}
 
 
-def tick_until(sb: Any, want: dict[str, str] | list[str], timeout_s: float) -> dict[str, dict[str, Any]]:
+def tick_until(sb: Any, want: dict[str, str] | list[str], timeout_s: float,
+               config: Path | None = None) -> dict[str, dict[str, Any]]:
     """Tick (as cron would, back to back) until the replicas' phases are `want` (a dict by
     replica, or a list of phases in any order: which replica the policy lends is its choice)."""
     end = time.monotonic() + timeout_s
     while True:
-        tick(sb)
-        rows = replicas(sb)
+        tick(sb, config)
+        rows = replicas(sb, config)
         if isinstance(want, dict):
             if {n: rows[n]["phase"] for n in want} == want:
                 return rows
@@ -186,28 +187,37 @@ def listening(port: int) -> bool:
 
 
 @pytest.mark.slow
-def test_a_replica_job_waits_for_its_held_gpus_then_serves(jobs_mode: Any) -> None:
-    """Every GPU of gpu8 held by a process outside Slurm when the replica jobs start there:
-    each job's script waits before vLLM (its stderr names the GPU and MiB), the replica is
-    `held` and `explain` says what holds it, no emulator listens on its port; once the hold
-    ends, the scripts start the emulators and both replicas serve."""
+def test_a_replica_job_waits_for_its_held_gpus_then_serves(jobs_mode: Any, tmp_path: Path) -> None:
+    """Every GPU of gpu8 held by a process outside Slurm when a replica job starts there: its
+    script waits before vLLM (its stderr names the GPU and MiB), the replica is `held` and
+    `explain` says what holds it, no emulator listens on its port; once the hold ends, the
+    script starts the emulator and the replica serves."""
+    import yaml
+
     sb = jobs_mode
     sb.load_jobs(HIGH_RPS)
-    names = [f"{sandboxconf.JOBS_MODEL}#{i}" for i in range(sandboxconf.JOBS_REPLICAS)]
+    # Ticks of 15 s: a tick of a held replica waits its whole budget for the GPUs.
+    doc = yaml.safe_load(sb.layout.jobs_config_path.read_text())
+    doc["timeouts"]["tick_budget_s"] = 15
+    config = tmp_path / "slurm-idle-jobs.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    first = f"{sandboxconf.JOBS_MODEL}#0"  # the floor: submitted first, whatever the load says
     sb.gpu_hold(sandboxconf.JOBS_NODE, mib=20000)
     try:
         cancel_gpu8_jobs(sb)  # the replica jobs start again, on the held GPUs
-        rows = tick_until(sb, dict.fromkeys(names, "held"), SETTLE_S)
-        for name in names:
+        rows = tick_until(sb, {first: "held"}, SETTLE_S, config)
+        held = [n for n, row in rows.items() if row["phase"] == "held"]
+        for name in held:
             assert not listening(rows[name]["port"]), f"{name}: an engine started on a held GPU"
             out = (sb.layout.log / f"replica-{rows[name]['job_id']}.out").read_text()
             assert "holds 20000 MiB (allowed 1024): not starting vLLM" in out, out
-        tick(sb)  # a tick of HELD (waiting for the GPUs), journaled with what holds them
-        r = sb.run(["slurm-idle", "--config", str(sb.layout.jobs_config_path), "explain", names[0]])
-        assert r.returncode == 0 and "MiB held (allowed 1024)" in r.stdout, r.stdout + r.stderr
-        assert "waits for its GPUs before vLLM starts" in r.stdout, r.stdout
+            assert "vllm-emulator" not in out, out  # the emulator never ran (nor failed OOM)
+        r = sb.run(["slurm-idle", "--config", str(config), "explain", first])
+        assert r.returncode == 0, r.stderr
+        assert "waits for its GPUs before vLLM starts: gpu8 GPU" in r.stdout, r.stdout
+        assert "20000 MiB held (allowed 1024)" in r.stdout, r.stdout
     finally:
         sb.gpu_release(sandboxconf.JOBS_NODE)
     t0 = time.monotonic()
-    tick_until(sb, dict.fromkeys(names, "serving"), SETTLE_S)
+    tick_until(sb, {first: "serving"}, SETTLE_S, config)
     print(f"MEASURE jobs-mode held -> serving after the hold ends: {time.monotonic() - t0:.1f}s")

@@ -17,6 +17,7 @@ from slurm_idle.journal import DuplicateJobRecord
 from slurm_idle.model import ModelLoad, Phase, ReplicaLoad, SlurmJob
 from slurm_idle.policy.planner import assess, plan
 from slurm_idle.testing.fakes import FakeEngine, FakeGpus, FakeMetrics, FakeSlurm
+from slurm_idle.wiring import gpus_handed_over
 
 T0 = 1_796_205_600.0
 
@@ -444,7 +445,12 @@ def test_a_replica_job_held_past_gpu_free_s_is_handed_over(tmp_path: Path) -> No
     assert "GPU 0: 20000 MiB, holder job 42 -- free them" in reason
     assert ("cancel", str(held_job)) in slurm.log
     assert held_job not in {j.job_id for j in slurm.job_list}
-    agent.tick()
+    # The textfile's slurm_idle_gpu_held (alert SlurmIdleGpuHeld) names it: gpu8 is a node of
+    # the jobs' partition.
+    slurm.node_map["gpu8"] = replace(slurm.node_map["gpu8"], partitions=("serve", "idle"))
+    after = agent.tick()
+    assert [(g.node, g.gpu, g.used_mib, g.holder) for g in gpus_handed_over(after, agent.config)] == [
+        ("gpu8", 0, 20000, "job 42")]
     assert sum(1 for e in slurm.log if e[0] == "submit") == 3  # replica 0 submitted again
 
 
