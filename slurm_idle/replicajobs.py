@@ -9,10 +9,11 @@ The state lives in Slurm, as in node mode: each replica job carries our Comment
 (`slurm-idle:serving since=... index=1 port=8101 model=NAME`), and the fleet is rebuilt from
 `squeue` every tick (`replica_views`). A job's phase: PENDING is RECLAIMING; running is
 STARTING until the Comment says serving (or retiring, lending); COMPLETING is LENDING; no job
-is LENT. A job is ours only when its Comment parses, it runs in the model's partition, its
-index and port are the model's, and it passes replicatrust.py (the agent's user and a signed
-Comment: a Comment alone can be forged by any user): anything else is never touched. Nothing
-here runs a command; the driver (jobdriver.py) does.
+is LENT; a running job whose script waits for a GPU someone else holds says `held` (HELD:
+render_script's GPU wait). A job is ours only when its Comment parses, it runs in the model's
+partition, its index and port are the model's, and it passes replicatrust.py (the agent's user
+and a signed Comment: a Comment alone can be forged by any user): anything else is never
+touched. Nothing here runs a command; the driver (jobdriver.py) does.
 """
 
 from __future__ import annotations
