@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # admin.py imports this module
     from slurm_idle.agent import Agent
 
 #: Phases whose replica has a job of ours to carry a pin (a Comment to rewrite).
-_WITH_JOB = frozenset({Phase.SERVING, Phase.STARTING, Phase.RECLAIMING})
+_WITH_JOB = frozenset({Phase.SERVING, Phase.STARTING, Phase.HELD, Phase.RECLAIMING})
 
 
 def is_replica_name(name: str) -> bool:

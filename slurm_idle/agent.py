@@ -235,7 +235,8 @@ class Agent:
         if any(r.duplicates for r in observation.replica_jobs) or any(
                 a.node in replica_jobs for a in actions):
             jobs = JobDriver(self.config, self.slurm, self.engine_for, self.clock, self.sleep,
-                             on_step=journal_step, router=self.router, trust=self.trust)
+                             on_step=journal_step, router=self.router, trust=self.trust,
+                             gpu_readings=self._gpu_reader())
             for record in jobs.cancel_duplicates(observation.replica_jobs):
                 self._journal_event(record)
             todo += [(jobs.drive, replica_jobs[a.node], a) for a in actions if a.node in replica_jobs]

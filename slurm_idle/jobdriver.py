@@ -6,6 +6,10 @@ reached 0, or engine.drain_timeout_s: `scancel`, vLLM gets SIGTERM and finishes 
 Reclaim: LENT -> RECLAIMING (`sbatch` of the replica job into the serve partition: Slurm
 preempts the idle jobs holding the GPUs it needs, with their GraceTime and signals) ->
 STARTING (the job runs) -> SERVING (/health 200 and awake: our Comment says serving).
+The GPU wait is the job script's (replicajobs.gpu_wait): it starts vLLM only once no one else
+holds memory on its GPUs, its Comment saying `held` meanwhile (HELD, named here from the GPU
+readings of its node); past timeouts.gpu_free_s the node is drained for the admin and the job
+cancelled (HELD -> LENDING), so the replica is submitted again elsewhere.
 
 The edges are lifecycle.JOB_EDGES (the node table's phases; each edge's `ready` is waited
 for, its `effect` applied, its timeout makes a phase stuck), dispatched like the node driver's.
@@ -23,20 +27,30 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurm_idle import handover
 from slurm_idle.config import Config, ReplicaConfig
 from slurm_idle.errors import SlurmIdleError
+from slurm_idle.gpugate import GpuReader
 from slurm_idle.journal import DuplicateJobRecord, StepOutcome
 from slurm_idle.lifecycle import (
-    JOB_LIFECYCLE,
     Edge,
     Effect,
     Ready,
     job_edge_for,
     job_next_phase,
+    job_overdue,
 )
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Action, ActionKind, JobReplica, Phase, SlurmJob
-from slurm_idle.replicajobs import format_comment, render_script, steer_args, submit_args
+from slurm_idle.policy.gpus import HeldGpu, allowance_mib, describe, gate
+from slurm_idle.replicajobs import (
+    format_comment,
+    gpu_report,
+    parse_comment,
+    render_script,
+    steer_args,
+    submit_args,
+)
 from slurm_idle.router.sync import job_target
 from slurm_idle.transitions import POLL_S, CarryOver, SharedPoll, StepResult
 
@@ -71,6 +85,9 @@ class JobDriver:
     read_file: Callable[[str], str] = field(default=lambda path: Path(path).read_text())
     router: PoolRouters | None = None  # None: no router is told
     trust: ReplicaTrust | None = None  # signs every Comment written (replicatrust.py)
+    # The GPU memory of the jobs' nodes (the site's exporter through Prometheus): only to name
+    # what a HELD job waits for; None: not named.
+    gpu_readings: GpuReader | None = None
 
     def __post_init__(self) -> None:
         self._jobs = SharedPoll(self.slurm.jobs, POLL_S, self.clock)
@@ -142,6 +159,7 @@ class JobDriver:
                 r, deadline, lambda j: j is not None and j.state in _RUNNING and bool(j.nodes),
                 "to run") is not None,
             Ready.ENGINES_SERVING: self._engine_serving,
+            Ready.GPUS_FREE: self._gpus_free,
         }
 
     def _effects(self) -> dict[Effect, Callable[[JobReplica, Edge, float, str], JobReplica]]:
@@ -154,6 +172,7 @@ class JobDriver:
             Effect.NOTHING: self._moved_on,
             Effect.SUBMIT_JOB: self._submit,
             Effect.WARM_UP_AND_ROUTER_ADD: self._warm_up_and_serve,
+            Effect.HAND_OVER: self._hand_over,
         }
 
     def _route_and_write(self, r: JobReplica, edge: Edge, op: str, reason: str) -> JobReplica:
@@ -193,7 +212,8 @@ class JobDriver:
         now = self.clock()
         script = None if model.job is None or model.job.script is None else self.read_file(model.job.script)
         steer = steer_args(nodelist, self._slurm_version(), self.config.slurm.prefer_feature)
-        job_id = self.slurm.submit(render_script(self.config, model, r.index, script),
+        report = gpu_report(self.config, model, r.index, now, r.pinned, self.trust)
+        job_id = self.slurm.submit(render_script(self.config, model, r.index, script, report),
                                    [*submit_args(self.config, model, r.index, now, r.pinned,
                                                 self.trust), *steer])
         return _moved(r, Phase.RECLAIMING, now, job_id=job_id, job_state="PENDING")
@@ -282,6 +302,8 @@ class JobDriver:
             job = self._job(r.job_id)
             if job is None or job.state in _GONE:
                 raise SlurmIdleError(f"{r.name}: replica job {r.job_id} ended before serving")
+            if self._says_held(job):  # its script waits for its GPUs: HELD from the next tick
+                raise CarryOver(self._held_detail(job))
             health = engine.health(probe)
             if health.serving:
                 return True
@@ -290,11 +312,75 @@ class JobDriver:
             self.sleep(POLL_S)
 
 
+    # --- the GPU wait (the job's script checks; we name what it waits for) ---------------------
+
+    def _says_held(self, job: SlurmJob) -> bool:
+        comment = parse_comment(job.comment, self.config.slurm.tag)
+        return job.state in _RUNNING and comment is not None and comment.word == Phase.HELD.value
+
+    def _held(self, job: SlurmJob) -> list[HeldGpu]:
+        """The job's GPUs over what a starting engine may find there, by the GPU readings of
+        its nodes (the same rule as the node gate: policy/gpus.py); [] without readings."""
+        if self.gpu_readings is None or not job.nodes:
+            return []
+        try:
+            readings = self.gpu_readings(job.nodes)
+        except SlurmIdleError as exc:
+            log.warning("GPU readings unavailable (%s): a held replica job's GPUs are not named", exc)
+            return []
+        allowed = allowance_mib(engine_up=False, residue_mib=None,
+                                tolerance_mib=self.config.gpu.free_tolerance_mib,
+                                max_residue_mib=self.config.gpu.max_residue_mib)
+        held: list[HeldGpu] = []
+        for i, node in enumerate(job.nodes):
+            indexes = job.gpu_indexes[i] if i < len(job.gpu_indexes) else None
+            held += gate({node: readings.get(node)}, indexes or None, allowed, None).held
+        return held
+
+    def _held_detail(self, job: SlurmJob) -> str:
+        held = self._held(job)
+        what = describe(held) if held else (
+            f"no GPU reading of {', '.join(job.nodes)} names it (see the job's stderr)")
+        return (f"replica job {job.job_id} waits for its GPUs before vLLM starts: {what} "
+                f"(past timeouts.gpu_free_s, {self.config.timeouts.gpu_free_s:g} s, its node "
+                "goes to the admin and the replica elsewhere)")
+
+    def _gpus_free(self, r: JobReplica, deadline: float) -> bool:
+        """HELD: the job's script says its GPUs are free (its Comment back to starting)."""
+        while True:
+            job = self._job(r.job_id)
+            if job is None or job.state in _GONE:
+                raise SlurmIdleError(f"{r.name}: replica job {r.job_id} ended while it waited for its GPUs")
+            if not self._says_held(job):
+                return True
+            if self.clock() >= deadline:
+                raise CarryOver(self._held_detail(job))
+            self.sleep(POLL_S)
+
+    def _hand_over(self, r: JobReplica, edge: Edge, deadline: float, nodelist: str) -> JobReplica:
+        """HELD past timeouts.gpu_free_s: drain the job's nodes for the admin (the Reason
+        naming the held GPUs and their holder, handover.py; a node someone else drained keeps
+        its Reason), then cancel the job: the replica is submitted again elsewhere."""
+        job = self._job(r.job_id)
+        if job is None or not self._says_held(job):
+            raise CarryOver(f"replica job {r.job_id} no longer waits for its GPUs: not handed over")
+        held = self._held(job)
+        now = self.clock()
+        drained = {n.name for n in self.slurm.nodes() if n.drained or n.down}
+        for node in job.nodes:
+            if node in drained:
+                log.warning("%s: %s is drained already: its Reason is left as it is", r.name, node)
+                continue
+            self.slurm.drain(node, handover.format_reason(self.config.slurm.tag, node, now, held))
+        self.slurm.cancel([job.job_id])
+        log.error("%s: replica job %s handed over (%s drained for the admin): %s", r.name,
+                  job.job_id, ", ".join(job.nodes), describe(held) or "GPU held (no reading)")
+        return _moved(r, Phase.LENDING, now, job_state="COMPLETING")
+
+
 def overdue_job(r: JobReplica, config: Config, now: float) -> bool:
     """A replica job's timed phase older than its edge's timeout (JOB_EDGES): stuck."""
-    edge = JOB_LIFECYCLE.forward.get(r.phase)
-    limit = edge.timeout_s(config) if edge is not None else None
-    return limit is not None and r.phase_since is not None and now - r.phase_since > limit
+    return job_overdue(r.phase, r.phase_since, config, now)
 
 
 def _moved(r: JobReplica, phase: Phase, since: float, **changes: Any) -> JobReplica:

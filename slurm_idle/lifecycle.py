@@ -150,7 +150,9 @@ EDGES: tuple[Edge, ...] = (
 #: Slurm job whose Comment (or state) holds the phase. Lending cancels the job; reclaiming
 #: submits it and Slurm preempts idle jobs itself, so there is no DRAIN, no engine command, no
 #: LENDING -> STARTING shortcut (a cancelled job cannot come back) and no repair of an engine
-#: (SERVING -> STARTING: a replica job's engine is its job's).
+#: (SERVING -> STARTING: a replica job's engine is its job's). The GPU wait is the job's own:
+#: its script checks its GPUs before vLLM starts (STARTING -> HELD -> STARTING), and a hand-over
+#: cancels the job after draining its node (HELD -> LENDING).
 JOB_EDGES: tuple[Edge, ...] = (
     Edge(Phase.SERVING, Phase.RETIRING,
          "load stayed low: out of the router, let in-flight requests finish",
@@ -170,6 +172,17 @@ JOB_EDGES: tuple[Edge, ...] = (
     Edge(Phase.RECLAIMING, Phase.STARTING,
          "the replica job runs: its engine starts",
          "reclaim_s", Ready.JOB_RUNNING, Effect.NOTHING),
+    Edge(Phase.STARTING, Phase.HELD,
+         "the job's script found a GPU of the job holding memory that is not its own: it "
+         "waits before vLLM starts and says `held` in the job's Comment",
+         None, Ready.NOW, Effect.NOTHING),
+    Edge(Phase.HELD, Phase.STARTING,
+         "every GPU of the job free again: the script starts vLLM (its Comment back to starting)",
+         "gpu_free_s", Ready.GPUS_FREE, Effect.NOTHING),
+    Edge(Phase.HELD, Phase.LENDING,
+         "a GPU still held past timeouts.gpu_free_s: the node drained for the admin, the Reason "
+         "naming the holder, and the job cancelled (the replica is submitted again elsewhere)",
+         None, Ready.NOW, Effect.HAND_OVER),
     Edge(Phase.STARTING, Phase.SERVING,
          "engine healthy and awake: serving again",
          "start_s", Ready.ENGINES_SERVING, Effect.WARM_UP_AND_ROUTER_ADD),
@@ -296,6 +309,13 @@ def arriving_phases() -> frozenset[Phase]:
 def job_arriving_phases() -> frozenset[Phase]:
     """`placement: jobs`: the replica job phases on their way back to serving."""
     return JOB_LIFECYCLE.arriving
+
+
+def job_overdue(phase: Phase, since: float | None, config: Config, now: float) -> bool:
+    """A replica job's timed phase entered at `since` and older than its JOB_EDGES timeout."""
+    edge = JOB_LIFECYCLE.forward.get(phase)
+    limit = edge.timeout_s(config) if edge is not None else None
+    return limit is not None and since is not None and now - since > limit
 
 
 def phase_timeout_s(phase: Phase, config: Config) -> float | None:

@@ -113,6 +113,8 @@ class SlurmJob:
     batch: bool = True
     account: str = ""
     submit_time: float | None = None  # unix seconds (replica jobs of an older agent: replicatrust)
+    # Per node of `nodes`, the indexes of the GPUs Slurm gave the job there (gres_detail).
+    gpu_indexes: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)

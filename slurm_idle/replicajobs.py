@@ -9,10 +9,11 @@ The state lives in Slurm, as in node mode: each replica job carries our Comment
 (`slurm-idle:serving since=... index=1 port=8101 model=NAME`), and the fleet is rebuilt from
 `squeue` every tick (`replica_views`). A job's phase: PENDING is RECLAIMING; running is
 STARTING until the Comment says serving (or retiring, lending); COMPLETING is LENDING; no job
-is LENT. A job is ours only when its Comment parses, it runs in the model's partition, its
-index and port are the model's, and it passes replicatrust.py (the agent's user and a signed
-Comment: a Comment alone can be forged by any user): anything else is never touched. Nothing
-here runs a command; the driver (jobdriver.py) does.
+is LENT; a running job whose script waits for a GPU someone else holds says `held` (HELD:
+render_script's GPU wait). A job is ours only when its Comment parses, it runs in the model's
+partition, its index and port are the model's, and it passes replicatrust.py (the agent's user
+and a signed Comment: a Comment alone can be forged by any user): anything else is never
+touched. Nothing here runs a command; the driver (jobdriver.py) does.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class ReplicaTrust(Protocol):
 OWN_OPTIONS = ("--partition", "-p", "--job-name", "-J", "--comment", "--parsable", "--gres",
                "--gpus", "-G", "--nodes", "-N")
 #: Phase words we write into a replica job's Comment.
-_WORDS = {Phase.RECLAIMING, Phase.SERVING, Phase.RETIRING, Phase.LENDING}
+_WORDS = {Phase.RECLAIMING, Phase.HELD, Phase.SERVING, Phase.RETIRING, Phase.LENDING}
 #: Job states in which the job still holds (or is about to hold) its GPUs.
 _PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 _RUNNING = frozenset({"RUNNING", "CONFIGURING", "RESIZING"})
@@ -147,8 +148,8 @@ def derive_job_phase(job: SlurmJob, comment: JobComment) -> Phase | None:
     if job.state in _ENDING:
         return Phase.LENDING
     if job.state in _RUNNING:
-        return {"serving": Phase.SERVING, "retiring": Phase.RETIRING,
-                "lending": Phase.LENDING}.get(comment.word, Phase.STARTING)
+        return {"serving": Phase.SERVING, "retiring": Phase.RETIRING, "lending": Phase.LENDING,
+                "held": Phase.HELD}.get(comment.word, Phase.STARTING)
     return None
 
 
@@ -237,7 +238,9 @@ def replica_views(config: Config, jobs: Sequence[SlurmJob],
             # A running job beats a pending one, then the oldest: the others are duplicates.
             mine.sort(key=lambda t: (t[2] is Phase.RECLAIMING, t[0].job_id))
             job, comment, phase = mine[0]
-            since = job.start_time if phase is Phase.STARTING else comment.since
+            # The job's own start: the Comment's time is its submission (the script writes
+            # `held`, and `reclaiming` back, from texts signed then: see render_script).
+            since = job.start_time if phase in (Phase.STARTING, Phase.HELD) else comment.since
             url = model.job.url.format(node=job.nodes[0], port=port) if job.nodes else ""
             out.append(JobReplica(
                 model.name, index, port, phase, since, job.job_id, job.state, job.nodes, url,
@@ -246,9 +249,60 @@ def replica_views(config: Config, jobs: Sequence[SlurmJob],
     return tuple(out)
 
 
-def render_script(config: Config, model: ModelConfig, index: int, script_text: str | None = None) -> str:
-    """The batch script of one replica job: resources from `job:`, then `srun` of the command
-    (or the site's own script, `script_text`, with SLURM_IDLE_* set before it)."""
+@dataclass(frozen=True)
+class GpuReport:
+    """The Comments a replica job's script writes on its own job while it waits for its GPUs:
+    `held` once it finds one held, `back` (the submission's `reclaiming`) once they are all
+    free. The agent signs both when it submits the job (the script cannot sign), so the job
+    stays ours while it reports, and the agent reads HELD back like any phase of ours."""
+
+    held: str
+    back: str
+
+
+def gpu_report(config: Config, model: ModelConfig, index: int, now: float, pinned: bool = False,
+               trust: ReplicaTrust | None = None) -> GpuReport:
+    tag, port = config.slurm.tag, port_of(model, index)
+    return GpuReport(format_comment(tag, Phase.HELD, now, model.name, index, port, pinned, trust),
+                     format_comment(tag, Phase.RECLAIMING, now, model.name, index, port, pinned, trust))
+
+
+#: The check gpu_wait repeats: true (and each held GPU named) while one holds over {max} MiB.
+_GPU_CHECK = """\
+# slurm-idle: start vLLM only once no one else holds memory on this job's GPUs.
+slurm_idle_gpus_held() {{
+  command -v nvidia-smi >/dev/null 2>&1 || {{
+    echo 'slurm-idle: nvidia-smi not found: GPUs not checked before vLLM starts'; return 1; }}
+  [ -n "${{CUDA_VISIBLE_DEVICES:-}}" ] || {{
+    echo 'slurm-idle: no CUDA_VISIBLE_DEVICES: GPUs not checked before vLLM starts'; return 1; }}
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -i "$CUDA_VISIBLE_DEVICES" |
+    awk -F', *' -v max={max} '$2 + 0 > max {{ held = 1
+      printf "slurm-idle: GPU %s holds %s MiB (allowed %s): not starting vLLM\\n", $1, $2, max }}
+      END {{ exit !held }}'
+}}"""
+
+
+def gpu_wait(tolerance_mib: int, report: GpuReport | None) -> list[str]:
+    """Shell lines that keep vLLM from starting on a GPU of the job someone else still holds
+    (a process Slurm no longer tracks: vLLM would fail out of memory there). Every ~10 s each
+    such GPU is named on stderr; the job's Comment says `held` meanwhile. Without nvidia-smi
+    (or without GPUs in CUDA_VISIBLE_DEVICES) it says so and never blocks. It checks the GPUs
+    of the node the batch script runs on (a multi-node replica's first node)."""
+    lines = _GPU_CHECK.format(max=tolerance_mib).splitlines()
+    lines.append("if slurm_idle_gpus_held >&2; then")
+    if report is not None:
+        lines.append(f'  scontrol update JobId="$SLURM_JOB_ID" Comment={shlex.quote(report.held)} || true')
+    lines.append("  while sleep 10 && slurm_idle_gpus_held >&2; do :; done")
+    if report is not None:
+        lines.append(f'  scontrol update JobId="$SLURM_JOB_ID" Comment={shlex.quote(report.back)} || true')
+    return [*lines, "fi"]
+
+
+def render_script(config: Config, model: ModelConfig, index: int, script_text: str | None = None,
+                  report: GpuReport | None = None) -> str:
+    """The batch script of one replica job: resources from `job:`, the wait for its GPUs
+    (gpu_wait; `report`: the Comments it writes meanwhile), then `srun` of the command (or
+    the site's own script, `script_text`, with SLURM_IDLE_* set before it)."""
     job = model.job
     assert job is not None
     port = port_of(model, index)
@@ -265,14 +319,15 @@ def render_script(config: Config, model: ModelConfig, index: int, script_text: s
     if job.time is not None:
         lines.append(f"#SBATCH --time={job.time}")
     lines += [f"#SBATCH {arg}" for arg in job.sbatch_args]
-    env = (f"export SLURM_IDLE_MODEL={shlex.quote(model.name)} SLURM_IDLE_INDEX={index} "
-           f"SLURM_IDLE_PORT={port}")
+    lines.append(f"export SLURM_IDLE_MODEL={shlex.quote(model.name)} SLURM_IDLE_INDEX={index} "
+                 f"SLURM_IDLE_PORT={port}")
+    lines += gpu_wait(config.gpu.free_tolerance_mib, report)
     if script_text is not None:
         body = script_text.split("\n", 1)[1] if script_text.startswith("#!") else script_text
-        return "\n".join([*lines, env, body.rstrip("\n")]) + "\n"
+        return "\n".join([*lines, body.rstrip("\n")]) + "\n"
     assert job.command is not None
     command = job.command.format(port=port, model=shlex.quote(model.name), index=index)
-    return "\n".join([*lines, env, f"exec srun --kill-on-bad-exit=1 {command}"]) + "\n"
+    return "\n".join([*lines, f"exec srun --kill-on-bad-exit=1 {command}"]) + "\n"
 
 
 def submit_args(config: Config, model: ModelConfig, index: int, now: float,

@@ -125,11 +125,13 @@ def _textfile_writer(config: Config) -> Callable[[TickResult], None]:
 
 
 def gpus_handed_over(result: TickResult, config: Config) -> list[HeldEntry]:
-    """The GPUs named in the hand-over Reasons of the observed pool nodes (handover.py)."""
-    if result.observation is None:
+    """The GPUs named in the hand-over Reasons of the observed nodes (handover.py): the
+    pool's, and those `placement: jobs` replicas run on."""
+    obs = result.observation
+    if obs is None:
         return []
     tag = config.slurm.tag
-    return [entry for v in result.observation.nodes
+    return [entry for v in (*obs.nodes, *obs.placement_nodes)
             for entry in parse_reason(tag, v.name, v.node.reason.strip()) or ()]
 
 

@@ -10,9 +10,12 @@ on its way back, never below the need over the window or the floor, at most
 every other transitional replica one step on. A serving replica out of service
 (policy/service.py) is no capacity and nothing is lent meanwhile; one whose endpoint is proved
 not its engine (the vLLM inside the job is gone) is repaired: its job is cancelled (SERVING ->
-RETIRING -> LENDING -> LENT) and submitted again when the need asks for it. With unknown
-metrics nothing is lent and what serves or is on its way back is held (or everything comes
-back with `policy.reclaim_on_unknown_metrics`); a model with no replica at all starts its floor.
+RETIRING -> LENDING -> LENT) and submitted again when the need asks for it. A replica job whose
+script waits for a held GPU (HELD) counts as coming back until timeouts.gpu_free_s, then is
+handed over (its node to the admin, the job cancelled), and like any replica stuck on its way
+back it is no longer counted, so the same tick submits another. With unknown metrics nothing is
+lent and what serves or is on its way back is held (or everything comes back with
+`policy.reclaim_on_unknown_metrics`); a model with no replica at all starts its floor.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from slurm_idle.config import Config, ModelConfig
-from slurm_idle.lifecycle import job_next_phase, takes_traffic
+from slurm_idle.lifecycle import job_arriving_phases, job_next_phase, job_overdue, takes_traffic
 from slurm_idle.metrics.serving import usable
 from slurm_idle.model import Action, ActionKind, JobReplica, ModelPlan, Observation, Phase
 from slurm_idle.policy.capacity import assess_need, default_forecast_lead_s
@@ -29,7 +32,12 @@ from slurm_idle.policy.service import out_of_service
 from slurm_idle.policy.windows import in_windows
 from slurm_idle.replicajobs import partition_of
 
-_ARRIVING = (Phase.RECLAIMING, Phase.STARTING)
+
+def _arriving(config: Config, mine: list[JobReplica], now: float) -> list[JobReplica]:
+    """The replicas on their way back (RECLAIMING, HELD, STARTING) not stuck past their
+    phase's timeout: one that never gets there must not hold the model below its need."""
+    return [r for r in mine
+            if r.phase in job_arriving_phases() and not job_overdue(r.phase, r.phase_since, config, now)]
 
 
 def _act(kind: ActionKind, r: JobReplica, to: Phase, reason: str) -> Action:
@@ -45,7 +53,7 @@ def _verdict(obs: Observation, config: Config, model: ModelConfig,
     floor = min(model.min_serving_replicas, total)
     taking = [r for r in mine if takes_traffic(r.phase) and not out_of_service(r.load)]
     gone = [r.name for r in mine if takes_traffic(r.phase) and out_of_service(r.load)]
-    supply = len(taking) + sum(1 for r in mine if r.phase in _ARRIVING)
+    supply = len(taking) + len(_arriving(config, mine, obs.now))
     policy = config.policy
     load = obs.model_load(model.name)
     window_ok = in_windows(obs.now, policy.lending_windows, policy.timezone)
@@ -75,9 +83,16 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[l
     live = {p: [r for r in by[p] if not out_of_service(r.load)] for p in (Phase.SERVING, Phase.RETIRING)}
     serving = len(live[Phase.SERVING])
     taking = serving + len(live[Phase.RETIRING])
-    supply = serving + sum(len(by[p]) for p in _ARRIVING)
+    supply = serving + len(_arriving(config, mine, obs.now))
     actions: list[Action] = []
     touched: set[str] = set()
+    for r in by[Phase.HELD]:
+        if job_overdue(r.phase, r.phase_since, config, obs.now):
+            actions.append(_act(ActionKind.HAND_OVER, r, Phase.LENDING,
+                                f"GPU memory still held after timeouts.gpu_free_s "
+                                f"({config.timeouts.gpu_free_s:.0f} s): its node to the admin, "
+                                "the replica elsewhere"))
+            touched.add(r.name)
     for r in by[Phase.SERVING]:
         if r.load is not None and r.load.foreign:
             # Its vLLM is gone (nothing listens) or another server holds the port, while the job
@@ -103,7 +118,8 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[l
                                                     "its idle jobs lose the least work)")
             actions.append(action)
             touched.add(r.name)
-    elif down is not None and not any(by[p] for p in _ARRIVING) and serving > down:
+    elif (down is not None and not any(by[p] for p in job_arriving_phases())
+          and serving > down):
         budget = config.policy.max_transitions_per_tick
         spare = sorted((r for r in live[Phase.SERVING] if not r.pinned),  # an admin's pin
                        key=lambda r: (r.load.running if r.load else 0.0, -r.index))

@@ -43,6 +43,7 @@ def job_ready_latency(params: SimParams, ready: Ready) -> float:
         Ready.JOB_GONE: params.cancel_s,
         Ready.JOB_RUNNING: params.queue_s + params.grace_s,
         Ready.ENGINES_SERVING: params.engine_start_s,
+        Ready.GPUS_FREE: 0.0,  # simulated GPUs are never held by a leftover
     }[ready]
 
 

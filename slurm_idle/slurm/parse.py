@@ -35,6 +35,7 @@ from slurm_idle.slurm.parse_values import (
     _EMPTY,
     SlurmJsonError,
     gres_count,
+    gres_indexes,
     gres_list_count,
     major_minor,
     meta_release,
@@ -205,6 +206,15 @@ def _job_gpus(rec: Mapping[str, Any], node_count: int) -> int:
     return per_node * max(node_count, 1)
 
 
+def _job_gpu_indexes(rec: Mapping[str, Any]) -> tuple[tuple[int, ...], ...]:
+    """Per node of the job (`gres_detail` is one entry per node, in node order), the indexes
+    of the GPUs Slurm gave it there; () when it holds none (pending, or no GPU)."""
+    details = rec.get("gres_detail") or ()
+    if isinstance(details, str):
+        details = [details]
+    return tuple(gres_indexes(d) for d in details)
+
+
 def _job_nodes(hostlist: str) -> tuple[str, ...]:
     """A job's node names; one plain name (most jobs of a GPU pool) without the hostlist parser."""
     if not hostlist:
@@ -232,6 +242,7 @@ def _job_from_record(rec: Mapping[str, Any]) -> SlurmJob:
         requeue=bool(rec.get("requeue", True)),
         start_time=started,
         gpus=_job_gpus(rec, node_count),
+        gpu_indexes=_job_gpu_indexes(rec),
         comment=text(rec.get("comment")),
         user=text(rec.get("user_name")),
         state_reason=text(rec.get("state_reason")),

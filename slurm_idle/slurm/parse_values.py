@@ -137,6 +137,21 @@ def gres_list_count(details: Any, name: str = "gpu") -> int:
     return sum(gres_count(d, name) for d in details or ())
 
 
+def gres_indexes(detail: Any, name: str = "gpu") -> tuple[int, ...]:
+    """The indexes of one GRES in one node's allocation detail: `gpu:4(IDX:0-3)` -> (0, 1, 2,
+    3), `gpu:a100:2(IDX:1,5)` -> (1, 5), `gpu:(null):0(IDX:N/A)` and anything else -> ()."""
+    out: list[int] = []
+    for item in _split_outside_parens(text(detail)):
+        m = re.fullmatch(r"([^:(]+)(?::[^()]*)?\(IDX:([0-9,-]+)\)", item)
+        if m is None or m.group(1).strip() != name:
+            continue
+        for part in m.group(2).split(","):
+            first, _, last = part.partition("-")
+            if first.isdigit() and (not last or last.isdigit()):
+                out += range(int(first), int(last or first) + 1)
+    return tuple(out)
+
+
 def tres_count(tres: Any, name: str = "gpu") -> int:
     """Count of `gres/<name>` in a TRES string: `gres/gpu:2`, `gres:gpu:2`, `gres/gpu=4`,
     `gres/gpu:a100=4`, `gres:gpu:a100:2` (typed entries count only when no untyped total is

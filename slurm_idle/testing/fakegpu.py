@@ -17,6 +17,9 @@ CLI (the sandbox's Prolog and `scripts/sandbox gpu-hold` run it):
     python -m slurm_idle.testing.fakegpu hold (--gpu-device PATH ... | --gpu-dir D --gpus 0,1)
         [--mib N] [--job ID] [--pidfile F] [--detach]   hold until SIGTERM, then let go
     python -m slurm_idle.testing.fakegpu release --pidfile F    end that holder, wait for it
+    python -m slurm_idle.testing.fakegpu nvidia-smi --dev D [--node N] --query-gpu=index,memory.used
+        --format=csv,noheader,nounits [-i 0,1]   nvidia-smi's answer for node N's GPUs (default:
+        $SLURMD_NODENAME, the node a job step runs on), from the same scan the exporter makes
 """
 
 from __future__ import annotations
@@ -306,6 +309,50 @@ def _release(args: argparse.Namespace) -> int:
     return 0
 
 
+#: nvidia-smi --query-gpu fields the fake answers, with their header.
+_HEADERS = {"index": "index", "memory.used": "memory.used [MiB]",
+            "memory.total": "memory.total [MiB]", "name": "name"}
+
+
+def _value(field: str, index: int, used_mib: int, units: bool) -> str:
+    mib = {"memory.used": used_mib, "memory.total": TOTAL_MIB}.get(field)
+    if mib is not None:
+        return f"{mib} MiB" if units else str(mib)
+    return str(index) if field == "index" else MODEL_NAME
+
+
+def nvidia_smi(dev: Path, node: str, fields: Sequence[str], indexes: Sequence[int] | None,
+               fmt: Sequence[str], proc: ProcReader | None = None) -> tuple[str, int]:
+    """(stdout, exit code) of `nvidia-smi --query-gpu=FIELDS --format=csv[,noheader][,nounits]
+    [-i INDEXES]` on `node`: every process's MiB on each GPU summed, as the exporter does."""
+    known = node_indexes(dev / node)
+    unknown = [f for f in fields if f not in _HEADERS]
+    if unknown or "csv" not in fmt:
+        return f"Field \"{(unknown or ['format'])[0]}\" is not a valid field to query.\n", 2
+    wanted = known if indexes is None else list(indexes)
+    if not known or any(i not in known for i in wanted):
+        return "No devices were found\n", 6
+    used = dict.fromkeys(known, 0)
+    for h in scan(dev, proc):
+        if h.node == node:
+            used[h.index] = used.get(h.index, 0) + h.mib
+    units = "nounits" not in fmt
+    lines = [] if "noheader" in fmt else [", ".join(_HEADERS[f] for f in fields)]
+    lines += [", ".join(_value(f, i, used[i], units) for f in fields) for i in wanted]
+    return "".join(f"{line}\n" for line in lines), 0
+
+
+def _nvidia_smi(args: argparse.Namespace) -> int:
+    node = args.node or os.environ.get("SLURMD_NODENAME", "")
+    if not node:
+        print("fake nvidia-smi: no node (--node, or SLURMD_NODENAME in a job)", file=sys.stderr)
+        return 9
+    indexes = None if args.id is None else parse_indexes(args.id)
+    out, rc = nvidia_smi(args.dev, node, args.query_gpu.split(","), indexes, args.format.split(","))
+    (sys.stdout if rc == 0 else sys.stderr).write(out)
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m slurm_idle.testing.fakegpu",
                                 description=(__doc__ or "").splitlines()[0])
@@ -320,8 +367,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="hold from a process of a session of its own; return once it holds")
     r = sub.add_parser("release", help="end the holder of a pid file and wait for it")
     r.add_argument("--pidfile", type=Path, required=True)
+    n = sub.add_parser("nvidia-smi", help="answer nvidia-smi --query-gpu for a node's fake GPUs")
+    n.add_argument("--dev", type=Path, required=True, help="the sandbox's fake GPU directory")
+    n.add_argument("--node", default=None, help="the node (default: $SLURMD_NODENAME)")
+    n.add_argument("--query-gpu", required=True, help="index,memory.used,memory.total,name")
+    n.add_argument("--format", default="csv", help="csv[,noheader][,nounits]")
+    n.add_argument("-i", "--id", default=None, help="GPU indexes, e.g. 0,1")
     args = p.parse_args(argv)
-    return _hold(args) if args.cmd == "hold" else _release(args)
+    run = {"hold": _hold, "release": _release, "nvidia-smi": _nvidia_smi}[args.cmd]
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -366,6 +366,9 @@ class Sandbox:
         lay.epilog.write_text(sandboxconf.epilog_sh(lay))
         lay.prolog.chmod(0o755)
         lay.epilog.chmod(0o755)
+        lay.bin.mkdir(exist_ok=True)
+        (lay.bin / "nvidia-smi").write_text(sandboxconf.nvidia_smi_sh(lay))
+        (lay.bin / "nvidia-smi").chmod(0o755)
         lay.haproxy_cfg.write_text(sandboxconf.haproxy_cfg(lay))
         if lay.needs_cgroup_conf:
             (lay.etc / "cgroup.conf").write_text(sandboxconf.cgroup_conf(lay))

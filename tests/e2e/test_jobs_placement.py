@@ -47,37 +47,43 @@ def jobs_mode(sandbox: Any) -> Iterator[Any]:
     try:
         yield sandbox
     finally:
-        ids = sandbox.run(["squeue", "-h", "-w", sandboxconf.JOBS_NODE, "-o", "%A"]).stdout.split()
-        ids += sandbox.run(["squeue", "-h", "-p", sandboxconf.JOBS_PARTITION, "-o", "%A"]).stdout.split()
-        # ... and the idle jobs asked for gpu8 (a preempted one waits PENDING, on no node: it
-        # would take the GPUs the next module's lend frees before that module's own idle job).
-        asked = sandbox.run(["squeue", "-h", "-o", "%A %n"]).stdout.splitlines()
-        ids += [line.split()[0] for line in asked if sandboxconf.JOBS_NODE in line.split()[1:]]
-        if ids:
-            sandbox.run(["scancel", *sorted(set(ids))])
+        cancel_gpu8_jobs(sandbox)
         sandbox.load_jobs(0.0)
         sandbox.jobs_node(False)
 
 
-def tick(sb: Any) -> dict[str, Any]:
-    r = sb.run(["slurm-idle", "--config", str(sb.layout.jobs_config_path), "tick", "--json"],
+def cancel_gpu8_jobs(sb: Any) -> None:
+    """Cancel every job on gpu8, in the serve partition, or asked for gpu8."""
+    ids = sb.run(["squeue", "-h", "-w", sandboxconf.JOBS_NODE, "-o", "%A"]).stdout.split()
+    ids += sb.run(["squeue", "-h", "-p", sandboxconf.JOBS_PARTITION, "-o", "%A"]).stdout.split()
+    # ... and the idle jobs asked for gpu8 (a preempted one waits PENDING, on no node: it
+    # would take the GPUs the next module's lend frees before that module's own idle job).
+    asked = sb.run(["squeue", "-h", "-o", "%A %n"]).stdout.splitlines()
+    ids += [line.split()[0] for line in asked if sandboxconf.JOBS_NODE in line.split()[1:]]
+    if ids:
+        sb.run(["scancel", *sorted(set(ids))])
+
+
+def tick(sb: Any, config: Path | None = None) -> dict[str, Any]:
+    r = sb.run(["slurm-idle", "--config", str(config or sb.layout.jobs_config_path), "tick", "--json"],
                timeout=120)
     assert r.returncode in (0, 1), r.stderr
     return dict(json.loads(r.stdout))
 
 
-def replicas(sb: Any) -> dict[str, dict[str, Any]]:
-    r = sb.run(["slurm-idle", "--config", str(sb.layout.jobs_config_path), "status", "--json"])
+def replicas(sb: Any, config: Path | None = None) -> dict[str, dict[str, Any]]:
+    r = sb.run(["slurm-idle", "--config", str(config or sb.layout.jobs_config_path), "status", "--json"])
     return {row["name"]: row for row in json.loads(r.stdout)["replicas"]}
 
 
-def tick_until(sb: Any, want: dict[str, str] | list[str], timeout_s: float) -> dict[str, dict[str, Any]]:
+def tick_until(sb: Any, want: dict[str, str] | list[str], timeout_s: float,
+               config: Path | None = None) -> dict[str, dict[str, Any]]:
     """Tick (as cron would, back to back) until the replicas' phases are `want` (a dict by
     replica, or a list of phases in any order: which replica the policy lends is its choice)."""
     end = time.monotonic() + timeout_s
     while True:
-        tick(sb)
-        rows = replicas(sb)
+        tick(sb, config)
+        rows = replicas(sb, config)
         if isinstance(want, dict):
             if {n: rows[n]["phase"] for n in want} == want:
                 return rows
@@ -168,3 +174,50 @@ def test_lend_and_reclaim_replica_jobs(jobs_mode: Any, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["inference_gpu_hours"] > 0 and doc["lent_gpu_hours"] > 0, doc
+
+
+def listening(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_a_replica_job_waits_for_its_held_gpus_then_serves(jobs_mode: Any, tmp_path: Path) -> None:
+    """Every GPU of gpu8 held by a process outside Slurm when a replica job starts there: its
+    script waits before vLLM (its stderr names the GPU and MiB), the replica is `held` and
+    `explain` says what holds it, no emulator listens on its port; once the hold ends, the
+    script starts the emulator and the replica serves."""
+    import yaml
+
+    sb = jobs_mode
+    sb.load_jobs(HIGH_RPS)
+    # Ticks of 15 s: a tick of a held replica waits its whole budget for the GPUs.
+    doc = yaml.safe_load(sb.layout.jobs_config_path.read_text())
+    doc["timeouts"]["tick_budget_s"] = 15
+    config = tmp_path / "slurm-idle-jobs.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    first = f"{sandboxconf.JOBS_MODEL}#0"  # the floor: submitted first, whatever the load says
+    sb.gpu_hold(sandboxconf.JOBS_NODE, mib=20000)
+    try:
+        cancel_gpu8_jobs(sb)  # the replica jobs start again, on the held GPUs
+        rows = tick_until(sb, {first: "held"}, SETTLE_S, config)
+        held = [n for n, row in rows.items() if row["phase"] == "held"]
+        for name in held:
+            assert not listening(rows[name]["port"]), f"{name}: an engine started on a held GPU"
+            out = (sb.layout.log / f"replica-{rows[name]['job_id']}.out").read_text()
+            assert "holds 20000 MiB (allowed 1024): not starting vLLM" in out, out
+            assert "vllm-emulator" not in out, out  # the emulator never ran (nor failed OOM)
+        r = sb.run(["slurm-idle", "--config", str(config), "explain", first])
+        assert r.returncode == 0, r.stderr
+        assert "waits for its GPUs before vLLM starts: gpu8 GPU" in r.stdout, r.stdout
+        assert "20000 MiB held (allowed 1024)" in r.stdout, r.stdout
+    finally:
+        sb.gpu_release(sandboxconf.JOBS_NODE)
+    t0 = time.monotonic()
+    tick_until(sb, {first: "serving"}, SETTLE_S, config)
+    print(f"MEASURE jobs-mode held -> serving after the hold ends: {time.monotonic() - t0:.1f}s")

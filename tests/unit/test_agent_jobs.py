@@ -16,7 +16,8 @@ from slurm_idle.config import Config, ReplicaConfig, parse_config
 from slurm_idle.journal import DuplicateJobRecord
 from slurm_idle.model import ModelLoad, Phase, ReplicaLoad, SlurmJob
 from slurm_idle.policy.planner import assess, plan
-from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
+from slurm_idle.testing.fakes import FakeEngine, FakeGpus, FakeMetrics, FakeSlurm
+from slurm_idle.wiring import gpus_handed_over
 
 T0 = 1_796_205_600.0
 
@@ -368,3 +369,102 @@ def test_a_retiring_replica_job_is_cancelled_only_when_idle_at_two_readings(tmp_
     agent.tick()
     assert phases(agent) == [Phase.SERVING, Phase.LENT]
     assert engine.seen[:4] == [0.0, 1.0, 0.0, 0.0]  # not cancelled at the first idle reading
+
+
+# --- the GPU wait: the replica job's script checks its GPUs, the agent names and times it ----
+
+class HeldCluster(Cluster):
+    """As Cluster, but a starting job runs its script's GPU wait: while its replica is in
+    `held`, it writes the `held` Comment its script carries (the one the agent signed at
+    submission) and starts no engine; once released, the script's Comment back, then vLLM.
+    Each replica's job gets GPUs 4*index..4*index+3 of gpu8."""
+
+    def __init__(self, slurm: FakeSlurm, engine: FakeEngine, held: set[int]) -> None:
+        super().__init__(slurm, engine)
+        self.held = held
+
+    def sleep(self, s: float) -> None:
+        super().sleep(s)
+        jobs = []
+        for j in self.slurm.job_list:
+            index = int(j.comment.split("index=")[1].split(" ")[0])
+            if j.state == "RUNNING" and j.comment.split(" ")[0].endswith((":reclaiming", ":held")):
+                said = [line for line in self.slurm.scripts[j.job_id].splitlines()
+                        if line.startswith("  scontrol update")]
+                held_line, back_line = said
+                line = held_line if index in self.held else back_line
+                j = replace(j, comment=line.split("Comment=", 1)[1].split(" || ")[0].strip("'"),
+                            gpu_indexes=(tuple(range(4 * index, 4 * index + 4)),))
+            jobs.append(j)
+        self.slurm.job_list = jobs
+        self.engine.up = {f"jm#{i}": up and i not in self.held for i, up in
+                          ((int(k[-1]), v) for k, v in self.engine.up.items())}
+
+
+def make_held_agent(tmp_path: Path, held: set[int]) -> tuple[Agent, FakeSlurm, HeldCluster, FakeGpus]:
+    agent, slurm, _, _ = make_agent(tmp_path, demand=150.0)
+    cluster = HeldCluster(slurm, agent.engine_for("jm"), held)
+    gpus = FakeGpus()
+    gpus.hold("gpu8", 0, 20000, holder="job 42")  # replica 0's first GPU
+    gpus.hold("gpu8", 4, 700)  # replica 1's, within gpu.free_tolerance_mib
+    agent.clock, agent.sleep, agent.gpus = cluster, cluster.sleep, gpus
+    return agent, slurm, cluster, gpus
+
+
+def test_a_replica_job_on_a_held_gpu_waits_named_then_serves(tmp_path: Path) -> None:
+    """The script of replica 0's job finds GPU 0 held: the job is HELD (its Comment says so),
+    the step names the GPU, its MiB and holder, and no engine is asked for; replica 1 serves.
+    Once the GPU is free the script starts vLLM and the replica serves."""
+    agent, slurm, cluster, _ = make_held_agent(tmp_path, held={0})
+    steps = [s for _ in range(3) for s in agent.tick().steps]
+    assert phases(agent) == [Phase.HELD, Phase.SERVING]
+    waiting = [s for s in steps if s.node == "jm#0" and s.outcome == "waiting"]
+    assert waiting and all("gpu8 GPU 0: 20000 MiB held (allowed 1024), holder job 42"
+                           in (s.detail or "") for s in waiting)
+    assert waiting[-1].from_phase is Phase.HELD and waiting[-1].to_phase is Phase.STARTING
+    assert "GPU 4" not in (waiting[-1].detail or "")  # replica 1's GPU is within the tolerance
+    cluster.held.clear()
+    result = agent.tick()
+    assert [(s.from_phase, s.to_phase, s.outcome) for s in result.steps if s.node == "jm#0"] == [
+        (Phase.HELD, Phase.STARTING, "ok"), (Phase.STARTING, Phase.SERVING, "ok")]
+    assert phases(agent) == [Phase.SERVING, Phase.SERVING]
+    assert not any(e[0] in ("drain", "cancel") for e in slurm.log)
+
+
+def test_a_replica_job_held_past_gpu_free_s_is_handed_over(tmp_path: Path) -> None:
+    """Past timeouts.gpu_free_s the held job's node is drained for the admin (the Reason
+    naming GPU, MiB and holder) and the job cancelled; the replica is submitted again."""
+    agent, slurm, cluster, _ = make_held_agent(tmp_path, held={0})
+    for _ in range(3):
+        agent.tick()
+    held_job = next(r.job_id for r in agent.observe().replica_jobs if r.phase is Phase.HELD)
+    cluster.t += agent.config.timeouts.gpu_free_s + 1
+    result = agent.tick()
+    assert [(s.action, s.from_phase, s.to_phase, s.outcome) for s in result.steps][:1] == [
+        ("hand-over", Phase.HELD, Phase.LENDING, "ok")]
+    [reason] = [e[2] for e in slurm.log if e[0] == "drain"]
+    assert reason.startswith("slurm-idle:gpu-held since=")
+    assert "GPU 0: 20000 MiB, holder job 42 -- free them" in reason
+    assert ("cancel", str(held_job)) in slurm.log
+    assert held_job not in {j.job_id for j in slurm.job_list}
+    # The textfile's slurm_idle_gpu_held (alert SlurmIdleGpuHeld) names it: gpu8 is a node of
+    # the jobs' partition.
+    slurm.node_map["gpu8"] = replace(slurm.node_map["gpu8"], partitions=("serve", "idle"))
+    after = agent.tick()
+    assert [(g.node, g.gpu, g.used_mib, g.holder) for g in gpus_handed_over(after, agent.config)] == [
+        ("gpu8", 0, 20000, "job 42")]
+    assert sum(1 for e in slurm.log if e[0] == "submit") == 3  # replica 0 submitted again
+
+
+def test_a_hand_over_leaves_a_node_an_admin_drained_alone(tmp_path: Path) -> None:
+    """A node someone else drained keeps its Reason; the held job is still cancelled."""
+    agent, slurm, cluster, _ = make_held_agent(tmp_path, held={0})
+    for _ in range(3):
+        agent.tick()
+    slurm.node_map["gpu8"] = replace(slurm.node_map["gpu8"], flags=frozenset({"DRAIN"}),
+                                     reason="admin: new GPUs")
+    cluster.t += agent.config.timeouts.gpu_free_s + 1
+    agent.tick()
+    assert not any(e[0] == "drain" for e in slurm.log)
+    assert slurm.node_map["gpu8"].reason == "admin: new GPUs"
+    assert any(e[0] == "cancel" for e in slurm.log)

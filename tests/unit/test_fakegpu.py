@@ -105,6 +105,30 @@ def test_hold_and_release_commands(tmp_path: Path) -> None:
     assert p.wait(5) == 0 and not pf.path.exists() and fakegpu.scan(dev) == []
 
 
+def test_fake_nvidia_smi_answers_for_its_node_from_the_scan(tmp_path: Path) -> None:
+    """`fakegpu nvidia-smi` answers the replica job script's query for the node it runs on
+    (SLURMD_NODENAME): each GPU asked for, with what every holder there holds; another
+    node's holds and GPUs not asked for are not in it; an unknown GPU fails as nvidia-smi."""
+    dev = tmp_path / "dev"
+    d = node(dev)
+    node(dev, "gpu3")
+    holder = Holder([fakegpu.device_path(d, 1)], 20000)
+    other = Holder([fakegpu.device_path(dev / "gpu3", 2)], 30000)
+    try:
+        query = ["nvidia-smi", f"--dev={dev}", "--query-gpu=index,memory.used",
+                 "--format=csv,noheader,nounits", "-i", "1,2"]
+        env = {**os.environ, "PYTHONPATH": REPO, "SLURMD_NODENAME": "gpu2"}
+        out = subprocess.run([sys.executable, "-m", "slurm_idle.testing.fakegpu", *query],
+                             env=env, capture_output=True, text=True, check=True).stdout
+        assert out == "1, 20000\n2, 0\n"
+        full = fakegpu.nvidia_smi(dev, "gpu3", ["index", "memory.used"], None, ["csv"])
+        assert full == ("index, memory.used [MiB]\n0, 0 MiB\n1, 0 MiB\n2, 30000 MiB\n3, 0 MiB\n", 0)
+        assert fakegpu.nvidia_smi(dev, "gpu2", ["index"], [7], ["csv"])[1] == 6
+    finally:
+        holder.close()
+        other.close()
+
+
 def test_others_crowd_a_gpu_only_beyond_its_total(tmp_path: Path) -> None:
     """crowded(): what other processes hold plus what is asked must fit the GPU's total."""
     dev = tmp_path / "dev"

@@ -319,17 +319,21 @@ def test_an_admin_lend_and_reclaim_on_the_table_are_actions() -> None:
 def test_job_edges_are_the_node_edges_without_the_lending_shortcut() -> None:
     """`placement: jobs` has the same phase changes as node placement but LENDING -> STARTING
     (a cancelled job cannot come back), UNKNOWN -> RECLAIMING (no job is simply LENT), the
-    repair SERVING -> STARTING (a replica job's engine is its job's) and the node's GPU wait
-    (HELD: a replica job checks its own GPUs); every transitional phase is timed, and nothing
-    else is allowed."""
+    repair SERVING -> STARTING (a replica job's engine is its job's), and its GPU wait is the
+    job's own: its script finds a GPU held once the job runs (STARTING -> HELD, not
+    RECLAIMING -> HELD) and a hand-over cancels the job (HELD -> LENDING, not HELD -> ADMIN);
+    a replica job's start is its job's (no wake to give up on: no STARTING -> ADMIN); every
+    transitional phase is timed, and nothing else is allowed."""
     from slurm_idle import lifecycle
 
     keys = {(e.from_phase, e.to_phase) for e in lifecycle.JOB_EDGES}
-    assert keys == {(e.from_phase, e.to_phase) for e in lifecycle.EDGES} - {
+    assert keys == ({(e.from_phase, e.to_phase) for e in lifecycle.EDGES} - {
         (Phase.LENDING, Phase.STARTING), (Phase.UNKNOWN, Phase.RECLAIMING),
-        (Phase.SERVING, Phase.STARTING), (Phase.RECLAIMING, Phase.HELD),
-        (Phase.HELD, Phase.STARTING), (Phase.HELD, Phase.ADMIN), (Phase.STARTING, Phase.ADMIN)}
+        (Phase.SERVING, Phase.STARTING), (Phase.RECLAIMING, Phase.HELD), (Phase.HELD, Phase.ADMIN),
+        (Phase.STARTING, Phase.ADMIN)}
+        | {(Phase.STARTING, Phase.HELD), (Phase.HELD, Phase.LENDING)})
     assert set(lifecycle.JOB_LIFECYCLE.forward) == {Phase.RETIRING, Phase.LENDING,
-                                                    Phase.RECLAIMING, Phase.STARTING}
+                                                    Phase.RECLAIMING, Phase.HELD, Phase.STARTING}
+    assert lifecycle.job_arriving_phases() == {Phase.RECLAIMING, Phase.HELD, Phase.STARTING}
     with pytest.raises(lifecycle.IllegalTransition):
         lifecycle.job_edge_for(Phase.LENDING, Phase.STARTING)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from slurm_idle.policy.jobs import plan_jobs
 from slurm_idle.policy.planner import assess, plan
 from slurm_idle.replicajobs import (
     format_comment,
+    gpu_report,
     parse_comment,
     render_script,
     replica_views,
@@ -157,20 +159,112 @@ def test_duplicates_keep_the_running_then_oldest_job() -> None:
     assert views[0].job_id == 7 and views[0].duplicates == (9,)
 
 
+GPU_WAIT = """\
+# slurm-idle: start vLLM only once no one else holds memory on this job's GPUs.
+slurm_idle_gpus_held() {
+  command -v nvidia-smi >/dev/null 2>&1 || {
+    echo 'slurm-idle: nvidia-smi not found: GPUs not checked before vLLM starts'; return 1; }
+  [ -n "${CUDA_VISIBLE_DEVICES:-}" ] || {
+    echo 'slurm-idle: no CUDA_VISIBLE_DEVICES: GPUs not checked before vLLM starts'; return 1; }
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -i "$CUDA_VISIBLE_DEVICES" |
+    awk -F', *' -v max=1024 '$2 + 0 > max { held = 1
+      printf "slurm-idle: GPU %s holds %s MiB (allowed %s): not starting vLLM\\n", $1, $2, max }
+      END { exit !held }'
+}
+if slurm_idle_gpus_held >&2; then
+  scontrol update JobId="$SLURM_JOB_ID" Comment='{held}' || true
+  while sleep 10 && slurm_idle_gpus_held >&2; do :; done
+  scontrol update JobId="$SLURM_JOB_ID" Comment='{back}' || true
+fi
+"""
+
+
 def test_script_and_submit_args() -> None:
-    """The batch script asks for the replica's GPUs and runs the command under srun with the
-    agent's port; partition, name and our RECLAIMING Comment go on sbatch's command line."""
+    """The batch script asks for the replica's GPUs, waits while one of them is held (saying
+    so on stderr, and `held` in the job's Comment from a text the agent signed), then runs the
+    command under srun with the agent's port; partition, name and our RECLAIMING Comment go
+    on sbatch's command line."""
     cfg = config()
-    script = render_script(cfg, cfg.models[0], 1)
+    report = gpu_report(cfg, cfg.models[0], 1, T0, trust=TRUST)
+    script = render_script(cfg, cfg.models[0], 1, report=report)
     assert script == (
         "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:4\n"
         "#SBATCH --cpus-per-task=2\n#SBATCH --mem=8G\n#SBATCH --time=1-00:00:00\n"
         "#SBATCH --qos=inference\n"
         "export SLURM_IDLE_MODEL=jm SLURM_IDLE_INDEX=1 SLURM_IDLE_PORT=9101\n"
-        "exec srun --kill-on-bad-exit=1 vllm serve jm --port 9101 --shutdown-timeout 30\n")
-    args = submit_args(cfg, cfg.models[0], 1, T0)
+        + GPU_WAIT.replace("{held}", comment(Phase.HELD, 1)).replace("{back}", comment(Phase.RECLAIMING, 1))
+        + "exec srun --kill-on-bad-exit=1 vllm serve jm --port 9101 --shutdown-timeout 30\n")
+    args = submit_args(cfg, cfg.models[0], 1, T0, trust=TRUST)
     assert args[:2] == ["--partition=serve", "--job-name=slurm-idle-jm-1"]
+    assert args[2] == f"--comment={report.back}"
     assert parse_comment(args[2].removeprefix("--comment="), "slurm-idle") is not None
+
+
+def test_a_site_script_gets_the_gpu_wait_first(tmp_path: Path) -> None:
+    """`script:` runs after SLURM_IDLE_* and the same GPU wait (its own #! line dropped)."""
+    cfg = config(CONFIG.replace('      command: "vllm serve {model} --port {port} --shutdown-timeout 30"',
+                                f"      script: {tmp_path / 'serve.sh'}"))
+    script = render_script(cfg, cfg.models[0], 0, "#!/bin/bash\nexec my-vllm\n")
+    wait = script.index("slurm_idle_gpus_held() {")
+    assert script.index("export SLURM_IDLE_MODEL") < wait < script.index("exec my-vllm")
+    assert script.endswith("fi\nexec my-vllm\n") and script.count("#!") == 1
+
+
+def _run_script(tmp_path: Path, held_mib: int | None, visible: str = "4,5") -> tuple[str, str, str]:
+    """The rendered script under bash, nvidia-smi/scontrol/srun/sleep faked in PATH: nvidia-smi
+    answers GPU 4 with `held_mib` until the first sleep (None: no nvidia-smi at all)."""
+    import subprocess
+
+    cfg = config()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    fakes = {"scontrol": f'echo "scontrol $*" >> {calls}', "srun": f'echo "srun $*" >> {calls}',
+             "sleep": f'echo sleep >> {calls}; rm -f {tmp_path / "held"}'}
+    if held_mib is not None:
+        (tmp_path / "held").touch()
+        fakes["nvidia-smi"] = (f'echo "nvidia-smi $*" >> {calls}\n'
+                               f'if [ -e {tmp_path / "held"} ]; then echo "4, {held_mib}"; '
+                               'else echo "4, 300"; fi\necho "5, 0"')
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(cfg, cfg.models[0], 1, report=gpu_report(cfg, cfg.models[0], 1, T0)))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "77", "CUDA_VISIBLE_DEVICES": visible}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return calls.read_text(), done.stderr, done.stdout
+
+
+def test_the_script_waits_while_a_gpu_is_held_and_reports_it(tmp_path: Path) -> None:
+    """A GPU of the job over gpu.free_tolerance_mib: named on stderr, the job's Comment says
+    held, vLLM (srun) starts only after the GPU is free and the Comment is back."""
+    calls, stderr, _ = _run_script(tmp_path, 20000)
+    lines = calls.splitlines()
+    assert lines[0] == ("nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits "
+                        "-i 4,5")
+    assert lines[1].startswith("scontrol update JobId=77 Comment=slurm-idle:held since=")
+    assert lines[2:4] == ["sleep", lines[0]]
+    assert lines[4].startswith("scontrol update JobId=77 Comment=slurm-idle:reclaiming since=")
+    assert lines[5].startswith("srun --kill-on-bad-exit=1 vllm serve jm") and len(lines) == 6
+    assert stderr == "slurm-idle: GPU 4 holds 20000 MiB (allowed 1024): not starting vLLM\n"
+
+
+@pytest.mark.parametrize(("held_mib", "visible", "said"), [
+    (1024, "4,5", ""),  # within the tolerance: free
+    (None, "4,5", "slurm-idle: nvidia-smi not found: GPUs not checked before vLLM starts\n"),
+    (20000, "", "slurm-idle: no CUDA_VISIBLE_DEVICES: GPUs not checked before vLLM starts\n"),
+])
+def test_the_script_starts_vllm_at_once_when_nothing_is_held_or_it_cannot_check(
+        tmp_path: Path, held_mib: int | None, visible: str, said: str) -> None:
+    """Free GPUs, no nvidia-smi on the node, or no GPU list: vLLM starts at once (the check
+    never blocks a start it cannot make), the Comment untouched."""
+    calls, stderr, _ = _run_script(tmp_path, held_mib, visible)
+    assert [c.split()[0] for c in calls.splitlines()] == (
+        ["nvidia-smi", "srun"] if held_mib is not None and visible else ["srun"])
+    assert stderr == said
 
 
 def test_file_sd_targets_name_placed_replicas_only() -> None:
@@ -223,6 +317,34 @@ def test_high_load_submits_the_lent_replica() -> None:
     one = BOTH[:1]
     actions = plan_jobs(obs(cfg, one, demand=150.0), cfg, T0)
     assert [(a.kind, a.node, a.to_phase) for a in actions] == [(ActionKind.RECLAIM, "jm#1", Phase.RECLAIMING)]
+
+
+def held_job(job_id: int, index: int, held_s: float) -> SlurmJob:
+    """A running replica job whose script has said `held` for `held_s` seconds at T0."""
+    return replace(job(job_id, "RUNNING", comment(Phase.HELD, index)), start_time=T0 - held_s)
+
+
+def test_a_held_replica_counts_as_coming_back_until_gpu_free_s() -> None:
+    """Within timeouts.gpu_free_s a HELD replica job is on its way back: carried on (waiting
+    for its GPUs), and no other replica is submitted for it."""
+    cfg = config(CONFIG.replace("replicas: 2", "replicas: 3"))
+    actions = plan_jobs(obs(cfg, [held_job(5, 0, 60.0)], demand=150.0), cfg, T0)
+    assert [(a.kind, a.node, a.from_phase, a.to_phase) for a in actions] == [
+        (ActionKind.RECLAIM, "jm#1", Phase.LENT, Phase.RECLAIMING),
+        (ActionKind.CONTINUE, "jm#0", Phase.HELD, Phase.STARTING)]
+
+
+def test_a_replica_held_past_gpu_free_s_is_handed_over_and_replaced_in_the_same_tick() -> None:
+    """Past timeouts.gpu_free_s: HAND_OVER (HELD -> LENDING: its node to the admin, the job
+    cancelled), and it no longer counts, so the LENT replica is submitted in the same tick."""
+    cfg = config(CONFIG.replace("replicas: 2", "replicas: 3"))
+    late = cfg.timeouts.gpu_free_s + 1
+    actions = plan_jobs(obs(cfg, [held_job(5, 0, late), BOTH[1]], demand=150.0), cfg, T0)
+    assert [(a.kind, a.node, a.to_phase) for a in actions] == [
+        (ActionKind.HAND_OVER, "jm#0", Phase.LENDING), (ActionKind.RECLAIM, "jm#2", Phase.RECLAIMING)]
+    assert "gpu_free_s" in actions[0].reason
+    early = plan_jobs(obs(cfg, [held_job(5, 0, late - 2), BOTH[1]], demand=150.0), cfg, T0)
+    assert [(a.kind, a.node) for a in early] == [(ActionKind.CONTINUE, "jm#0")]
 
 
 def test_unknown_metrics_lend_nothing_and_start_the_floor() -> None:

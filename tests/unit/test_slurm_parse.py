@@ -157,6 +157,25 @@ def test_multi_node_job_hostlist_expanded() -> None:
     assert job.nodes == ("gpu1", "gpu2") and job.gpus == 8 and job.start_time == 100.0
 
 
+@pytest.mark.parametrize("version", ["22.05", "24.11"])
+def test_a_running_jobs_gpu_indexes_per_node(version: str) -> None:
+    """`gres_detail` "gpu:4(IDX:0-3)": the GPUs Slurm gave the job on each of its nodes (what
+    a replica job's GPU wait is named by); a pending job has none."""
+    jobs = {j.state: j for j in parse.parse_jobs(load(f"{version}/squeue-after-requeue.json"))}
+    assert jobs["RUNNING"].gpu_indexes == ((0, 1, 2, 3),) and jobs["PENDING"].gpu_indexes == ()
+
+
+@pytest.mark.parametrize(("detail", "indexes"), [
+    (["gpu:4(IDX:0-1,4-5)", "gpu:a100:2(IDX:3,7)"], ((0, 1, 4, 5), (3, 7))),
+    (["gpu:(null):0(IDX:N/A)"], ((),)),
+    ("gpu:1(IDX:6)", ((6,),)),
+])
+def test_gpu_indexes_of_each_shape(detail: Any, indexes: tuple[tuple[int, ...], ...]) -> None:
+    """Ranges, lists and typed GPUs per node; no index for a node without a GPU."""
+    doc = {"jobs": [{"job_id": 7, "job_state": "RUNNING", "nodes": "gpu[1-2]", "gres_detail": detail}]}
+    assert parse.parse_jobs(doc)[0].gpu_indexes == indexes
+
+
 def test_pending_multi_node_request() -> None:
     """A pending job's per-node GPU request is multiplied by its node count."""
     doc = {"jobs": [{"job_id": 8, "job_state": "PENDING", "nodes": "",
