@@ -626,7 +626,7 @@ class NodeDriver:
         if not self._nodes_empty(view, deadline):
             return False
         empty_at = self.clock()
-        replicas = self._replicas(view)
+        replicas = self._to_start(view)
         verdict = GateVerdict()
 
         def settled() -> bool:
@@ -644,7 +644,7 @@ class NodeDriver:
 
     def _gpus_free(self, view: GroupView, deadline: float) -> bool:
         """HELD: every GPU of the group back within what its engine may find there."""
-        replicas = self._replicas(view)
+        replicas = self._to_start(view)
         verdict = GateVerdict()
 
         def free() -> bool:
@@ -663,13 +663,19 @@ class NodeDriver:
         Reason naming its held GPUs and their holder (handover.py). Read fresh: GPUs freed
         meanwhile leave the group HELD, and the next step starts the engine instead."""
         self._still_ours(view)
-        verdict = self._gpus.verdict(self._replicas(view), fresh_after=view.phase_since)
+        verdict = self._gpus.verdict(self._to_start(view), fresh_after=view.phase_since)
         if verdict.clear:
             raise Superseded(f"{view.name}: its GPUs are free again: not handed over")
         now = self.clock()
         for node in view.nodes:
             self.slurm.drain(node.name, handover.format_reason(self.tag, node.name, now, verdict.held))
         log.error("%s handed to the admin: %s", view.name, describe(verdict.held))
+
+    def _to_start(self, view: GroupView) -> list[tuple[str, ReplicaConfig]]:
+        """The group's replicas the GPU gate judges: those whose engine is not serving yet. A
+        serving engine's memory is its own (an adopted node whose engine runs already, an
+        engine a site started by hand): nothing is started or woken on its GPUs."""
+        return [(m, r) for m, r in self._replicas(view) if not self.engine_for(m).health(r).serving]
 
     def _warn_unobserved(self, view: GroupView, verdict: GateVerdict) -> None:
         if verdict.unobserved:

@@ -106,6 +106,17 @@ def test_held_starts_the_engine_once_the_gpu_is_free(tmp_path: Path) -> None:
     assert steps[0].outcome is StepOutcome.OK and len(_starts(engine)) == 1
 
 
+def test_a_serving_engines_own_memory_is_not_a_leftover(tmp_path: Path) -> None:
+    """A node adopted into serving whose engine runs already (its weights on the GPU): the
+    gate judges only the engines still to start, so it goes on to serving, not to HELD."""
+    driver, _slurm, engine, readings, view, clock = _driver(tmp_path, Phase.RECLAIMING)
+    engine.up["gpu1"] = True
+    readings.used["gpu1"], readings.holder = 70000, None
+    steps = _continue(driver, view, clock, Phase.STARTING)
+    assert [(s.to_phase, s.outcome) for s in steps][:2] == [
+        (Phase.STARTING, StepOutcome.OK), (Phase.SERVING, StepOutcome.OK)]
+
+
 def test_a_free_gpu_starts_at_once_without_held(tmp_path: Path) -> None:
     driver, _slurm, engine, _readings, view, clock = _driver(tmp_path, Phase.RECLAIMING)
     steps = _continue(driver, view, clock, Phase.STARTING)
