@@ -168,17 +168,18 @@ class EngineNotes:
         self._set(replica, "residue_mib", {str(k): v for k, v in sorted(per_gpu.items())}
                   if per_gpu is not None else None)
 
-    def released_at(self, replica: str, now: float) -> float:
-        """When the engine's stop (or sleep) was first seen to have taken effect in this lend:
-        the residue is read from samples after it, however many ticks that takes."""
+    def released_at(self, replica: str, now: float, lend_began: float | None) -> float:
+        """When the engine's stop (or sleep) was first seen to have taken effect in this lend
+        (begun at `lend_began`): the residue is read from samples after it, however many ticks
+        that takes. A time from an earlier, abandoned lend is not this lend's."""
         with self._lock:
             ts = self._doc.get(replica, {}).get("released_at")
-        if isinstance(ts, int | float) and math.isfinite(ts):
+        if isinstance(ts, int | float) and math.isfinite(ts) and (lend_began is None or ts >= lend_began):
             return float(ts)
         self._set(replica, "released_at", now)
         return now
 
-    def lent(self, replica: str) -> None:
+    def forget_release(self, replica: str) -> None:
         """The lend went through (or was abandoned): the next one waits for its own release."""
         self._set(replica, "released_at", None)
 

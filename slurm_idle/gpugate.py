@@ -41,14 +41,16 @@ class GpuGate:
         self._nodes = sorted({n for m in config.models for r in m.replicas for n in _nodes_of(r)})
         self._poll = SharedPoll(self._read_all, POLL_S, clock)
 
-    def _read_all(self) -> Mapping[str, tuple[GpuReading, ...]] | None:
+    def _read_all(self) -> tuple[bool, Mapping[str, tuple[GpuReading, ...]]]:
+        """(read, readings). A failed read is kept for the poll interval like a good one: in
+        an outage every waiting group must not queue for its own timed-out query."""
         if self._read is None:
-            return None
+            return False, {}
         try:
-            return self._read(self._nodes)
+            return True, self._read(self._nodes)
         except SlurmIdleError as exc:
             log.warning("GPU readings unavailable (%s): GPUs are not checked before a start", exc)
-            return None
+            return False, {}
 
     @property
     def active(self) -> bool:
@@ -60,8 +62,8 @@ class GpuGate:
         """Per replica: the MiB on each of its GPUs in samples taken after `newer_than`; None
         while one of them has no such sample yet. A node without series (or no source) is
         not measured: its replicas get no entry."""
-        readings = self._poll.get() if self._read is not None else None
-        if readings is None:
+        read, readings = self._poll.get()
+        if not read:
             return {}
         out: dict[str, dict[int, int]] = {}
         for _model, replica in replicas:
@@ -81,22 +83,25 @@ class GpuGate:
         """Every GPU of the replicas (model, config) over what its engine may find there."""
         if self._read is None:
             return GateVerdict()  # no GPU source wired: the gate is off
-        readings = self._poll.get()
+        read, readings = self._poll.get()
+        if not read:  # nothing to judge by: every node unobserved, no engine asked
+            return GateVerdict(unobserved=tuple(dict.fromkeys(n for _, r in replicas for n in _nodes_of(r))))
         held: list[HeldGpu] = []
         unobserved: list[str] = []
         for model, replica in replicas:
-            # The engine's own memory is no leftover: an engine serving already (adopted with
-            # it running, a start of an earlier tick) needs no gate, and one that is up but not
-            # serving (asleep) keeps its residue on its GPUs.
+            # The engine's own memory is no leftover: an engine up and not asleep (adopted with
+            # it running, a start of an earlier tick, one whose identity could not be confirmed
+            # in time) needs no gate unless proven to be another server; one that is up but
+            # asleep keeps its residue on its GPUs.
             health = self._engine_for(model).health(replica) if self._engine_for is not None else None
-            if health is not None and health.serving:
+            if health is not None and health.up and health.awake is not False and not health.foreign_proven:
                 continue
             residue = self._notes.residue(replica.name) if self._notes is not None else None
             allowed = allowance_mib(engine_up=health is not None and health.up,
                                     residue_mib=max(residue.values()) if residue else None,
                                     tolerance_mib=self.config.gpu.free_tolerance_mib,
                                     max_residue_mib=self.config.gpu.max_residue_mib)
-            nodes = {n: (readings.get(n) if readings is not None else None) for n in _nodes_of(replica)}
+            nodes = {n: readings.get(n) for n in _nodes_of(replica)}
             one = gate(nodes, replica.gpus, allowed, fresh_after)
             held.extend(g for g in one.held if g not in held)
             unobserved.extend(n for n in one.unobserved if n not in unobserved)

@@ -52,9 +52,12 @@ class Divert(CarryOver):
     where it waits under its own timeout. Journaled as `waiting`, like CarryOver; the driver
     then takes the edge to `phase`."""
 
-    def __init__(self, phase: Phase, why: str) -> None:
+    def __init__(self, phase: Phase, why: str, written: Phase | None = None) -> None:
         super().__init__(why)
         self.phase = phase
+        # The phase the step wrote before it diverted (a start writes STARTING first), which
+        # the edge leaves from; None: the step's own from-phase.
+        self.written = written
 
 
 def admin_comment(comment: str, tag: str) -> str:

@@ -135,8 +135,9 @@ class NodeDriver:
         self._notes = EngineNotes(notes_path(self.config.paths.journal))
         self._gpus = GpuGate(self.config, self.gpu_readings, self.clock, self._notes, self.engine_for)
         self._retries = StartRetries(self.config, self._notes, self.engine_for, self.clock)
-        # Per group: the side edge a waiting step asked for (Divert), taken by `drive`.
-        self._diverts: dict[str, Phase] = {}
+        # Per group: the side edge a waiting step asked for (Divert), taken by `drive`: (the
+        # phase the step wrote before it, if any; the edge's to-phase).
+        self._diverts: dict[str, tuple[Phase | None, Phase]] = {}
 
     @property
     def tag(self) -> str:
@@ -171,10 +172,18 @@ class NodeDriver:
             self.on_step(result)
             if result.outcome is not StepOutcome.OK:
                 divert = self._diverts.pop(current.name, None)
-                if divert is None or not allowed(current.phase, divert):
+                if divert is None:
                     break
-                # Not ready, but the table has a side edge for why (RECLAIMING -> HELD).
-                target, reason = divert, check_transition(current.phase, divert)
+                # Not ready, but the table has a side edge for why (RECLAIMING -> HELD), from
+                # the phase the step already wrote, if it wrote one (a give-up in a start).
+                written, to = divert
+                if written is not None and written is not current.phase:
+                    now = self.clock()
+                    current = replace(current, phase=written, phase_since=now, nodes=tuple(
+                        replace(v, phase=written, phase_since=now) for v in current.nodes))
+                if not allowed(current.phase, to):
+                    break
+                target, reason = to, check_transition(current.phase, to)
                 continue
             since = result.started + result.duration_s
             current = replace(current, phase=target, phase_since=since,
@@ -201,7 +210,7 @@ class NodeDriver:
                 outcome = StepOutcome.WAITING
         except Divert as exc:
             outcome, detail = StepOutcome.WAITING, str(exc)
-            self._diverts[view.name] = exc.phase
+            self._diverts[view.name] = (exc.written, exc.phase)
         except CarryOver as exc:
             outcome, detail = StepOutcome.WAITING, str(exc)
         except Superseded as exc:
@@ -210,7 +219,9 @@ class NodeDriver:
             outcome, error = StepOutcome.ERROR, str(exc)
         except Exception as exc:  # noqa: BLE001 - an effector bug must not crash the tick
             outcome, error = StepOutcome.ERROR, f"{type(exc).__name__}: {exc}"
-        if outcome is StepOutcome.WAITING and self._overdue(view, started):
+        # A step that diverts is not stuck: the side edge is its way on, taken at once.
+        if (outcome is StepOutcome.WAITING and view.name not in self._diverts
+                and self._overdue(view, started)):
             outcome = StepOutcome.STUCK
             error = f"{view.phase.value} for longer than its timeout; will retry" + (
                 f"; {detail}" if detail else "")
@@ -415,7 +426,7 @@ class NodeDriver:
             raise CarryOver(f"replica(s) {', '.join(stopping)}: not stopped (or asleep) yet at the "
                             "tick's deadline; stays lending, the next tick re-issues the stop "
                             "and checks again")
-        self._measure_residue(replicas, deadline)
+        self._measure_residue(view, replicas, deadline)
         # Stopping can take minutes: an admin who drained a node meanwhile keeps the group (the
         # RESUME below would clear their drain and reason).
         self._still_ours(view, fresh=True)
@@ -427,7 +438,8 @@ class NodeDriver:
             self.slurm.set_comment(node.name, lent_comment(self.tag, self.clock(), node.node.comment))
             self.slurm.resume(node.name)
 
-    def _measure_residue(self, replicas: list[tuple[str, ReplicaConfig]], deadline: float) -> None:
+    def _measure_residue(self, view: GroupView, replicas: list[tuple[str, ReplicaConfig]],
+                         deadline: float) -> None:
         """The engine stopped or asleep: what it left on each GPU, from samples taken after
         that (the exporter lags), is recorded as its residue, which the GPU gate allows it
         to find again at the reclaim. Above gpu.max_residue_mib a research job would get a GPU
@@ -435,8 +447,8 @@ class NodeDriver:
         and the replica is not lent again until `slurm-idle unpin`."""
         if not self._gpus.active:
             return
-        since = min(self._notes.released_at(r.name, self.clock()) for _, r in replicas) \
-            + self.config.gpu.sample_lag_s
+        since = min(self._notes.released_at(r.name, self.clock(), view.phase_since)
+                    for _, r in replicas) + self.config.gpu.sample_lag_s
         measured: dict[str, dict[int, int]] = {}
 
         def read() -> bool:
@@ -452,7 +464,7 @@ class NodeDriver:
         over = [f"{name} GPU {i}: {mib} MiB" for name, per in measured.items()
                 for i, mib in sorted(per.items()) if mib > limit]
         for _, replica in replicas:
-            self._notes.lent(replica.name)
+            self._notes.forget_release(replica.name)
         if over:
             why = (f"lend refused: the engine left {'; '.join(over)} on its GPUs (more than "
                    f"gpu.max_residue_mib {limit}); not lent again until `slurm-idle unpin`")
@@ -490,6 +502,8 @@ class NodeDriver:
 
     def _restore_comment_and_start(self, view: GroupView, edge: Edge, deadline: float) -> None:
         self._mark(view, edge.to_phase)
+        for _, replica in self._replicas(view):  # the lend is abandoned: so is its release time
+            self._notes.forget_release(replica.name)
         self._restore_comment(view)  # a lend that failed after writing its comment
         self._start(view, deadline)
 
@@ -524,7 +538,7 @@ class NodeDriver:
                 continue
             given_up = self._retries.given_up(model, replica)
             if given_up is not None:
-                raise Divert(Phase.ADMIN, f"{given_up}: handed to the admin")
+                raise Divert(Phase.ADMIN, f"{given_up}: handed to the admin", written=Phase.STARTING)
             backing_off = self._retries.backing_off(model, replica)
             if backing_off is not None:
                 waits.append(backing_off)
@@ -538,7 +552,8 @@ class NodeDriver:
                 after, why = self._retries.failed(model, replica, exc,
                                                   max(MIN_ENGINE_CALL_S, deadline - self.clock()))
                 if after is After.GIVE_UP:
-                    raise Divert(Phase.ADMIN, f"{why}: handed to the admin") from None
+                    raise Divert(Phase.ADMIN, f"{why}: handed to the admin",
+                                 written=Phase.STARTING) from None
                 (waits if after is After.COLD else failed).append(why)
         if failed:
             raise SlurmIdleError("; ".join(failed + waits))
@@ -747,11 +762,12 @@ class NodeDriver:
 
     def _hand_over_held(self, view: GroupView) -> None:
         """HELD past timeouts.gpu_free_s: the Reason names its held GPUs and their holder.
-        Read fresh: GPUs freed meanwhile leave the group HELD, and the next step starts the
-        engine instead."""
+        Read fresh: GPUs freed meanwhile (or no reading at all) Divert to STARTING, the
+        engine starts in the same step."""
         verdict = self._gpus.verdict(self._replicas(view), fresh_after=view.phase_since)
-        if verdict.clear:
-            raise Superseded(f"{view.name}: its GPUs are free again: not handed over")
+        if verdict.clear:  # freed meanwhile, or no reading (an outage must not strand it)
+            raise Divert(Phase.STARTING, f"{view.name}: its GPUs are free (or not observed): "
+                                         "not handed over, the engine starts")
         now = self.clock()
         for node in view.nodes:
             self.slurm.drain(node.name, handover.format_reason(self.tag, node.name, now, verdict.held))

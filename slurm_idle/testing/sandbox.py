@@ -477,6 +477,7 @@ class Sandbox:
             env=sandboxconf.dockerd_proxy_env(lay))
         self._spawn("prometheus", self._prometheus_argv())
         self._spawn("gpu-exporter", self._gpu_exporter_argv())
+        self._spawn("textfile-exporter", self._textfile_exporter_argv())
         if self.real_vllm_nodes:
             self._prepare_real_vllm(ready)
         for node in ALL_NODES:
@@ -512,6 +513,8 @@ class Sandbox:
         self._wait("prometheus", lambda: self._targets()["up"] == len(REPLICAS), timeout_s)
         self._wait("gpu-exporter", lambda: self._targets("dcgm")["up"] == len(sandboxconf.GPU_NODES),
                    timeout_s)
+        self._wait("textfile-exporter",
+                   lambda: self._targets("slurm-idle")["up"] == len(lay.textfiles), timeout_s)
         ready("scraped")
         self._wait("haproxy", lambda: all(self.router_states().get(r.name) == "UP"
                                           for r in REPLICAS), timeout_s)
@@ -545,6 +548,12 @@ class Sandbox:
         lay = self.layout
         return [self.python, "-m", "slurm_idle.testing.gpu_exporter", "--dev", str(lay.dev),
                 *(f"--node={n}={lay.gpu_exporter_port(n)}" for n in sandboxconf.GPU_NODES)]
+
+    def _textfile_exporter_argv(self) -> list[str]:
+        lay = self.layout
+        return [self.python, "-m", "slurm_idle.testing.textfile_exporter",
+                f"--port={lay.textfile_exporter_port}",
+                *(f"--file={name}={path}" for name, path in lay.textfiles.items())]
 
     def _prometheus_argv(self) -> list[str]:
         root, lay = self.root, self.layout
@@ -593,6 +602,7 @@ class Sandbox:
             ports[f"emulator-{r.name}"] = [lay.emulator_port(r.name)]
         ports[f"slurmd-{sandboxconf.JOBS_NODE}"] = [lay.jobs_slurmd_port]
         ports["gpu-exporter"] = [lay.gpu_exporter_port(n) for n in sandboxconf.GPU_NODES]
+        ports["textfile-exporter"] = [lay.textfile_exporter_port]
         return ports
 
     def _keep_lease(self) -> None:
@@ -866,8 +876,8 @@ class Sandbox:
             # GPU holders: a hold's, and a job's the Prolog started (outside the job, never
             # ended when slurmd goes first)
             [n for n in running if n.startswith(("emulator-", "slurmd-", "gpuhold-", "jobhold-"))]
-            + [n for n in ("prometheus", "gpu-exporter", "slurmctld", "dockerd", "haproxy",
-                           "loadgen") if n in running],
+            + [n for n in ("prometheus", "gpu-exporter", "textfile-exporter", "slurmctld",
+                           "dockerd", "haproxy", "loadgen") if n in running],
             [n for n in ("slurmdbd",) if n in running],
             [n for n in ("mariadb", "munged") if n in running],
             [n for n in ("portlease",) if n in running],  # the block is ours until the end
@@ -949,6 +959,7 @@ class Sandbox:
             st["docker"] = False
         st["prometheus_targets"] = targets = self._targets()
         st["gpu_targets"] = gpu_targets = self._targets("dcgm")
+        st["textfile_targets"] = textfile_targets = self._targets("slurm-idle")
         st["router"] = self.router_states()
         try:
             st["load_rps"] = json.loads(self.layout.load_file.read_text())["rps"]
@@ -971,12 +982,13 @@ class Sandbox:
                             for n in st["nodes"])
                     and all(emus[n]["healthy"] for n in engines) and st["sacct"] and st["docker"]
                     and targets["up"] >= len(engines)
-                    and gpu_targets["up"] == len(sandboxconf.GPU_NODES))
+                    and gpu_targets["up"] == len(sandboxconf.GPU_NODES)
+                    and textfile_targets["up"] == len(self.layout.textfiles))
         return st
 
     def _targets(self, job: str = "vllm") -> dict[str, int]:
         """How many scrape targets of `job` Prometheus has (emulators: vllm; GPU exporter:
-        dcgm), and how many are up."""
+        dcgm; the agents' textfiles: slurm-idle), and how many are up."""
         targets = {"up": 0, "total": 0}
         try:
             data = json.loads(_http_get(f"{self.prometheus_url}/api/v1/targets", 2)[1])
@@ -991,7 +1003,7 @@ class Sandbox:
     def _component_names(self) -> list[str]:
         return (["munged", "mariadb", "slurmdbd", "slurmctld"]
                 + [f"slurmd-{n}" for n in sandboxconf.GPU_NODES]
-                + ["dockerd", "prometheus", "gpu-exporter", "haproxy"]
+                + ["dockerd", "prometheus", "gpu-exporter", "textfile-exporter", "haproxy"]
                 + [f"emulator-{r.name}" for r in REPLICAS])
 
 

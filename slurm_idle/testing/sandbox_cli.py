@@ -34,7 +34,8 @@ def _print_status(st: dict[str, Any]) -> None:
     print(f"dockerd: {'answers' if st['docker'] else 'NOT ANSWERING'}")
     t = st["prometheus_targets"]
     print(f"prometheus: {t['up']}/{t['total']} emulator targets up, "
-          f"{st['gpu_targets']['up']}/{st['gpu_targets']['total']} GPU exporter targets up")
+          f"{st['gpu_targets']['up']}/{st['gpu_targets']['total']} GPU exporter targets up, "
+          f"{st['textfile_targets']['up']}/{st['textfile_targets']['total']} agent textfiles up")
     if st.get("gpu_holds"):
         print("GPU holds outside Slurm: " + " ".join(sorted(st["gpu_holds"])))
     print("load: " + ", ".join(f"{m} {rps} req/s" for m, rps in st["load_rps_by_model"].items()))

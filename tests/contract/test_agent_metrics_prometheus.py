@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from slurm_idle.agent_metrics import write_textfile
+from slurm_idle.model import Phase
 from slurm_idle.testing import procs
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
@@ -169,7 +170,7 @@ def test_prometheus_ingests_the_textfile(stack: dict[str, Any]) -> None:
     assert float(series[0]["value"][1]) == 2
     lent = query(prom, 'slurm_idle_nodes{phase="lent"}')
     assert float(lent[0]["value"][1]) == 1
-    assert len(query(prom, "slurm_idle_nodes")) == 9  # every phase, zeros included
+    assert len(query(prom, "slurm_idle_nodes")) == len(Phase)  # every phase, zeros included
     needed = query(prom, "slurm_idle_needed_replicas")
     assert needed[0]["metric"]["model"] == MODEL and float(needed[0]["value"][1]) == 3
     assert float(query(prom, "slurm_idle_tick_errors_total")[0]["value"][1]) == 1

@@ -54,8 +54,11 @@ def test_status_json_shape_on_a_fresh_cluster(sb: Any) -> None:
     for node in doc["nodes"]:
         assert {"name", "phase", "slurm_state", "reason", "gpus_total", "gpus", "jobs"} <= node.keys()
         assert node["phase"] == "unknown" and node["gpus_total"] == 4
-        # each GPU's memory where the sandbox's GPU exporter runs, null where it does not
-        assert node["gpus"] is None or [g["index"] for g in node["gpus"]] == [0, 1, 2, 3]
+        # each GPU's memory, as the sandbox's GPU exporter reports it for every node (the
+        # engine's weights where it runs: 70,000 MiB of the 81,559 of a fake H100)
+        assert [g["index"] for g in node["gpus"]] == [0, 1, 2, 3], node["gpus"]
+        assert {(g["total_mib"], g["holder"]) for g in node["gpus"]} == {(81559, None)}
+        assert all(isinstance(g["used_mib"], int) for g in node["gpus"])
     assert doc["models"][0]["model"] == "sandbox-model"
     assert {"serving", "needed"} <= doc["models"][0].keys()
 

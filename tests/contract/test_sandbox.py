@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,29 @@ def test_prometheus_evaluates_the_products_alert_rules(sandbox: Sandbox) -> None
     assert "SlurmIdleTickStale" in names
     assert names == {line.split("alert:")[1].strip() for line in shipped.splitlines()
                      if "- alert:" in line}
+
+
+def test_prometheus_scrapes_each_agents_textfile(sandbox: Sandbox) -> None:
+    """Job `slurm-idle` has one target per agent textfile, up before any agent wrote one; what
+    an agent writes to its paths.textfile reaches Prometheus under that file's label."""
+    lay = sandbox.layout
+    targets = json.loads(get(f"{sandbox.prometheus_url}/api/v1/targets")[1])["data"]
+    mine = sorted(t["labels"]["textfile"] for t in targets["activeTargets"]
+                  if t["labels"]["job"] == "slurm-idle" and t["health"] == "up")
+    assert mine == sorted(lay.textfiles)
+    assert str(lay.textfiles["slurm_idle.prom"]) == load_config(sandbox.config_path).paths.textfile
+    jobs_file = lay.textfiles["slurm_idle-jobs.prom"]
+    assert str(jobs_file) == load_config(lay.jobs_config_path).paths.textfile
+    jobs_file.write_text("# written by the contract test\nslurm_idle_tick_errors_total 7\n")
+    try:
+        def seven() -> bool:
+            query = urllib.parse.quote('slurm_idle_tick_errors_total{textfile="slurm_idle-jobs.prom"}')
+            res = json.loads(get(f"{sandbox.prometheus_url}/api/v1/query?query={query}")[1])
+            return [r["value"][1] for r in res["data"]["result"]] == ["7"]
+
+        poll(seven, 30, "the jobs agent's textfile in Prometheus", interval_s=1)
+    finally:
+        jobs_file.unlink(missing_ok=True)
 
 
 def test_load_reaches_every_awake_replica(sandbox: Sandbox) -> None:

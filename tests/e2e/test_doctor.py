@@ -51,8 +51,10 @@ def failing(checks: dict[str, dict[str, str]]) -> dict[str, str]:
 
 
 def test_doctor_healthy_then_misconfigured(own_sandbox: Any) -> None:
-    """Healthy: exit 0, no failure. Idle PreemptMode=OFF: fails naming preemption. A pool
-    node's gres emptied: fails naming that node."""
+    """Healthy: exit 0, no failure, GPU memory series for every pool node. One node's GPU
+    exporter silent: fails naming that node in `gpus`. Idle PreemptMode=OFF: fails naming
+    preemption. A pool node's gres emptied: fails naming that node."""
+    from slurm_idle.testing import gpu_exporter
     from slurm_idle.testing.waiting import poll
 
     sb = own_sandbox
@@ -74,8 +76,25 @@ def test_doctor_healthy_then_misconfigured(own_sandbox: Any) -> None:
     rc, checks = doctor(sb)
     assert rc == 0, failing(checks)
     assert failing(checks) == {}
-    assert {"slurm.preemption", "slurm.job_submit", "slurm.nodes", "metrics", "engine",
+    assert {"slurm.preemption", "slurm.job_submit", "slurm.nodes", "metrics", "gpus", "engine",
             "paths"} <= set(checks)
+    assert checks["gpus"]["status"] == "ok" and "all 4 node(s)" in checks["gpus"]["detail"]
+
+    # gpu3's exporter answers nothing (fakegpu's exporter-off file): its series go stale.
+    off = sb.layout.node_dev("gpu3") / gpu_exporter.OFF_FILE
+    off.touch()
+    try:
+        def missed() -> dict[str, dict[str, str]] | None:
+            checks = doctor(sb)[1]
+            return checks if "gpus" in failing(checks) else None
+
+        silent = poll(missed, 60, "doctor to miss gpu3's GPU series", interval_s=1.0)
+        assert set(failing(silent)) == {"gpus"}, failing(silent)
+        assert "for node(s) gpu3:" in failing(silent)["gpus"], failing(silent)
+    finally:
+        off.unlink()
+    poll(lambda: doctor(sb)[1]["gpus"]["status"] == "ok", 60, "gpu3's GPU series back",
+         interval_s=1.0)
 
     sb.run(["scontrol", "update", "partitionname=idle", "preemptmode=off"], check=True)
     try:

@@ -150,6 +150,27 @@ def test_prometheus_scrapes_each_nodes_gpu_exporter_every_second() -> None:
     assert not exporters & others and max(exporters) < 30000 + sandboxconf.PORT_SPAN
 
 
+def test_prometheus_scrapes_each_agents_textfile_on_a_port_of_its_own() -> None:
+    """Job `slurm-idle` scrapes each agent's textfile (the configs' paths.textfile) from the
+    textfile exporter (offset 35), a target per file labelled by it, on no other part's port."""
+    from slurm_idle.config import parse_config
+
+    lay = layout()
+    doc = yaml.safe_load(sandboxconf.prometheus_yml(lay))
+    (job,) = [sc for sc in doc["scrape_configs"] if sc["job_name"] == "slurm-idle"]
+    assert job["static_configs"] == [
+        {"targets": ["127.0.0.1:30035"], "labels": {"__metrics_path__": f"/{name}", "textfile": name}}
+        for name in ("slurm_idle.prom", "slurm_idle-topology.prom", "slurm_idle-jobs.prom")]
+    written = {parse_config(text).paths.textfile for text in (
+        sandboxconf.slurm_idle_config(lay, 600.0), sandboxconf.topology_config(lay, 600.0),
+        sandboxconf.slurm_idle_jobs_config(lay, 600.0, {}))}
+    assert written == {str(p) for p in lay.textfiles.values()}
+    others = {lay.gpu_exporter_port(n) for n in sandboxconf.GPU_NODES} | {
+        lay.jobs_slurmd_port, *range(lay.jobs_port_base, lay.jobs_port_base + 2)}
+    assert lay.textfile_exporter_port not in others
+    assert lay.textfile_exporter_port < 30000 + sandboxconf.PORT_SPAN
+
+
 def test_engine_commands_carry_the_package_path() -> None:
     """The engine commands find slurm_idle even when the product runs them without PYTHONPATH."""
     lay = Layout(root=Path("/tmp/sb"), base_port=30000, slurm_version="22.05.8", hostname="vm",

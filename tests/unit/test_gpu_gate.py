@@ -108,6 +108,17 @@ def test_held_starts_the_engine_once_the_gpu_is_free(tmp_path: Path) -> None:
     assert steps[0].outcome is StepOutcome.OK and len(_starts(engine)) == 1
 
 
+def test_a_serving_engines_own_memory_is_not_a_leftover(tmp_path: Path) -> None:
+    """A node adopted into serving whose engine runs already (its weights on the GPU): the
+    gate judges only the engines still to start, so it goes on to serving, not to HELD."""
+    driver, _slurm, engine, readings, view, clock = _driver(tmp_path, Phase.RECLAIMING)
+    engine.up["gpu1"] = True
+    readings.used["gpu1"], readings.holder = 70000, None
+    steps = _continue(driver, view, clock, Phase.STARTING)
+    assert [(s.to_phase, s.outcome) for s in steps][:2] == [
+        (Phase.STARTING, StepOutcome.OK), (Phase.SERVING, StepOutcome.OK)]
+
+
 def test_a_free_gpu_starts_at_once_without_held(tmp_path: Path) -> None:
     driver, _slurm, engine, _readings, view, clock = _driver(tmp_path, Phase.RECLAIMING)
     steps = _continue(driver, view, clock, Phase.STARTING)
@@ -239,12 +250,17 @@ def test_hand_over_drains_for_the_admin_naming_the_holder_and_the_textfile_says_
     assert 'slurm_idle_gpu_held{node="gpu1",gpu="0",holder="job 77",mib="20480"} 1' in prom.read_text()
 
 
-def test_a_gpu_freed_at_the_hand_over_is_not_handed_over(tmp_path: Path) -> None:
-    driver, slurm, _engine, _readings, view, clock = _driver(tmp_path, Phase.HELD)
-    before = slurm.node_map["gpu1"].reason
+def test_a_gpu_freed_at_the_hand_over_is_not_handed_over_but_started(tmp_path: Path) -> None:
+    """Freed just as gpu_free_s ran out (or no reading at all: an outage must not strand it):
+    the hand-over turns into the start, in the same step."""
+    driver, slurm, engine, _readings, view, clock = _driver(tmp_path, Phase.HELD)
+    view = replace(view, phase_since=clock() - 10_000)
     action = Action(ActionKind.HAND_OVER, "gpu1", "m", Phase.HELD, Phase.ADMIN, "held too long")
-    [step] = driver.drive(view, action, deadline=clock() + 5.0)
-    assert step.outcome is StepOutcome.SKIPPED and slurm.node_map["gpu1"].reason == before
+    steps = driver.drive(view, action, deadline=clock() + 5.0)
+    assert [(s.to_phase, s.outcome) for s in steps][:2] == [
+        (Phase.ADMIN, StepOutcome.WAITING), (Phase.STARTING, StepOutcome.OK)]
+    assert slurm.node_map["gpu1"].reason.startswith(f"{TAG}:serving since=")
+    assert _starts(engine)
 
 
 # --- the residue a lend leaves --------------------------------------------------------------
@@ -291,3 +307,29 @@ def test_a_lend_leaving_more_than_max_residue_is_refused_and_not_tried_again_unt
     refused = replace(obs, lend_refused=frozenset({"m0-n0", "m0-n1"}))
     lends = {a.node for a in plan(refused, config(replicas=3, floor=1), NOW) if a.kind is ActionKind.LEND}
     assert lends and not lends & {"m0-n0", "m0-n1"}
+
+
+def test_an_abandoned_lends_release_time_is_not_the_next_lends(tmp_path: Path) -> None:
+    """A release time left by a lend that was given up (load rose) must not let a sample from
+    before the next lend's sleep count as its residue."""
+    from slurm_idle.engine_notes import EngineNotes, notes_path
+
+    driver, _slurm, engine, readings, view, clock = _driver(tmp_path, Phase.LENDING)
+    notes = EngineNotes(notes_path(driver.config.paths.journal))
+    notes.released_at("gpu1", T0 - 3600, None)  # an old lend's, never forgotten
+    view = replace(view, phase_since=clock())
+    engine.up["gpu1"] = False
+    readings.used["gpu1"], readings.at = 70000, clock() - 1  # awake, before this lend's stop
+    calls = 0
+
+    def sleeping(nodes):
+        nonlocal calls
+        calls += 1
+        if calls >= 3:
+            readings.used["gpu1"], readings.at = 1000, None  # the sample after the stop
+        return readings(nodes)
+
+    driver._gpus._read = sleeping
+    steps = _lend(driver, view, clock)
+    assert steps[0].outcome is StepOutcome.OK, steps[0]
+    assert EngineNotes(notes_path(driver.config.paths.journal)).residue("gpu1") == {0: 1000, 1: 0}

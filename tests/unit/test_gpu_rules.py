@@ -461,11 +461,11 @@ def residue_unlimited(mp: pytest.MonkeyPatch) -> None:
     """NodeDriver._measure_residue(): no gpu.max_residue_mib (every lend accepted)."""
     orig = NodeDriver._measure_residue
 
-    def measure(self: NodeDriver, replicas: Any, deadline: float) -> None:
+    def measure(self: NodeDriver, view: Any, replicas: Any, deadline: float) -> None:
         config = self.config
         self.config = config.model_copy(update={"gpu": config.gpu.model_copy(update={"max_residue_mib": 10**9})})
         try:
-            orig(self, replicas, deadline)
+            orig(self, view, replicas, deadline)
         finally:
             self.config = config
 

@@ -124,3 +124,24 @@ def test_the_textfile_names_a_replica_given_up(tmp_path: Path) -> None:
                    transitions=[], tick_error=False,
                    wake_failed=wakes_handed_over(TickResult(observation=obs), cfg))
     assert f'slurm_idle_wake_failed{{node="gpu1",replica="gpu1",error="{OOM}"}} 1' in prom.read_text()
+
+
+def test_a_last_attempt_failing_in_the_reclaim_step_hands_over_in_that_step(tmp_path: Path) -> None:
+    """With wake_attempts 1 the first wake is the last: the reclaim's own step (which wrote
+    STARTING before the wake) hands the node over at once, not a tick later."""
+    cfg = _config(tmp_path).model_copy(deep=True)
+    engine_cfg = cfg.engine_for("m").model_copy(update={"wake_attempts": 1})
+    cfg = cfg.model_copy(update={"engine": engine_cfg})
+    slurm = FakeSlurm.with_nodes(["gpu1"])
+    slurm.node_map["gpu1"] = replace(slurm.node_map["gpu1"], flags=frozenset({"DRAIN"}),
+                                     reason=format_reason(TAG, Phase.RECLAIMING, T0))
+    engine = FakeEngine(up={"gpu1": False}, fail_starts={"gpu1": OOM})
+    clock = Clock()
+    driver = NodeDriver(cfg, slurm, lambda model: engine, clock, clock.sleep)
+    view = NodeView(node=slurm.node_map["gpu1"], model="m", phase=Phase.RECLAIMING, phase_since=T0)
+    action = Action(ActionKind.CONTINUE, "gpu1", "m", Phase.RECLAIMING, Phase.STARTING, "carry on")
+    steps = driver.drive(view, action, deadline=clock() + 5.0)
+    assert [(s.from_phase, s.to_phase, s.outcome) for s in steps] == [
+        (Phase.RECLAIMING, Phase.STARTING, StepOutcome.WAITING),
+        (Phase.STARTING, Phase.ADMIN, StepOutcome.OK)]
+    assert derive_phase(slurm.node_map["gpu1"], TAG).phase is Phase.ADMIN
