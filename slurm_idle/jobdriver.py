@@ -302,11 +302,11 @@ class JobDriver:
             job = self._job(r.job_id)
             if job is None or job.state in _GONE:
                 raise SlurmIdleError(f"{r.name}: replica job {r.job_id} ended before serving")
+            health = engine.health(probe)
+            if health.serving:  # serving is the fact, whatever a stale `held` Comment says
+                return True
             if self._says_held(job):  # its script waits for its GPUs: HELD from the next tick
                 raise CarryOver(self._held_detail(job))
-            health = engine.health(probe)
-            if health.serving:
-                return True
             if self.clock() >= deadline:
                 raise CarryOver(f"{r.url}: not healthy yet ({health.error or 'starting'})")
             self.sleep(POLL_S)
@@ -345,13 +345,18 @@ class JobDriver:
                 f"(past timeouts.gpu_free_s, {self.config.timeouts.gpu_free_s:g} s, its node "
                 "goes to the admin and the replica elsewhere)")
 
+    def _engine_answers(self, r: JobReplica) -> bool:
+        """Its vLLM serves: the wait is over whatever the Comment still says (the script's
+        update back from `held` may not have taken)."""
+        return bool(self.engine_for(r.model).health(probe_config(r)).serving)
+
     def _gpus_free(self, r: JobReplica, deadline: float) -> bool:
         """HELD: the job's script says its GPUs are free (its Comment back to starting)."""
         while True:
             job = self._job(r.job_id)
             if job is None or job.state in _GONE:
                 raise SlurmIdleError(f"{r.name}: replica job {r.job_id} ended while it waited for its GPUs")
-            if not self._says_held(job):
+            if not self._says_held(job) or self._engine_answers(r):
                 return True
             if self.clock() >= deadline:
                 raise CarryOver(self._held_detail(job))
@@ -362,7 +367,7 @@ class JobDriver:
         naming the held GPUs and their holder, handover.py; a node someone else drained keeps
         its Reason), then cancel the job: the replica is submitted again elsewhere."""
         job = self._job(r.job_id)
-        if job is None or not self._says_held(job):
+        if job is None or not self._says_held(job) or self._engine_answers(r):
             raise CarryOver(f"replica job {r.job_id} no longer waits for its GPUs: not handed over")
         held = self._held(job)
         now = self.clock()

@@ -294,7 +294,11 @@ def gpu_wait(tolerance_mib: int, report: GpuReport | None) -> list[str]:
         lines.append(f'  scontrol update JobId="$SLURM_JOB_ID" Comment={shlex.quote(report.held)} || true')
     lines.append("  while sleep 10 && slurm_idle_gpus_held >&2; do :; done")
     if report is not None:
-        lines.append(f'  scontrol update JobId="$SLURM_JOB_ID" Comment={shlex.quote(report.back)} || true')
+        # Tried until it takes (a slurmctld busy for a moment): a Comment left `held` while
+        # vLLM serves would keep the replica out of the count (the agent's check of health
+        # first is the second line of defence).
+        lines.append(f'  for _ in 1 2 3 4 5 6; do scontrol update JobId="$SLURM_JOB_ID" '
+                     f'Comment={shlex.quote(report.back)} && break; sleep 5; done')
     return [*lines, "fi"]
 
 

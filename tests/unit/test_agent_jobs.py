@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -389,11 +390,10 @@ class HeldCluster(Cluster):
         for j in self.slurm.job_list:
             index = int(j.comment.split("index=")[1].split(" ")[0])
             if j.state == "RUNNING" and j.comment.split(" ")[0].endswith((":reclaiming", ":held")):
-                said = [line for line in self.slurm.scripts[j.job_id].splitlines()
-                        if line.startswith("  scontrol update")]
-                held_line, back_line = said
-                line = held_line if index in self.held else back_line
-                j = replace(j, comment=line.split("Comment=", 1)[1].split(" || ")[0].strip("'"),
+                said = re.findall(r"scontrol update JobId=\S+ Comment='([^']*)'",
+                                  self.slurm.scripts[j.job_id])
+                held_comment, back_comment = said
+                j = replace(j, comment=held_comment if index in self.held else back_comment,
                             gpu_indexes=(tuple(range(4 * index, 4 * index + 4)),))
             jobs.append(j)
         self.slurm.job_list = jobs

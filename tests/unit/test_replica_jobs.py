@@ -174,7 +174,7 @@ slurm_idle_gpus_held() {
 if slurm_idle_gpus_held >&2; then
   scontrol update JobId="$SLURM_JOB_ID" Comment='{held}' || true
   while sleep 10 && slurm_idle_gpus_held >&2; do :; done
-  scontrol update JobId="$SLURM_JOB_ID" Comment='{back}' || true
+  for _ in 1 2 3 4 5 6; do scontrol update JobId="$SLURM_JOB_ID" Comment='{back}' && break; sleep 5; done
 fi
 """
 
