@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_idle.testing import fakegpu, sandboxconf
+from slurm_idle.testing.demo import reset_cluster
 from slurm_idle.testing.sandbox import Sandbox
 from slurm_idle.testing.waiting import poll
 
@@ -26,6 +27,21 @@ WEIGHTS, RESIDUE = 70000, 1024  # the emulator's defaults
 
 #: (GPU index, hpc_job or None) -> MiB used, of one node
 Page = dict[tuple[str, str | None], float]
+
+
+@pytest.fixture(autouse=True)
+def clean_cluster(sandbox: Sandbox) -> None:
+    """Every emulator up and awake, no job, no hold: what a module run before this one on the
+    same sandbox left (a lent node's engine asleep, a job) would show on the GPUs too. Waited
+    for in the exporter: a restarted emulator opens its GPUs a moment after it answers."""
+    reset_cluster(sandbox)
+
+    def clean() -> bool:
+        return all(set(exporter(sandbox, n).values()) == ({0.0} if n == sandboxconf.JOBS_NODE
+                                                          else {float(WEIGHTS)})
+                   for n in sandboxconf.GPU_NODES)
+
+    poll(clean, 30, "every emulator's weights on its GPUs, nothing else held", interval_s=0.5)
 
 
 def _get(url: str) -> bytes:

@@ -122,6 +122,7 @@ def test_a_wake_answering_500_backs_off_then_goes_to_the_admin_and_another_node_
         assert time.monotonic() - began < 90
     finally:
         sb.gpu_release()
+        sb.engine_stop("gpu1")  # asleep after its failed wakes: the next module starts it afresh
         for node in ("gpu3", "gpu4"):
             _cli(sb, lend_cfg, "unpin", node, ok=False)
         sb.run(["scontrol", "update", "nodename=gpu1", "state=RESUME"], capture_output=True)
