@@ -168,7 +168,8 @@ def render(
         ] if metrics_source in METRICS_SOURCES else [],
         "slurm_idle_router_errors_total": [({}, previous.router_errors + router_errors)],
         "slurm_idle_lock_blocked_seconds": [({}, 0)],  # a tick that ran holds the lock
-        "slurm_idle_gpu_held": [({"node": g.node, "gpu": str(g.gpu), "holder": g.holder[:80],
+        "slurm_idle_gpu_held": [({"node": g.node, "gpu": str(g.gpu) if g.gpu >= 0 else "unknown",
+                                  "holder": g.holder[:80],
                                   "mib": str(g.used_mib)}, 1) for g in gpu_held],
         "slurm_idle_wake_failed": [({"node": w.node, "replica": w.replica, "error": w.error[:120]}, 1)
                                    for w in wake_failed],

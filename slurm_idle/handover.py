@@ -31,6 +31,8 @@ _WAKE_TAIL = " -- fix it, then: scontrol update nodename="
 _REPLICA = re.compile(r"replica (\S+): (.*)")
 _GPU = re.compile(r"GPU (\d+): (\d+) MiB, holder (.+)")
 UNKNOWN_HOLDER = "unknown"
+#: A node handed over with no reading of its own GPUs (another node of its group, or none).
+_UNNAMED = "GPU not named (no reading of it)"
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class HeldEntry:
 def format_reason(tag: str, node: str, since: float, held: Iterable[HeldGpu]) -> str:
     """The Reason written on `node` (its own GPUs of `held`)."""
     gpus = "; ".join(f"GPU {g.index}: {g.used_mib} MiB, holder {g.holder or UNKNOWN_HOLDER}"
-                     for g in held if g.node == node)
+                     for g in held if g.node == node) or _UNNAMED
     return f"{tag}:{WORD} since={iso(since)} {gpus}{_TAIL}{node} state=resume"
 
 
@@ -62,7 +64,8 @@ def parse_reason(tag: str, node: str, reason: str) -> list[HeldEntry] | None:
         match = _GPU.fullmatch(part.strip())
         if match:
             out.append(HeldEntry(node, int(match.group(1)), int(match.group(2)), match.group(3)))
-    return out
+    # Handed over all the same: one entry (GPU -1, "unknown"), so the alert still fires.
+    return out or [HeldEntry(node, -1, 0, UNKNOWN_HOLDER)]
 
 
 @dataclass(frozen=True)

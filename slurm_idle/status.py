@@ -161,11 +161,15 @@ def model_rows(obs: Observation, plans: Sequence[ModelPlan]) -> list[dict[str, A
 
 def _held_gpus(node: Mapping[str, Any]) -> list[str]:
     """`  └ GPU 0: 20480/81559 MiB, holder job 123` for each GPU the exporter says a job holds
-    on a node drained for serving (a lent node's GPUs are its jobs' to hold)."""
-    if Phase(node["phase"]) not in DRAINED_PHASES:
+    on a node drained for serving (a lent node's GPUs are its jobs' to hold), and on a `held`
+    node every GPU in use, holder or not (a leftover Slurm no longer tracks has no job)."""
+    phase = Phase(node["phase"])
+    if phase not in DRAINED_PHASES:
         return []
-    return [f"  └ GPU {g['index']}: {g['used_mib']}/{g['total_mib'] or '?'} MiB, holder {g['holder']}"
-            for g in node.get("gpus") or () if g["holder"]]
+    return [f"  └ GPU {g['index']}: {g['used_mib']}/{g['total_mib'] or '?'} MiB, "
+            f"holder {g['holder'] or 'unknown'}"
+            for g in node.get("gpus") or ()
+            if g["holder"] or (phase is Phase.HELD and g["used_mib"])]
 
 
 def _unhealthy(row: Mapping[str, Any], now: float) -> str:

@@ -754,8 +754,8 @@ class NodeDriver:
             raise Superseded(f"{view.name}: no replica given up any more: not handed over")
         replica, why = failing[0]
         for node in view.nodes:
-            self.slurm.drain(node.name, handover.format_wake_failed(self.tag, node.name, now,
-                                                                    replica.name, why))
+            self.slurm.drain(node.name, handover.format_wake_failed(
+                self.tag, node.name, now, replica.name, why.removeprefix(f"{replica.name}: ")))
         for replica, _ in failing:
             self._retries.served(replica)
         log.error("%s handed to the admin: %s", view.name, "; ".join(why for _, why in failing))

@@ -333,3 +333,17 @@ def test_an_abandoned_lends_release_time_is_not_the_next_lends(tmp_path: Path) -
     steps = _lend(driver, view, clock)
     assert steps[0].outcome is StepOutcome.OK, steps[0]
     assert EngineNotes(notes_path(driver.config.paths.journal)).residue("gpu1") == {0: 1000, 1: 0}
+
+
+def test_a_node_handed_over_without_a_reading_of_its_gpus_still_raises_the_alert(tmp_path: Path) -> None:
+    from slurm_idle.agent_metrics import read_counters, render
+    from slurm_idle.handover import HeldEntry, format_reason, parse_reason
+
+    reason = format_reason(TAG, "gpu2", T0, [])
+    assert "GPU not named" in reason and "  " not in reason
+    entries = parse_reason(TAG, "gpu2", reason)
+    assert entries == [HeldEntry("gpu2", -1, 0, "unknown")]
+    text = render(phases=None, needed={}, serving={}, tick_duration_s=0.1, tick_ts=1.0,
+                  transitions=[], tick_error=False, floors={},
+                  previous=read_counters(tmp_path / "none.prom"), gpu_held=entries)
+    assert 'slurm_idle_gpu_held{node="gpu2",gpu="unknown",holder="unknown",mib="0"} 1' in text

@@ -68,6 +68,7 @@ def test_a_failing_wake_is_retried_with_backoff_then_given_up_to_the_admin(tmp_p
     node = slurm.node_map["gpu1"]
     assert derive_phase(node, TAG).phase is Phase.ADMIN
     assert node.reason.startswith(f"{TAG}:wake-failed since=") and OOM in node.reason
+    assert "replica gpu1: 3 starts or wakes failed" in node.reason, node.reason
     assert ("cold_restart", "gpu1") in engine.log
     # Handed over: forgotten, so the admin's fix starts afresh once the node is adopted again.
     assert EngineNotes(notes_path(cfg.paths.journal)).failures("gpu1") is None
