@@ -163,7 +163,7 @@ class Agent:
         obs = observe(self.config, self.slurm, self.metrics, self.clock(),
                       probe=self._probe, budget_s=budget_s, trust=self.trust, gpus=self.gpus)
         notes = EngineNotes(notes_path(self.config.paths.journal))
-        return replace(obs, failing_starts=notes.failing(), lend_refused=notes.refused())
+        return replace(obs, failed_starts=notes.failed_starts(), lend_refused=notes.refused())
 
     def _probe(self, model: str, replica: ReplicaConfig) -> EngineHealth:
         """The model's engine's probe of one serving replica (Engine.check)."""

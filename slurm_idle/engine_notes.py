@@ -152,7 +152,7 @@ class EngineNotes:
         """The replica serves (or was handed to the admin): its failures are forgotten."""
         self._set(replica, "start_failures", None)
 
-    def failing(self) -> frozenset[str]:
+    def failed_starts(self) -> frozenset[str]:
         """Replicas with a failed start or wake since they last served."""
         with self._lock:
             return frozenset(r for r, e in self._doc.items() if _failures(e.get("start_failures")))

@@ -332,7 +332,7 @@ class Observation:
     foreign_replica_jobs: tuple[ForeignReplicaJob, ...] = ()
     # Replicas whose start or wake failed since they last served (engine_notes.py): a wake is
     # expected in seconds, so such a replica is not counted as coming back.
-    failing_starts: frozenset[str] = frozenset()
+    failed_starts: frozenset[str] = frozenset()
     # Replicas whose lend was refused: their engine left more than gpu.max_residue_mib on a
     # GPU (engine_notes.py). Not lent again until an admin unpins them.
     lend_refused: frozenset[str] = frozenset()

@@ -457,7 +457,7 @@ def _paused_gc(fn: Callable[[Observation, Config, float], list[_Model]], obs: Ob
 
 def _models(obs: Observation, config: Config, now: float) -> list[_Model]:
     by_model: dict[str, list[_Unit]] = {}
-    failed_starts = obs.failing_starts
+    failed_starts = obs.failed_starts
     for group in group_views(obs, config):  # one pass, not one per model
         replicas = group.group.replicas
         if len(replicas) == 1:

@@ -181,7 +181,7 @@ def probe_nodes_failed_start_not_arriving(tmp_path: Path) -> Hashable:
     """A STARTING node whose wake failed is not counted as coming back: a lent node comes back."""
     starting = replace(ph.node("m0-n1", Phase.STARTING), phase_since=ph.NOW - 30)
     obs = ph.observation(ph.node("m0-n0"), starting, ph.node("m0-n2", Phase.LENT), loads=(ph.load(0.0),))
-    obs = replace(obs, failing_starts=frozenset({"m0-n1"}))
+    obs = replace(obs, failed_starts=frozenset({"m0-n1"}))
     return _acts(plan(obs, ph.config(replicas=3, floor=2), ph.NOW))
 
 

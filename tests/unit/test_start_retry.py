@@ -105,7 +105,7 @@ def test_a_replica_whose_start_failed_is_not_counted_as_coming_back(failing: boo
 
     starting = replace(node("m0-n1", Phase.STARTING), phase_since=NOW - 30)
     obs = observation(node("m0-n0"), starting, node("m0-n2", Phase.LENT), loads=(load(0.0),))
-    obs = replace(obs, failing_starts=frozenset({"m0-n1"}) if failing else frozenset())
+    obs = replace(obs, failed_starts=frozenset({"m0-n1"}) if failing else frozenset())
     got = [(a.kind, a.node) for a in plan(obs, config(replicas=3, floor=2), NOW)]
     assert ((ActionKind.RECLAIM, "m0-n2") in got) is failing
 
