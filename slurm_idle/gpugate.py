@@ -89,12 +89,13 @@ class GpuGate:
         held: list[HeldGpu] = []
         unobserved: list[str] = []
         for model, replica in replicas:
-            # The engine's own memory is no leftover: an engine up and not asleep on the
-            # replica's endpoint (adopted with it running, a start of an earlier tick, one whose
-            # identity could not be confirmed, or another agent's: the start replaces it, and
-            # the identity check repairs it) needs no gate; one up but asleep keeps its residue.
+            # The engine's own memory is no leftover: a live engine on the replica's endpoint
+            # (adopted with it running, a start of an earlier tick, one whose identity could
+            # not be confirmed, or another agent's: the start replaces it, and the identity
+            # check repairs it) needs no gate; one up but asleep, or whose sleep state is
+            # unknown, keeps only its residue.
             health = self._engine_for(model).health(replica) if self._engine_for is not None else None
-            if health is not None and health.up and health.awake is not False:
+            if health is not None and health.live:
                 continue
             residue = self._notes.residue(replica.name) if self._notes is not None else None
             allowed = allowance_mib(engine_up=health is not None and health.up,

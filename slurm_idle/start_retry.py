@@ -87,6 +87,11 @@ class StartRetries:
     def served(self, replica: ReplicaConfig) -> None:
         self.notes.served(replica.name)
 
+    def failures(self, replica: ReplicaConfig) -> int:
+        """Starts or wakes of the replica that failed since it last served (0: none)."""
+        failures = self.notes.failures(replica.name)
+        return failures.attempts if failures is not None else 0
+
     def _attempts(self, model: str) -> int:
         return self.config.engine_for(model).wake_attempts
 

@@ -545,6 +545,7 @@ class NodeDriver:
                 continue
             self._started.add(replica.name)
             try:
+                self._held_before_retry(model, replica)
                 self._call_engine("start", model, replica, deadline)
             except EngineDeadline as exc:
                 log.warning("%s: %s; stays starting, carried over to the next tick", replica.name, exc)
@@ -559,6 +560,18 @@ class NodeDriver:
             raise SlurmIdleError("; ".join(failed + waits))
         if waits:
             raise CarryOver("; ".join(waits))
+
+    def _held_before_retry(self, model: str, replica: ReplicaConfig) -> None:
+        """A start or wake that failed before is not tried again on a GPU someone holds: the
+        first one passed the gate (a reading from before a leftover allocated, or none), and
+        each wake into a held GPU fails out of memory and leaks what it mapped. The held GPU
+        counts as the next failed attempt, so the retries still end (cold restart, then the
+        admin) and the last error names the holder."""
+        if not self._gpus.active or self._retries.failures(replica) == 0:
+            return
+        held = self._gpus.verdict([(model, replica)], fresh_after=None).held
+        if held:
+            raise SlurmIdleError(f"not tried: GPU memory held: {describe(held)}")
 
     def _jobs_on(self, node: str) -> list[SlurmJob]:
         return [j for j in self._jobs_poll.get() if node in j.nodes and j.state in ACTIVE_JOB_STATES]
@@ -771,6 +784,8 @@ class NodeDriver:
         now = self.clock()
         for node in view.nodes:
             self.slurm.drain(node.name, handover.format_reason(self.tag, node.name, now, verdict.held))
+        for _, replica in self._replicas(view):  # the admin's fix starts afresh once resumed
+            self._retries.served(replica)
         log.error("%s handed to the admin: %s", view.name, describe(verdict.held))
 
     def _warn_unobserved(self, view: GroupView, verdict: GateVerdict) -> None:

@@ -131,7 +131,8 @@ def gpus_handed_over(result: TickResult, config: Config) -> list[HeldEntry]:
     if obs is None:
         return []
     tag = config.slurm.tag
-    return [entry for v in (*obs.nodes, *obs.placement_nodes)
+    views = {v.name: v for v in (*obs.nodes, *obs.placement_nodes)}  # a node may be in both
+    return [entry for v in views.values()
             for entry in parse_reason(tag, v.name, v.node.reason.strip()) or ()]
 
 

@@ -223,6 +223,8 @@ class FakeEngine:
     cold: bool = False
     failing: set[str] = field(default_factory=set)  # running, but its /health fails
     asleep: set[str] = field(default_factory=set)  # running, asleep
+    # running, an engine that sleeps (http-sleep) whose sleep state cannot be told
+    sleep_unknown: set[str] = field(default_factory=set)
     log: list[tuple[str, str]] = field(default_factory=list)
     _pending: dict[str, int] = field(default_factory=dict)
 
@@ -270,6 +272,8 @@ class FakeEngine:
             return EngineHealth(up=False, awake=None, error="starting (fake)")
         if replica.name in self.failing:
             return EngineHealth(up=False, awake=None, error="/health answered 503")
+        if replica.name in self.sleep_unknown:
+            return EngineHealth(up=True, awake=None, may_sleep=True)
         return EngineHealth(up=True, awake=replica.name not in self.asleep,
                             running=self.running.get(replica.name, 0.0),
                             waiting=self.waiting.get(replica.name, 0.0))

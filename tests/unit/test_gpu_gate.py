@@ -174,6 +174,41 @@ def test_a_sleeping_engine_may_find_its_residue_a_stopped_one_nothing(tmp_path: 
         assert (steps[0].outcome is StepOutcome.OK) is starts, asleep
 
 
+def test_an_engine_whose_sleep_state_is_unknown_is_gated_like_a_sleeping_one(tmp_path: Path) -> None:
+    """/health 200 but neither /is_sleeping nor the gauge tells: it may be asleep, so 70000 MiB
+    on its GPU is not taken for its own weights."""
+    driver, _slurm, engine, readings, view, clock = _driver(tmp_path, Phase.RECLAIMING)
+    engine.up["gpu1"] = True
+    engine.sleep_unknown.add("gpu1")
+    readings.used["gpu1"] = 70000
+    steps = _continue(driver, view, clock, Phase.STARTING)
+    assert (Phase.RECLAIMING, Phase.HELD, StepOutcome.OK) in [
+        (s.from_phase, s.to_phase, s.outcome) for s in steps]
+    assert "70000 MiB held (allowed 5120)" in (steps[0].detail or "") and _starts(engine) == []
+
+
+def test_a_retry_after_a_failed_wake_is_not_tried_on_a_held_gpu(tmp_path: Path) -> None:
+    """The first wake passed the gate (the leftover allocated after the last sample) and
+    failed out of memory; the retry sees the GPU held: no wake into it, the held GPU counts
+    as the failed attempt and names the holder, and the retries still end at the admin."""
+    from slurm_idle.engine_notes import BACKOFF_BASE_S
+
+    driver, slurm, engine, readings, view, clock = _driver(tmp_path, Phase.STARTING)
+    engine.fail_starts["gpu1"] = "POST /wake_up answered 500 CUDA error: out of memory"
+    first = _continue(driver, view, clock, Phase.SERVING)
+    assert first[0].outcome is StepOutcome.ERROR and len(_starts(engine)) == 1
+    readings.used["gpu1"] = HELD_MIB
+    for n in (1, 2):
+        clock.t += BACKOFF_BASE_S * 2 ** n
+        fresh = NodeDriver(driver.config, slurm, lambda model: engine, clock, clock.sleep,
+                           gpu_readings=readings)  # each tick builds its own driver
+        steps = _continue(fresh, view, clock, Phase.SERVING)
+        assert len(_starts(engine)) == 1, steps  # never woken into the held GPU
+    assert steps[-1].to_phase is Phase.ADMIN and steps[-1].outcome is StepOutcome.OK
+    reason = slurm.node_map["gpu1"].reason
+    assert "GPU memory held" in reason and f"{HELD_MIB} MiB" in reason and "job 77" in reason
+
+
 def test_an_engine_serving_already_is_not_held_by_its_own_memory(tmp_path: Path) -> None:
     """Adopting a node whose engine runs (or a start an earlier tick issued): its weights on
     the GPU are its own, not a leftover."""
