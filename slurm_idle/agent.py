@@ -334,8 +334,10 @@ class Agent:
         self.journal.record(record)
 
     def _journal_tick(self, result: TickResult, started: float) -> None:
+        from slurm_idle.idle_runs import record_tick
+
         assert self.journal is not None
-        self.journal.record(TickRecord(
+        record_tick(self.journal, TickRecord(
             ts=started,
             duration_s=result.duration_s,
             actions=len(result.actions),
@@ -344,7 +346,7 @@ class Agent:
             needed={p.model: p.needed_replicas for p in result.plans},
             serving={p.model: p.serving_replicas for p in result.plans},
             error=result.error,
-        ))
+        ), cadence_s=self.config.policy.tick_interval_s)
 
 
 def phase_counts(result: TickResult) -> dict[str, int]:

@@ -10,11 +10,20 @@ last records leave it in is named, so old lines are not read as today's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from slurm_idle.journal import AdminRecord, RouterRecord, StepOutcome, TransitionRecord
+from slurm_idle.journal import (
+    AdminRecord,
+    Journal,
+    RouterRecord,
+    StepOutcome,
+    TickRecord,
+    TransitionRecord,
+    parse_record,
+)
+from slurm_idle.journal_files import LAG_S
 
 Event = TransitionRecord | RouterRecord | AdminRecord
 
@@ -80,3 +89,62 @@ def stale_nodes(records: Sequence[Event], phases: Mapping[str, str]) -> list[Sta
         if node in left and phase not in left[node][0]:
             out.append(StaleNode(node, last_ts[node], left[node][1], phase))
     return out
+
+
+# --- reading only what is shown ---------------------------------------------------------------
+
+#: Lines that may hold an event explain shows (a cheap test before a line is parsed).
+EVENT_NEEDLES = (b'"transition"', b'"router"', b'"admin"')
+PHASE_NEEDLES = (b'"transition"', b'"admin"')
+
+
+@dataclass(frozen=True)
+class Recent:
+    """The newest events explain shows, in event order, and the newest tick record."""
+
+    events: list[Event]
+    last_tick: TickRecord | None
+
+
+def read_recent(journal: Journal, wanted: Callable[[Event], bool], last: int) -> Recent:
+    """The `last` newest events `wanted` keeps, read from the journal's end: memory and time
+    follow what is shown, not the history's length. Records are written up to LAG_S out of
+    time order, so the reading goes on LAG_S past the last-th newest before it stops."""
+    tick = None
+    for rec in journal.newest_first((b'"tick"',)):
+        parsed = parse_record(rec)
+        if isinstance(parsed, TickRecord):
+            tick = parsed
+            break
+    events: list[Event] = []
+    cutoff: float | None = None
+    for rec in journal.newest_first(EVENT_NEEDLES):
+        parsed = parse_record(rec)
+        if not isinstance(parsed, TransitionRecord | RouterRecord | AdminRecord):
+            continue
+        if cutoff is not None and parsed.ts < cutoff:
+            break
+        if not wanted(parsed):
+            continue
+        events.append(parsed)
+        if len(events) >= last:
+            cutoff = sorted(e.ts for e in events)[-last] - LAG_S
+    return Recent(in_event_order(events)[-last:], tick)
+
+
+def stale_in_history(journal: Journal, shown: Sequence[Event],
+                     phases: Mapping[str, str]) -> list[StaleNode]:
+    """stale_nodes of `phases`, the nodes the shown events leave without a phase looked up
+    further back (newest first, until each is found or the history ends)."""
+    said = {n for r in shown if _phases_left(r) is not None for n in _nodes_of(r)}
+    missing = set(phases) - said
+    found: list[Event] = []
+    if missing:
+        for rec in journal.newest_first(PHASE_NEEDLES):
+            parsed = parse_record(rec)
+            if isinstance(parsed, TransitionRecord | AdminRecord) and missing & set(_nodes_of(parsed)):
+                found.append(parsed)
+                missing -= set(_nodes_of(parsed))
+                if not missing:
+                    break
+    return stale_nodes(in_event_order([*found, *shown]), phases)

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -109,34 +110,66 @@ class Journal:
             f"cannot {verb} the journal {self.path}: {exc.strerror or exc} (paths.journal in the config)"
         )
 
-    def records(self) -> Iterator[dict[str, Any]]:
-        """Every well-formed record, oldest first.
+    def records(self, since: float | None = None, pending: bool = True) -> Iterator[dict[str, Any]]:
+        """Every well-formed record of the history (rotated siblings, the live file, then the
+        run of idle ticks still being counted), oldest first; with `since`, from about
+        `since - journal_files.LAG_S` on: the caller still filters by time.
 
         A bad line (not UTF-8, not JSON, nested too deep for the parser) is skipped and
         counted, and the count said once, as a warning, when the reading is done: one bad
         line must not make `explain` or `report` fail. A torn last line (a write in
         progress) is skipped silently.
         """
+        from slurm_idle import journal_files
+
         bad = 0
         try:
-            with self.path.open("rb") as fh:
-                for raw in fh:
-                    line = raw.strip()
-                    if not line:
-                        continue
-                    try:
-                        record = json.loads(line.decode("utf-8"))
-                    except (UnicodeDecodeError, ValueError, RecursionError):
-                        bad += raw.endswith(b"\n")
-                        continue
-                    if isinstance(record, dict):
-                        yield record
-        except FileNotFoundError:
-            return
+            for raw in journal_files.forward(self.path, since):
+                record = journal_files.parse(raw)
+                if record is None:
+                    bad += bool(raw.strip()) and raw.endswith(b"\n")
+                    continue
+                yield record
         except OSError as exc:
             raise self._error("read", exc) from None
         if bad:
             log.warning("journal %s: skipped %d malformed line(s)", self.path, bad)
+        if pending:
+            run = self.pending_run()
+            if run is not None:
+                yield run
+
+    def newest_first(self, needles: tuple[bytes, ...] = ()) -> Iterator[dict[str, Any]]:
+        """The records newest first (the idle run being counted, then the history from its
+        end); with `needles`, only lines holding one of them are parsed (see
+        journal_files.backward). Malformed lines are skipped silently."""
+        from slurm_idle import journal_files
+
+        run = self.pending_run()
+        if run is not None and (not needles or any(n.decode() in json.dumps(run) for n in needles)):
+            yield run
+        try:
+            for raw in journal_files.backward(self.path, needles):
+                record = journal_files.parse(raw)
+                if record is not None:
+                    yield record
+        except OSError as exc:
+            raise self._error("read", exc) from None
+
+    @property
+    def pending_path(self) -> Path:
+        """The run of identical idle ticks still being counted (idle_runs.py), one JSON
+        record rewritten in place, appended to the journal when the run ends."""
+        return self.path.with_name(self.path.name + ".idle-run")
+
+    def pending_run(self) -> dict[str, Any] | None:
+        from slurm_idle import journal_files
+
+        try:
+            text = safefiles.read_text(self.pending_path)
+        except OSError:
+            return None
+        return journal_files.parse(text.encode()) if text else None
 
     def typed(self) -> Iterator[JournalRecord]:
         """Every record of a known kind, oldest first, as its dataclass (see parse_record)."""
@@ -275,6 +308,10 @@ class TickRecord:
     error: str | None = None  # the tick itself failed
     dry_run: bool = False
     time: str | None = None
+    # A run of identical idle ticks is one record (idle_runs.py): `count` ticks from `ts` to
+    # `until` (the last one's start), `duration_s` the longest of them.
+    count: int = 1
+    until: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         rec = _head(self.EVENT, self.ts, self.time)
@@ -283,6 +320,10 @@ class TickRecord:
                     "needed": dict(self.needed), "serving": dict(self.serving)})
         if self.error:
             rec["error"] = self.error
+        if self.count > 1:
+            rec["count"] = self.count
+            rec["until"] = round(self.last_ts, 3)
+            rec["until_time"] = iso(self.last_ts)
         return rec
 
     @classmethod
@@ -291,11 +332,29 @@ class TickRecord:
                    actions=_int(rec.get("actions")), errors=_int(rec.get("errors")),
                    phases=_counts(rec.get("phases")), needed=_counts(rec.get("needed")),
                    serving=_counts(rec.get("serving")), error=_opt_str(rec.get("error")),
-                   dry_run=rec.get("dry_run") is True, time=_opt_str(rec.get("time")))
+                   dry_run=rec.get("dry_run") is True, time=_opt_str(rec.get("time")),
+                   count=max(1, _int(rec.get("count", 1))),
+                   until=_num(rec["until"]) if isinstance(rec.get("until"), int | float) else None)
 
     @property
     def failed(self) -> bool:
         return bool(self.errors or self.error)
+
+    @property
+    def last_ts(self) -> float:
+        """When the last tick of the record began."""
+        return self.until if self.until is not None and self.count > 1 else self.ts
+
+    def ticks_in(self, since: float, until: float) -> int:
+        """How many of the record's ticks began in [since, until): a run's ticks are taken as
+        evenly spaced from `ts` to `last_ts` (the agent's cadence), so a period that cuts a run
+        counts the ticks on its side."""
+        if self.count <= 1 or self.last_ts <= self.ts:
+            return self.count if since <= self.ts < until else 0
+        step = (self.last_ts - self.ts) / (self.count - 1)
+        first = max(0, math.ceil((since - self.ts) / step))
+        last = min(self.count - 1, math.ceil((until - self.ts) / step) - 1)
+        return max(0, last - first + 1)
 
 
 class JobAction(StrEnum):

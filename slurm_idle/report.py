@@ -214,10 +214,12 @@ def build_report(
     period: Period,
     settings: ReportSettings,
     journal_path: str | None = None,
+    phases_before: Mapping[str, str] | None = None,
 ) -> Report:
     """Aggregate accounting runs and journal records over the period (pure); `journal_path`
-    is only reported."""
-    facts = journal_facts(journal, since=period.since, until=period.until, now=period.now)
+    is only reported, `phases_before` as in journal_facts."""
+    facts = journal_facts(journal, since=period.since, until=period.until, now=period.now,
+                          phases_before=phases_before)
     tally = _Tally(period, settings, facts)
     mine = [r for r in runs if _in_partition(r, settings.partition) and r.start is not None]
     for run in sorted(mine, key=lambda r: (r.job_id, r.start or 0.0)):
@@ -306,9 +308,16 @@ def lost_seconds(run_s: float, checkpoint_interval_s: float | None) -> float:
 
 
 def journal_facts(
-    records: Iterable[Mapping[str, Any]], *, since: float, until: float, now: float
+    records: Iterable[Mapping[str, Any]], *, since: float, until: float, now: float,
+    phases_before: Mapping[str, str] | None = None,
 ) -> JournalFacts:
-    """Lends, reclaims, reclaim latencies and phase intervals of [since, until) (pure)."""
+    """Lends, reclaims, reclaim latencies and phase intervals of [since, until) (pure).
+
+    `records` may begin anywhere before `since` (report_io.window_records reads from a day
+    before it): a node's phase before its first step there is that step's source, and
+    `phases_before` gives the phase of a node with no step in `records` at all (where its last
+    step before them left it). A reclaim begun more than that day before the period and
+    completed inside it has no latency counted."""
     horizon = min(until, now)
     first_ts: float | None = None
     steps: list[tuple[float, float, str, str, str]] = []  # (started, ended, node, from, to)
@@ -317,9 +326,9 @@ def journal_facts(
     for rec in typed_records(records):
         ts = rec.ts
         first_ts = ts if first_ts is None else min(first_ts, ts)
-        if isinstance(rec, TickRecord) and since <= ts < until:
-            ticks += 1
-            tick_errors += 1 if rec.failed else 0
+        if isinstance(rec, TickRecord):
+            ticks += rec.ticks_in(since, until)  # a run of idle ticks counts each of them
+            tick_errors += 1 if rec.failed and since <= ts < until else 0
         if not isinstance(rec, TransitionRecord):
             continue
         node, src, dst = rec.node, rec.from_phase, rec.to_phase
@@ -365,6 +374,9 @@ def journal_facts(
             reclaim_started.pop(node, None)  # left the reclaim chain: that reclaim never completed
     for node, (phase, entered) in current.items():
         close(node, phase, entered, horizon)
+    for node, phase in (phases_before or {}).items():
+        if node not in current:
+            close(node, phase, since, horizon)
     return JournalFacts(
         lends=lends,
         reclaims=reclaims,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import date, datetime
 from pathlib import Path
@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 from slurm_idle import safefiles
 from slurm_idle.config import Config
 from slurm_idle.errors import ConfigError, SlurmIdleError
-from slurm_idle.journal import Journal
+from slurm_idle.journal import Journal, StepOutcome, TransitionRecord
 from slurm_idle.replicajobs import job_name
 from slurm_idle.report import build_report, inference_gpu_hours
 from slurm_idle.report_model import CSV_COLUMNS, Period, Report, ReportSettings, csv_rows
@@ -112,7 +112,8 @@ def make_report(
         checkpoint_interval_s=config.report.checkpoint_interval_s,
     )
     period = Period(since, until, now, config.policy.timezone)
-    report = build_report(runs, journal.records(), period, settings,
+    records, before = window_records(journal, since, node_gpus)
+    report = build_report(runs, records, period, settings, phases_before=before,
                           journal_path=str(path) if path.exists() else None)
     if not jobs_models:
         return report
@@ -120,6 +121,30 @@ def make_report(
              for m in jobs_models if m.job is not None for i in range(m.job.replicas)}
     return replace(report, inference_gpu_hours=inference_gpu_hours(
         inference_runs or (), names, since, min(until, now)))
+
+
+def window_records(journal: Journal, since: float, nodes: Iterable[str]
+                   ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """What report.journal_facts needs of a period from `since` on, without the history
+    before it: the records from about a day before `since` (journal_files.forward seeks
+    there across rotated files), and for each of `nodes` with no completed step in them, the
+    phase its last completed step left it in (read from the end, transitions only, until each
+    is found)."""
+    records = list(journal.records(since=since))
+    stepped = {r["node"] for r in records
+               if r.get("event") == TransitionRecord.EVENT and r.get("outcome") == StepOutcome.OK}
+    missing = set(nodes) - stepped
+    before: dict[str, str] = {}
+    if missing:
+        for rec in journal.newest_first((b'"transition"',)):
+            step = TransitionRecord.from_json(rec) if rec.get("event") == TransitionRecord.EVENT else None
+            if step is None or step.outcome != StepOutcome.OK or step.node not in missing:
+                continue
+            before[step.node] = step.to_phase
+            missing.discard(step.node)
+            if not missing:
+                break
+    return records, before
 
 
 #: Formats `--plot` writes (matplotlib's Agg backend), chosen by the file name.

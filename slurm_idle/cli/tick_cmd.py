@@ -21,8 +21,8 @@ from slurm_idle.journal import (
     RouterOutcome,
     RouterRecord,
     StepOutcome,
-    TickRecord,
     TransitionRecord,
+    iso,
 )
 from slurm_idle.logs import get_logger
 from slurm_idle.model import ActionKind
@@ -182,7 +182,7 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
     the config now, in the order they happened, newest last. A node whose phase now (as `status` shows it) is not where its journal left
     it gets a line saying the journal predates its current state (a restarted pool).
     """
-    from slurm_idle.explain import in_event_order, stale_nodes
+    from slurm_idle.explain import read_recent, stale_in_history
 
     config = ctx.config()
     replica_jobs = {f"{m.name}#{i}" for m in config.models if m.job is not None
@@ -190,23 +190,25 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
     if node is not None and node not in config.pool_nodes and node not in replica_jobs:
         raise BadInput(f"{node} is not a pool node (nor a replica job, MODEL#INDEX) in "
                        f"{ctx.resolved_config_path}")
-    records = list(Journal(Path(config.paths.journal)).typed())
     # The current pool's nodes and replicas only: a journal kept across a pool's change (a
     # node taken out of the config, a model renamed) must not explain what is no longer there.
     wanted = {node} if node is not None else set(config.pool_nodes) | replica_jobs
-    transitions = in_event_order(
-        r for r in records if isinstance(r, TransitionRecord | RouterRecord | AdminRecord)
-        and (r.node in wanted or (isinstance(r, TransitionRecord) and wanted & set(r.nodes))
-             or (isinstance(r, RouterRecord) and r.replica in wanted)))
-    ticks = [r for r in records if isinstance(r, TickRecord)]
-    shown = transitions[-last:]
-    phases = _current_phases(ctx) if transitions else {}
-    stale = stale_nodes(transitions, {n: p for n, p in phases.items() if node in (None, n)})
+
+    def shown_here(r: TransitionRecord | RouterRecord | AdminRecord) -> bool:
+        return (r.node in wanted or (isinstance(r, TransitionRecord) and bool(wanted & set(r.nodes)))
+                or (isinstance(r, RouterRecord) and r.replica in wanted))
+
+    # Read from the journal's end until the last N are found (journal_files.backward).
+    journal = Journal(Path(config.paths.journal))
+    recent = read_recent(journal, shown_here, last)
+    shown, last_tick = recent.events, recent.last_tick
+    phases = _current_phases(ctx) if shown else {}
+    stale = stale_in_history(journal, shown, {n: p for n, p in phases.items() if node in (None, n)})
     if as_json:
         echo_json({"transitions": [r.to_json() for r in shown if isinstance(r, TransitionRecord)],
                    "router": [r.to_json() for r in shown if isinstance(r, RouterRecord)],
                    "admin": [r.to_json() for r in shown if isinstance(r, AdminRecord)],
-                   "last_tick": ticks[-1].to_json() if ticks else None,
+                   "last_tick": last_tick.to_json() if last_tick else None,
                    "journal_predates": [n.to_json() for n in stale]})
         return
     if not shown:
@@ -231,9 +233,11 @@ def explain(ctx: Context, node: str | None, last: int, as_json: bool) -> None:
                    f"because {r.reason}{why}")
     for node_note in stale:
         click.echo(node_note.line())
-    if ticks:
-        t = ticks[-1]
-        click.echo(f"last tick {t.time}: needed {t.needed}, serving {t.serving}, "
+    if last_tick is not None:
+        t = last_tick
+        when = iso(t.last_ts)
+        run = f" (the last of {t.count} idle ticks alike since {t.time})" if t.count > 1 else ""
+        click.echo(f"last tick {when}{run}: needed {t.needed}, serving {t.serving}, "
                    f"{t.actions} action(s), {t.errors} error(s)")
 
 

@@ -143,10 +143,12 @@ class LiveData:
     def _timeline(self, cfg: Config, now: float, doc: dict[str, Any]) -> None:
         from slurm_idle.journal import Journal
         from slurm_idle.report import journal_facts
+        from slurm_idle.report_io import window_records
 
         node_gpus = {r.node: m.gpus_per_replica for m in cfg.models for r in m.replicas}
-        facts = journal_facts(Journal(Path(cfg.paths.journal)).records(),
-                              since=now - DAY_S, until=now, now=now)
+        records, before = window_records(Journal(Path(cfg.paths.journal)), now - DAY_S, node_gpus)
+        facts = journal_facts(records, since=now - DAY_S, until=now, now=now,
+                              phases_before=before)
         line = timeline(facts.intervals, node_gpus, now - DAY_S, now)
         demand = self._demand_series(cfg, now, doc["errors"])
         line["demand_tokens_per_s"] = demand[:len(line["t"])]
