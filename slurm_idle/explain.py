@@ -23,7 +23,7 @@ from slurm_idle.journal import (
     TransitionRecord,
     parse_record,
 )
-from slurm_idle.journal_files import LAG_S
+from slurm_idle.journal_files import LAG_S, quoted
 
 Event = TransitionRecord | RouterRecord | AdminRecord
 
@@ -95,7 +95,6 @@ def stale_nodes(records: Sequence[Event], phases: Mapping[str, str]) -> list[Sta
 
 #: Lines that may hold an event explain shows (a cheap test before a line is parsed).
 EVENT_NEEDLES = (b'"transition"', b'"router"', b'"admin"')
-PHASE_NEEDLES = (b'"transition"', b'"admin"')
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,7 @@ def stale_in_history(journal: Journal, shown: Sequence[Event],
     missing = set(phases) - said
     found: list[Event] = []
     if missing:
-        for rec in journal.newest_first(PHASE_NEEDLES):
+        for rec in journal.newest_first(quoted(missing)):  # lines naming one of them
             parsed = parse_record(rec)
             if isinstance(parsed, TransitionRecord | AdminRecord) and missing & set(_nodes_of(parsed)):
                 found.append(parsed)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -180,6 +180,12 @@ def backward(path: Path, needles: Sequence[bytes] = ()) -> Iterator[bytes]:
                 yield from _plain_backward(f, needles)
         except FileNotFoundError:
             continue
+
+
+def quoted(names: Iterable[str]) -> tuple[bytes, ...]:
+    """Needles for lines naming any of `names` as a JSON string (a record's node, a group's
+    nodes): a node's records hold its name in quotes, a tick's never do."""
+    return tuple(json.dumps(n).encode() for n in sorted(names))
 
 
 def _wanted(line: bytes, needles: Sequence[bytes]) -> bool:

@@ -21,6 +21,7 @@ from slurm_idle import safefiles
 from slurm_idle.config import Config
 from slurm_idle.errors import ConfigError, SlurmIdleError
 from slurm_idle.journal import Journal, StepOutcome, TransitionRecord
+from slurm_idle.journal_files import quoted
 from slurm_idle.replicajobs import job_name
 from slurm_idle.report import build_report, inference_gpu_hours
 from slurm_idle.report_model import CSV_COLUMNS, Period, Report, ReportSettings, csv_rows
@@ -128,15 +129,16 @@ def window_records(journal: Journal, since: float, nodes: Iterable[str]
     """What report.journal_facts needs of a period from `since` on, without the history
     before it: the records from about a day before `since` (journal_files.forward seeks
     there across rotated files), and for each of `nodes` with no completed step in them, the
-    phase its last completed step left it in (read from the end, transitions only, until each
-    is found)."""
+    phase its last completed step left it in (read from the end until each is found)."""
     records = list(journal.records(since=since))
     stepped = {r["node"] for r in records
                if r.get("event") == TransitionRecord.EVENT and r.get("outcome") == StepOutcome.OK}
     missing = set(nodes) - stepped
     before: dict[str, str] = {}
     if missing:
-        for rec in journal.newest_first((b'"transition"',)):
+        # Only lines naming a missing node are parsed, and a block naming none is skipped:
+        # a node never lent costs one pass of `in` over the history, not a parse of it.
+        for rec in journal.newest_first(quoted(missing)):
             step = TransitionRecord.from_json(rec) if rec.get("event") == TransitionRecord.EVENT else None
             if step is None or step.outcome != StepOutcome.OK or step.node not in missing:
                 continue

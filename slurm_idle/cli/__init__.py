@@ -14,7 +14,7 @@ import click
 
 from slurm_idle import __version__
 from slurm_idle.cli.common import Context, run_guarded
-from slurm_idle.cli.logopts import LOG_HELP, LoggedGroup, apply_log_options
+from slurm_idle.cli.logopts import LOG_HELP, LazyGroup, apply_log_options
 from slurm_idle.config import CONFIG_ENV, DEFAULT_CONFIG_PATH
 from slurm_idle.errors import exit_code_table
 from slurm_idle.logs import LOG_TARGETS
@@ -24,7 +24,7 @@ EXIT_CODES_EPILOG = "\b\nExit codes (every command):\n" + exit_code_table()
 
 
 @click.group(
-    cls=LoggedGroup,
+    cls=LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog=EXIT_CODES_EPILOG,
 )
@@ -60,22 +60,23 @@ def main(ctx: click.Context, config_path: str | None, verbose: int, quiet: bool,
         ctx.obj = Context(config_path=config_path)
 
 
-def _register() -> None:
-    # Importing a command module registers its commands on `main`.
-    from slurm_idle.cli import (  # noqa: F401
-        agent_cmd,
-        config_cmd,
-        doctor_cmd,
-        jobs_cmd,
-        metrics_cmd,
-        report_cmd,
-        simulate_cmd,
-        tick_cmd,
-        web_cmd,
-    )
+#: Which module defines each command: a command's module is imported only when that command
+#: runs (or help lists them all), so `explain` does not pay for `simulate`'s imports.
+COMMAND_MODULES = {
+    "agent": "agent_cmd", "config": "config_cmd", "doctor": "doctor_cmd",
+    "explain": "tick_cmd", "jobs": "jobs_cmd", "lend": "tick_cmd", "metrics": "metrics_cmd",
+    "pin": "tick_cmd", "pipeline": "jobs_cmd", "reclaim": "tick_cmd", "report": "report_cmd",
+    "simulate": "simulate_cmd", "status": "tick_cmd", "submit": "jobs_cmd", "tick": "tick_cmd",
+    "unpin": "tick_cmd", "web": "web_cmd",
+}
 
 
-_register()
+def load_all() -> None:
+    """Import every command module (each registers its commands on `main`), in a fixed order."""
+    import importlib
+
+    for module in sorted(set(COMMAND_MODULES.values())):
+        importlib.import_module(f"slurm_idle.cli.{module}")
 
 
 def entry(argv: list[str] | None = None) -> Any:

@@ -26,7 +26,6 @@ from slurm_idle.journal import (
 )
 from slurm_idle.logs import get_logger
 from slurm_idle.model import ActionKind
-from slurm_idle.status import group_rows, model_rows, node_rows, render_status, replica_rows
 
 if TYPE_CHECKING:
     from slurm_idle.admin import AdminResult
@@ -112,6 +111,7 @@ def status(ctx: Context, as_json: bool) -> None:
     """
     from slurm_idle.doctor import status_warnings
     from slurm_idle.replica_health import attention, probe_serving
+    from slurm_idle.status import group_rows, model_rows, node_rows, render_status, replica_rows
     from slurm_idle.unhealthy_since import annotate, read, since_path
 
     agent = ctx.agent(read_only=True)
@@ -249,7 +249,7 @@ def _current_phases(ctx: Context) -> dict[str, str]:
 
     config = ctx.config()
     try:
-        nodes = {n.name: n for n in ctx.agent(read_only=True).slurm.nodes()}
+        nodes = {n.name: n for n in ctx.slurm().nodes()}
     except (SlurmIdleError, OSError):
         return {}
     return {name: derive_phase(nodes[name], config.slurm.tag).phase.value
