@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from click_man.core import write_man_pages
 
 from slurm_idle import __version__
-from slurm_idle.cli import main
+from slurm_idle.cli import load_all, main
 from slurm_idle.errors import EXIT_CODE_MEANINGS
 
 
@@ -35,6 +35,7 @@ def exit_status_section() -> str:
 def generate(target: Path) -> list[Path]:
     """Write every page into `target` (made if missing); return the pages, sorted."""
     target.mkdir(parents=True, exist_ok=True)
+    load_all()  # click-man walks `main.commands`: every lazily imported command registered
     write_man_pages("slurm-idle", main, version=__version__, target_dir=str(target))
     top = target / "slurm-idle.1"
     text = top.read_text()
