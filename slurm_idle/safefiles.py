@@ -80,7 +80,10 @@ def _walk(path: str | os.PathLike[str], mode: int | None, sticky_last_ok: bool =
             except FileNotFoundError:
                 if mode is None:
                     raise
-                os.mkdir(name, mode, dir_fd=fd)
+                try:
+                    os.mkdir(name, mode, dir_fd=fd)
+                except FileExistsError:
+                    pass  # made by another thread or process just now: checked like any other
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 links += 1

@@ -62,3 +62,30 @@ def test_a_full_disk_does_not_stop_a_reclaim(tmp_path: Path, monkeypatch: pytest
     assert [s.to_phase for s in result.steps] == [Phase.RECLAIMING, Phase.STARTING, Phase.SERVING]
     assert phases(agent)["gpu1"] is Phase.SERVING
     assert any("No space left on device" in r.getMessage() for r in caplog.records)
+
+
+def test_threads_creating_the_journal_directory_at_once_all_append(tmp_path: Path) -> None:
+    """A first tick lends nodes in parallel into a state directory nothing made yet (a cron
+    install): each thread's walk may find it missing, one mkdir wins, none may fail."""
+    import threading
+
+    for attempt in range(200):
+        target = tmp_path / f"try{attempt}" / "state" / "journal.jsonl"
+        errors: list[BaseException] = []
+        start = threading.Barrier(4)
+
+        def append(i: int, target: Path = target, errors: list[BaseException] = errors,
+                   start: threading.Barrier = start) -> None:
+            start.wait()
+            try:
+                safefiles.append_line(target, f"{i}\n".encode())
+            except BaseException as exc:  # noqa: BLE001 - any failure is the finding
+                errors.append(exc)
+
+        threads = [threading.Thread(target=append, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert sorted(target.read_text().split()) == ["0", "1", "2", "3"]
