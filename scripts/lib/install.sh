@@ -9,6 +9,8 @@ APT_PACKAGES=(slurmctld slurmd slurm-client munge prometheus mariadb-server slur
               haproxy nginx-light)  # the router in front of the sandbox; nginx for its contract test
 # Rootless container jobs (job_policy.runtime: podman): podman, its subuid helpers, its init.
 APT_PACKAGES+=(podman uidmap catatonit)
+# The shipped journal rotation (etc/logrotate.d/slurm-idle), run for real by its contract test.
+APT_PACKAGES+=(logrotate)
 
 # Progress on stderr, one line per long step, with the seconds since the install started: the
 # apt and pip steps take a minute or more on a fresh machine and print nothing themselves.

@@ -206,3 +206,34 @@ def test_router_examples_are_valid_router_sections() -> None:
             assert text.startswith("upstream vllm {") and "server gpu1:8000;" in text
             assert text.rstrip().endswith("}")
     assert kinds == {"haproxy", "file", "command"}
+
+
+def logrotate_blocks(text: str) -> list[tuple[list[str], list[str]]]:
+    """The rules of a logrotate file: (the paths or globs it names, its directive lines)."""
+    body = " \n".join(ln.split("#", 1)[0] for ln in text.splitlines())
+    return [(head.split(), [d.strip() for d in inner.splitlines() if d.strip()])
+            for head, inner in re.findall(r"([^{}]*)\{([^{}]*)\}", body)]
+
+
+def test_logrotate_rule_rotates_only_the_default_journal_by_creating_a_new_file() -> None:
+    """etc/logrotate.d/slurm-idle names paths.journal's default exactly (the example config's
+    too), no glob that would also take the `.idle-run` side file; `create` makes the new file
+    as the agent would (0644, root, like the cron line and the agent unit), and there is no
+    copytruncate (records appended between its copy and truncate would be lost) nor a signal."""
+    import fnmatch
+
+    from slurm_idle.config.sections import PathsConfig
+    from slurm_idle.journal import Journal
+
+    default = PathsConfig().journal
+    example = yaml.safe_load((ETC / "slurm-idle.yaml").read_text())["paths"]["journal"]
+    assert example == default
+    [(paths, directives)] = logrotate_blocks((ETC / "logrotate.d" / "slurm-idle").read_text())
+    assert paths == [default]
+    side_file = str(Journal(Path(default)).pending_path)
+    assert not any(fnmatch.fnmatch(side_file, p) for p in paths)
+    words = {d.split()[0]: d.split()[1:] for d in directives}
+    assert words["create"] == ["0644", "root", "root"]
+    assert "copytruncate" not in words and "nocreate" not in words
+    assert not {"postrotate", "prerotate", "firstaction", "lastaction"} & set(words)
+    assert {"compress", "delaycompress", "missingok", "notifempty"} <= set(words)

@@ -69,6 +69,7 @@ def test_non_slurm_contract_modules_are_the_known_ones() -> None:
         "test_agent_metrics_prometheus.py",  # Prometheus, promtool, systemd-analyze
         "test_file_safety.py",  # lock, journal and report files against other local users
         "test_http_deadline.py",  # a trickling HTTP server
+        "test_logrotate.py",  # the shipped logrotate rule on a journal of an agent on fakes
         "test_router_real.py",  # HAProxy's runtime API, an nginx reload
         "test_vllm_faults.py",  # a real vLLM's SIGTERM and start faults; Slurm is a fake there
         "test_vllm_real.py",  # a real vLLM on CPU; no Slurm (it runs in the Debian 12 lane)
