@@ -15,10 +15,12 @@ dataclass beside its JSON shape below); split apart, a writer and a reader could
      "reason": "...", "outcome": "ok" | "waiting" | "error" | "stuck" | "skipped",
      "duration_s": 0.12, "error": "..." (error/stuck/skipped), "detail": "..." (why waiting),
      "nodes": ["gpu6", "gpu7"] (a multi-node lend group, keyed by `node`)}
-  tick (one per tick that got the lock and acted, failed, or journals empty passes, TickRecord):
+  tick (one per tick that got the lock and acted, failed, or journals empty passes, TickRecord;
+  a run of identical idle ticks is one record, idle_runs.py):
     {"event": "tick", "time": ..., "ts": ..., "duration_s": 1.3, "actions": 2, "errors": 0,
      "dry_run": false, "phases": {"serving": 2, "lent": 2}, "needed": {"m": 2},
-     "serving": {"m": 2}, "error": "..." (only if the tick itself failed)}
+     "serving": {"m": 2}, "error": "..." (only if the tick itself failed),
+     "count": 34, "until": ..., "until_time": ... (a run: its ticks, the last one's start)}
   job (what a reclaim did to one job on the node, eviction.py, JobRecord):
     {"event": "job", "time": ..., "ts": ..., "node": "gpu1", "job_id": 42,
      "kind": "container" | "plain" | "interactive",
