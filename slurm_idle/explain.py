@@ -128,22 +128,29 @@ def read_recent(journal: Journal, wanted: Callable[[Event], bool], last: int) ->
         events.append(parsed)
         if len(events) >= last:
             cutoff = sorted(e.ts for e in events)[-last] - LAG_S
-    return Recent(in_event_order(events)[-last:], tick)
+    # Read newest first: reversed, records of one instant keep the journal's order.
+    return Recent(in_event_order(reversed(events))[-last:], tick)
 
 
 def stale_in_history(journal: Journal, shown: Sequence[Event],
                      phases: Mapping[str, str]) -> list[StaleNode]:
     """stale_nodes of `phases`, the nodes the shown events leave without a phase looked up
-    further back (newest first, until each is found or the history ends)."""
+    further back: every event naming one of them, newest first, until its newest phase-bearing
+    record is found (or the history ends), so its last record's time is its newest of any kind."""
     said = {n for r in shown if _phases_left(r) is not None for n in _nodes_of(r)}
     missing = set(phases) - said
     found: list[Event] = []
     if missing:
         for rec in journal.newest_first(quoted(missing)):  # lines naming one of them
             parsed = parse_record(rec)
-            if isinstance(parsed, TransitionRecord | AdminRecord) and missing & set(_nodes_of(parsed)):
-                found.append(parsed)
-                missing -= set(_nodes_of(parsed))
+            if not isinstance(parsed, TransitionRecord | RouterRecord | AdminRecord):
+                continue
+            named = missing & set(_nodes_of(parsed))
+            if not named:
+                continue
+            found.append(parsed)
+            if _phases_left(parsed) is not None:
+                missing -= named
                 if not missing:
                     break
-    return stale_nodes(in_event_order([*found, *shown]), phases)
+    return stale_nodes(in_event_order([*reversed(found), *shown]), phases)

@@ -19,11 +19,12 @@ from dataclasses import replace
 
 from slurm_idle import safefiles
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.journal import Journal, TickRecord
+from slurm_idle.journal import Journal, TickRecord, iso
 
 log = logging.getLogger("slurm_idle.idle_runs")
 
 HOUR_S = 3600
+TAIL = 1 << 16
 
 
 def idle(tick: TickRecord) -> bool:
@@ -53,36 +54,46 @@ def record_tick(journal: Journal, tick: TickRecord, cadence_s: float) -> None:
     actions happened and the agent goes on; the error is logged."""
     pending = journal.pending_run()
     run = TickRecord.from_json(pending) if pending is not None else None
+    if run is not None and _already_appended(journal, run):
+        run = None  # a tick died between appending the run and replacing the side file
     if run is not None and continues(run, tick, cadence_s):
         _write_pending(journal, extend(run, tick))
         return
-    if run is not None and not _already_appended(journal, run):
+    if run is not None:
         journal.record(run)
     if idle(tick):
         _write_pending(journal, tick)
         return
-    _drop_pending(journal, had=run is not None)
+    _drop_pending(journal, had=pending is not None)
     journal.record(tick)
 
 
 def _already_appended(journal: Journal, run: TickRecord) -> bool:
-    """Is the run the journal's last line already (a tick that died between appending it and
-    replacing the side file must not count the run twice)?"""
-    from slurm_idle import journal_files
-
+    """Is the run in the live journal already? A tick that died between appending it and
+    replacing the side file must not count the run twice, nor extend it; the next tick may
+    have journaled its steps since, so the run is looked for among the file's last 64 KiB."""
     try:
-        for line in journal_files.backward(journal.path):
-            last = journal_files.parse(line)
-            if last is not None:
-                return bool(last == json.loads(json.dumps(run.to_json())))
+        with journal.path.open("rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - TAIL))
+            tail = fh.read()
     except OSError:
         return False
-    return False
+    from slurm_idle import journal_files
+
+    want = json.loads(json.dumps(_with_time(run).to_json()))
+    return any(journal_files.parse(line) == want
+               for line in tail.split(b"\n") if b'"until"' in line)
+
+
+def _with_time(run: TickRecord) -> TickRecord:
+    """The run as the journal holds it (Journal.append adds `time` from `ts`)."""
+    return run if run.time is not None else replace(run, time=iso(run.ts))
 
 
 def _write_pending(journal: Journal, run: TickRecord) -> None:
     try:
-        safefiles.atomic_write(journal.pending_path, json.dumps(run.to_json()) + "\n")
+        safefiles.atomic_write(journal.pending_path, json.dumps(_with_time(run).to_json()) + "\n")
     except (OSError, SlurmIdleError) as exc:
         log.error("cannot write the idle run %s (%s): this tick is journaled alone",
                   journal.pending_path, exc)

@@ -211,11 +211,18 @@ def _plain_backward(path: Path, needles: Sequence[bytes]) -> Iterator[bytes]:
                 tail = b""
             if needles and not any(n in block for n in needles):
                 continue
-            for line in reversed(block.splitlines(keepends=True)):
+            for line in reversed(_lines(block)):
                 if _wanted(line, needles):
                     yield line
         if tail and _wanted(tail, needles):
             yield tail
+
+
+def _lines(block: bytes) -> list[bytes]:
+    """Lines as a file's iteration gives them (split at b"\n" only, ends kept)."""
+    parts = block.split(b"\n")
+    tail = parts.pop()
+    return [p + b"\n" for p in parts] + ([tail] if tail else [])
 
 
 def _compressed_backward(path: Path, needles: Sequence[bytes], slice_lines: int = 20000) -> Iterator[bytes]:

@@ -131,7 +131,7 @@ def window_records(journal: Journal, since: float, nodes: Iterable[str]
     there across rotated files), and for each of `nodes` with no completed step in them, the
     phase its last completed step left it in (read from the end until each is found)."""
     records = list(journal.records(since=since))
-    stepped = {r["node"] for r in records
+    stepped = {r.get("node") for r in records
                if r.get("event") == TransitionRecord.EVENT and r.get("outcome") == StepOutcome.OK}
     missing = set(nodes) - stepped
     before: dict[str, str] = {}
