@@ -1,5 +1,5 @@
-"""What `explain` shows of the journal: its events in the order they happened, and whether
-they still describe the pool as it is now.
+"""What `explain` shows of the journal: its newest events, read from the journal's end, in
+the order they happened, and whether they still describe the pool as it is now.
 
 Records are appended when a step's outcome is known, so a router call made inside a step can
 be written before the transition that began earlier; an admin reads a story, so the events

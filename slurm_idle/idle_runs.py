@@ -43,6 +43,7 @@ def continues(run: TickRecord, tick: TickRecord, cadence_s: float) -> bool:
 
 
 def extend(run: TickRecord, tick: TickRecord) -> TickRecord:
+    """The run with `tick` as its last tick (the longest tick's duration kept)."""
     return replace(run, count=run.count + tick.count, until=tick.last_ts,
                    duration_s=max(run.duration_s, tick.duration_s))
 
@@ -83,7 +84,7 @@ def _already_appended(journal: Journal, run: TickRecord) -> bool:
 
     want = json.loads(json.dumps(_with_time(run).to_json()))
     return any(journal_files.parse(line) == want
-               for line in tail.split(b"\n") if b'"until"' in line)
+               for line in tail.split(b"\n") if b'"tick"' in line)
 
 
 def _with_time(run: TickRecord) -> TickRecord:

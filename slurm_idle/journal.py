@@ -61,7 +61,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from slurm_idle import safefiles
+from slurm_idle import journal_files, safefiles
 from slurm_idle.errors import SlurmIdleError
 
 log = logging.getLogger("slurm_idle.journal")
@@ -122,8 +122,6 @@ class Journal:
         line must not make `explain` or `report` fail. A torn last line (a write in
         progress) is skipped silently.
         """
-        from slurm_idle import journal_files
-
         bad = 0
         try:
             for raw in journal_files.forward(self.path, since):
@@ -145,8 +143,6 @@ class Journal:
         """The records newest first (the idle run being counted, then the history from its
         end); with `needles`, only lines holding one of them are parsed (see
         journal_files.backward). Malformed lines are skipped silently."""
-        from slurm_idle import journal_files
-
         run = self.pending_run()
         if run is not None and (not needles or any(n.decode() in json.dumps(run) for n in needles)):
             yield run
@@ -165,8 +161,7 @@ class Journal:
         return self.path.with_name(self.path.name + ".idle-run")
 
     def pending_run(self) -> dict[str, Any] | None:
-        from slurm_idle import journal_files
-
+        """The run being counted, as a record (None: no run, or an unreadable side file)."""
         try:
             text = safefiles.read_text(self.pending_path)
         except OSError:
@@ -219,6 +214,10 @@ def _num(value: Any, default: float = 0.0) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return default
     return float(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _int(value: Any) -> int:
@@ -336,7 +335,7 @@ class TickRecord:
                    serving=_counts(rec.get("serving")), error=_opt_str(rec.get("error")),
                    dry_run=rec.get("dry_run") is True, time=_opt_str(rec.get("time")),
                    count=max(1, _int(rec.get("count", 1))),
-                   until=_num(rec["until"]) if isinstance(rec.get("until"), int | float) else None)
+                   until=_num(rec.get("until")) if _is_number(rec.get("until")) else None)
 
     @property
     def failed(self) -> bool:

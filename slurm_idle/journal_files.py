@@ -9,28 +9,37 @@ uncompressed copy and a partial `.gz` exist side by side: the uncompressed one i
 
 Why readers do not parse everything: a year at the default cadence is half a million records
 (over 100 MB); `explain` wants the last few and `report --since` one week. Records are
-appended in time order except that a record is written when what it records ends (a step, a
-run of idle ticks, at most an hour): every seek allows LAG_S of disorder.
+appended in time order except that a record is written when what it records ends: a step
+(minutes), a run of idle ticks (its hour; or, when the agent was stopped in between, when it
+comes back). Readers allow LAG_S of disorder when they seek, skip a rotated file only by its
+mtime (never older than a record in it), and bisect on the newest of a few lines, so a run
+written late does not hide what was written before it.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, cast
 
-#: How far out of time order records may be written (a step's record is written when it
-#: ends, a run of idle ticks when it ends, within its UTC hour): readers seek this much earlier.
+log = logging.getLogger("slurm_idle.journal")
+
+#: How far out of time order records are taken to be written (a step's record is written
+#: when it ends, a run of idle ticks when it ends): readers seek this much earlier.
 LAG_S = 86400.0
 #: Bytes read per block when reading from the end.
 BLOCK = 1 << 20
 #: A live file smaller than this is read from its start rather than bisected.
 BISECT_MIN = 1 << 20
 
-_ROTATED = re.compile(r"^(?:\.(?P<n>\d+)|-(?P<date>\d{8,14}))(?P<comp>\.gz|\.bz2|\.xz)?$")
+# `.N` (numbered) or `-DATE` (dateext: `-%Y%m%d` by default, any digits and dashes a site's
+# `dateformat` makes, e.g. `-%Y%m%d-%s`), then a compression suffix.
+_ROTATED = re.compile(r"^(?:\.(?P<n>\d+)|-(?P<date>\d[\d-]{7,}))(?P<comp>\.gz|\.bz2|\.xz)?$")
 _TS = re.compile(rb'"ts":\s*(-?[0-9][0-9.eE+-]*)')
 
 
@@ -45,7 +54,7 @@ def history(path: Path) -> list[Path]:
         m = _ROTATED.match(name[len(path.name):])
         if m is None:
             continue
-        key = (0, int(m["date"])) if m["date"] else (1, -int(m["n"]))
+        key = (0, int(m["date"].replace("-", ""))) if m["date"] else (1, -int(m["n"]))
         # A sibling being compressed exists twice: its whole uncompressed copy is read.
         if key not in found or not m["comp"]:
             found[key] = path.parent / name
@@ -56,6 +65,7 @@ def history(path: Path) -> list[Path]:
 
 
 def compressed(path: Path) -> bool:
+    """A sibling logrotate compressed (read through its module, not seekable from the end)."""
     return path.suffix in (".gz", ".bz2", ".xz")
 
 
@@ -100,42 +110,43 @@ def parse(line: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def _first_ts(path: Path) -> float | None:
-    try:
-        with open_history_file(path) as fh:
-            for _ in range(100):
-                line = fh.readline()
-                if not line:
-                    return None
-                ts = ts_of(line)
-                if ts is not None:
-                    return ts
-    except (OSError, EOFError, ValueError):
-        return None
-    return None
-
-
 def forward(path: Path, since: float | None = None) -> Iterator[bytes]:
     """The lines of the whole history, oldest first; with `since`, from about `since - LAG_S`
-    on (older rotated files skipped unopened past their first line, the live file bisected):
-    callers still filter by time, this only spares reading what is surely older."""
-    files = history(path)
-    start = 0
+    on: a rotated file last written before that is skipped unopened (a record is written at or
+    after its `ts`, so its file's mtime is never older than it), the live file is bisected.
+    Callers still filter by time: this only spares reading what is surely older."""
     cut = None if since is None else since - LAG_S
-    if cut is not None:
-        for i, f in enumerate(files):
-            ts = _first_ts(f)
-            if ts is not None and ts <= cut:
-                start = i  # the newest file that begins before the cut holds it
-    for f in files[start:]:
-        try:
-            fh = open_history_file(f)
-        except FileNotFoundError:
-            continue  # rotated away between listing and opening
-        with fh:
+    for f in history(path):
+        live = f == path
+        if cut is not None and not live and _mtime(f) < cut:
+            continue
+        with _tolerated(f, live), open_history_file(f) as fh:
             if cut is not None and not compressed(f):
                 _seek_before(fh, cut)
             yield from fh
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return float("inf")  # cannot tell: read it
+
+
+@contextmanager
+def _tolerated(path: Path, live: bool) -> Iterator[None]:
+    """A rotated sibling that vanished (rotated on between listing and opening) or is damaged
+    (a truncated .gz, not what its suffix says, unreadable) is skipped with a warning: one bad
+    file of two years must not stop explain or report. The live file's errors are the caller's."""
+    try:
+        yield
+    except FileNotFoundError:
+        if live:
+            return
+    except Exception as exc:
+        if live:
+            raise
+        log.warning("journal %s: skipped from here (%s: %s)", path, type(exc).__name__, exc)
 
 
 def _seek_before(fh: IO[bytes], cut: float) -> None:
@@ -149,14 +160,17 @@ def _seek_before(fh: IO[bytes], cut: float) -> None:
             mid = (lo + hi) // 2
             fh.seek(mid)
             fh.readline()  # the rest of a line begun before mid
-            ts = None
-            for _ in range(8):  # past a few lines without a time (torn or foreign)
+            # The middle of three lines' times: one line written late (an idle run appended
+            # when the agent came back after a stop) must not send the search past what it needs.
+            times: list[float] = []
+            for _ in range(16):  # past a few lines without a time (torn or foreign)
                 line = fh.readline()
-                if not line:
+                t = ts_of(line) if line else None
+                if t is not None:
+                    times.append(t)
+                if not line or len(times) == 3:
                     break
-                ts = ts_of(line)
-                if ts is not None:
-                    break
+            ts = sorted(times)[len(times) // 2] if times else None
             if ts is None or ts >= cut:
                 hi = mid
             else:
@@ -173,13 +187,11 @@ def backward(path: Path, needles: Sequence[bytes] = ()) -> Iterator[bytes]:
     A compressed sibling cannot be read from its end: it is read forward in slices of lines,
     each re-read from its start, so memory stays one slice whatever the file's size."""
     for f in reversed(history(path)):
-        try:
+        with _tolerated(f, f == path):
             if compressed(f):
                 yield from _compressed_backward(f, needles)
             else:
                 yield from _plain_backward(f, needles)
-        except FileNotFoundError:
-            continue
 
 
 def quoted(names: Iterable[str]) -> tuple[bytes, ...]:
@@ -226,12 +238,23 @@ def _lines(block: bytes) -> list[bytes]:
 
 
 def _compressed_backward(path: Path, needles: Sequence[bytes], slice_lines: int = 20000) -> Iterator[bytes]:
+    """One pass keeps the wanted lines while they are few (a node's records, a year's
+    transitions); past `slice_lines` of them, the file is re-read in slices of lines, each
+    from its start, so memory stays one slice."""
+    kept: list[bytes] = []
+    total = 0
     with open_history_file(path) as fh:
-        total = sum(1 for _ in fh)
+        for line in fh:
+            total += 1
+            if len(kept) <= slice_lines and _wanted(line, needles):
+                kept.append(line)
+    if len(kept) <= slice_lines:
+        yield from reversed(kept)
+        return
     hi = total
     while hi > 0:
         lo = max(0, hi - slice_lines)
-        kept: list[bytes] = []
+        kept = []
         with open_history_file(path) as fh:
             for i, line in enumerate(fh):
                 if i >= hi:

@@ -84,6 +84,14 @@ class LazyGroup(LoggedGroup):
                 importlib.import_module(f"slurm_idle.cli.{module}")
         return super().get_command(ctx, cmd_name)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and self.get_command(ctx, args[0]) is None:
+            from slurm_idle.cli import load_all
+
+            load_all()  # a typo: click's "Did you mean" picks from every command
+        return super().resolve_command(ctx, args)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         from slurm_idle.cli import COMMAND_MODULES
 

@@ -79,3 +79,10 @@ def test_explain_of_an_unknown_node_answers_before_reading_the_journal(tmp_path:
                             str(_config(tmp_path, journal)), "explain", "gpu1"],
                            capture_output=True, text=True, timeout=60, check=False)
     assert known.returncode != 0 and "journal" in known.stderr  # the same path, read: an error
+
+
+def test_a_mistyped_command_still_gets_did_you_mean() -> None:
+    """click suggests from the commands registered: a typo loads them all first."""
+    out = CliRunner().invoke(main, ["explai"])
+    assert out.exit_code == 2
+    assert "Did you mean one of: 'explain'" in out.output

@@ -9,6 +9,7 @@ import gzip
 import json
 import logging
 import lzma
+import os
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from slurm_idle import journal_files
 from slurm_idle.journal import Journal
-from slurm_idle.journal_files import LAG_S, backward, forward, history
+from slurm_idle.journal_files import LAG_S, backward, forward, history, ts_of
 
 T0 = 1_796_205_600.0
 COMPRESSORS = {"": lambda b: b, ".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}
@@ -31,7 +32,16 @@ def write(path: Path, lines: Sequence[bytes]) -> Path:
     data = b"".join(lines)
     suffix = path.suffix if path.suffix in COMPRESSORS else ""
     path.write_bytes(COMPRESSORS[suffix](data))
+    written_at(path, lines)
     return path
+
+
+def written_at(path: Path, lines: Sequence[bytes]) -> None:
+    """The file's mtime as a writer's would be: when its newest record was written (readers
+    skip a rotated file by it)."""
+    times = [t for t in (ts_of(line) for line in lines) if t is not None]
+    if times:
+        os.utime(path, (max(times), max(times)))
 
 
 def rec(ts: float, **extra: object) -> bytes:
@@ -130,8 +140,8 @@ def test_forward_reads_every_file_oldest_first_whatever_its_compression(tmp_path
 
 
 def test_forward_since_skips_rotated_files_wholly_before_the_cut(tmp_path: Path) -> None:
-    """With `since`, the rotated files older than the newest one that begins at or before
-    since - LAG_S are not read: the lines returned begin with that file's first line."""
+    """With `since`, the rotated files last written before since - LAG_S are not read: the
+    lines returned begin with the first line of the file holding the cut."""
     live = tmp_path / "journal.jsonl"
     day = 86400.0
     write(tmp_path / "journal.jsonl.3.gz", [rec(T0 + h * 3600) for h in range(24)])
