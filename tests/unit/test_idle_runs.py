@@ -325,3 +325,14 @@ def test_a_run_appended_before_a_crash_is_found_behind_the_next_ticks_steps(tmp_
                     "outcome": "ok", "duration_s": 0.1})
     record_tick(journal, tick(T0 + 240, actions=1), CADENCE)
     assert [(r["ts"], r.get("count", 1)) for r in ticks_of(journal)] == [(T0, 3), (T0 + 240, 1)]
+
+
+def test_a_one_tick_run_left_after_its_append_is_not_counted_twice(tmp_path: Path) -> None:
+    """A run of one tick has no `until`: it is still recognised in the journal after a crash."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    record_tick(journal, tick(T0), CADENCE)
+    pending = journal.pending_run()
+    assert pending is not None and "until" not in pending
+    journal.record(TickRecord.from_json(pending))  # appended; the side file stays (a crash)
+    record_tick(journal, tick(T0 + 60, actions=1), CADENCE)
+    assert [(r["ts"], r.get("count", 1)) for r in ticks_of(journal)] == [(T0, 1), (T0 + 60, 1)]

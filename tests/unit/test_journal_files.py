@@ -334,3 +334,35 @@ def test_backward_is_forward_reversed_for_any_history(tmp_path_factory: pytest.T
     finally:
         journal_files.BLOCK = old
     assert b"".join(fwd) == b"".join(written)  # every byte, each file once, oldest first
+
+
+def test_a_damaged_rotated_file_is_skipped_with_a_warning(tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A truncated .gz (or one that is not gzip at all) costs its own records, not the reading."""
+    live = write(tmp_path / "journal.jsonl", [rec(T0 + 30)])
+    write(tmp_path / "journal.jsonl.1", [rec(T0 + 20)])
+    whole = gzip.compress(b"".join(rec(T0 + i) for i in range(5)))
+    (tmp_path / "journal.jsonl.2.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "journal.jsonl.3.gz").write_bytes(b"not gzip at all\n")
+    with caplog.at_level(logging.WARNING, logger="slurm_idle.journal"):
+        assert tss(forward(live))[-2:] == [T0 + 20, T0 + 30]
+        assert tss(backward(live))[:2] == [T0 + 30, T0 + 20]
+        assert [r["ts"] for r in Journal(live).records()][-2:] == [T0 + 20, T0 + 30]
+    assert "journal.jsonl.3.gz" in caplog.text and "journal.jsonl.2.gz" in caplog.text
+
+
+def test_a_late_record_at_the_start_of_the_live_file_hides_no_rotated_file(tmp_path: Path) -> None:
+    """An idle run appended when the agent came back after a stop begins the new file with an
+    old time: the rotated file before it (written after that time) is still read."""
+    day = 86400.0
+    write(tmp_path / "journal.jsonl.1", [rec(T0 + 2 * day, event="admin")])
+    live = write(tmp_path / "journal.jsonl", [rec(T0), rec(T0 + 10 * day)])
+    got = tss(forward(live, since=T0 + 2 * day))
+    assert T0 + 2 * day in got
+
+
+def test_dateext_with_a_dateformat_of_dashes_and_seconds_is_read(tmp_path: Path) -> None:
+    live = write(tmp_path / "journal.jsonl", [rec(T0 + 3)])
+    write(tmp_path / "journal.jsonl-20261201-1796100000.gz", [rec(T0 + 1)])
+    write(tmp_path / "journal.jsonl-20261201-1796200000", [rec(T0 + 2)])
+    assert tss(forward(live)) == [T0 + 1, T0 + 2, T0 + 3]
