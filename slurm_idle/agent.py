@@ -335,8 +335,11 @@ class Agent:
 
     def _journal_tick(self, result: TickResult, started: float) -> None:
         from slurm_idle.idle_runs import record_tick
+        from slurm_idle.journal_snapshots import snapshot_if_new_day
 
         assert self.journal is not None
+        snapshot_if_new_day(self.journal, {n: p.value for n, p in final_phases(result).items()},
+                            started)
         record_tick(self.journal, TickRecord(
             ts=started,
             duration_s=result.duration_s,
@@ -349,17 +352,22 @@ class Agent:
         ), cadence_s=self.config.policy.tick_interval_s)
 
 
-def phase_counts(result: TickResult) -> dict[str, int]:
-    """Nodes (and replica jobs) per phase after the tick's steps (every phase present, 0 when
-    none)."""
-    counts: Counter[str] = Counter({p.value: 0 for p in Phase})
+def final_phases(result: TickResult) -> dict[str, Phase]:
+    """Each node's (and replica job's) phase after the tick's steps (empty: nothing observed)."""
     if result.observation is None:
-        return dict(counts)
+        return {}
     final: dict[str, Phase] = {v.name: v.phase for v in result.observation.nodes}
     final.update((r.name, r.phase) for r in result.observation.replica_jobs)  # placement: jobs
     for step in result.steps:
         if step.outcome is StepOutcome.OK:
             for node in step.nodes or (step.node,):
                 final[node] = step.to_phase
-    counts.update(p.value for p in final.values())
+    return final
+
+
+def phase_counts(result: TickResult) -> dict[str, int]:
+    """Nodes (and replica jobs) per phase after the tick's steps (every phase present, 0 when
+    none)."""
+    counts: Counter[str] = Counter({p.value: 0 for p in Phase})
+    counts.update(p.value for p in final_phases(result).values())
     return dict(counts)

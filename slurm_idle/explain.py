@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from slurm_idle.journal import (
     AdminRecord,
     Journal,
+    PhasesRecord,
     RouterRecord,
     StepOutcome,
     TickRecord,
@@ -136,21 +137,29 @@ def stale_in_history(journal: Journal, shown: Sequence[Event],
                      phases: Mapping[str, str]) -> list[StaleNode]:
     """stale_nodes of `phases`, the nodes the shown events leave without a phase looked up
     further back: every event naming one of them, newest first, until its newest phase-bearing
-    record is found (or the history ends), so its last record's time is its newest of any kind."""
+    record or the day's phases record (journal_snapshots.py) is found, or the history ends."""
     said = {n for r in shown if _phases_left(r) is not None for n in _nodes_of(r)}
     missing = set(phases) - said
     found: list[Event] = []
+    snapshot: dict[str, tuple[float, str]] = {}  # node -> (when, phase) of a phases record
     if missing:
         for rec in journal.newest_first(quoted(missing)):  # lines naming one of them
             parsed = parse_record(rec)
-            if not isinstance(parsed, TransitionRecord | RouterRecord | AdminRecord):
-                continue
-            named = missing & set(_nodes_of(parsed))
-            if not named:
-                continue
-            found.append(parsed)
-            if _phases_left(parsed) is not None:
-                missing -= named
-                if not missing:
-                    break
-    return stale_nodes(in_event_order([*reversed(found), *shown]), phases)
+            if isinstance(parsed, PhasesRecord):
+                for node in missing & parsed.nodes.keys():
+                    snapshot[node] = (parsed.ts, parsed.nodes[node])
+                missing -= parsed.nodes.keys()
+            elif isinstance(parsed, TransitionRecord | RouterRecord | AdminRecord):
+                named = missing & set(_nodes_of(parsed))
+                if named:
+                    found.append(parsed)
+                    if _phases_left(parsed) is not None:
+                        missing -= named
+            if not missing:
+                break
+    stale = {n.node: n for n in stale_nodes(in_event_order([*reversed(found), *shown]), phases)}
+    for node, (ts, phase) in snapshot.items():
+        if phases[node] != phase:
+            last = max([ts, *(r.ts for r in found if node in _nodes_of(r))])
+            stale[node] = StaleNode(node, last, phase, phases[node])
+    return [stale[n] for n in phases if n in stale]

@@ -47,6 +47,9 @@ dataclass beside its JSON shape below); split apart, a writer and a reader could
   ForeignReplicaJobRecord):
     {"event": "foreign-replica-job", "time": ..., "ts": ..., "job_id": 77, "user": "mallory",
      "nodes": ["gpu8"], "replica": "m#1", "why": "user mallory is not the agent's (root)"}
+  phases (every pool node's phase after the first tick of a UTC day, journal_snapshots.py,
+  PhasesRecord):
+    {"event": "phases", "time": ..., "ts": ..., "nodes": {"gpu1": "serving", "gpu2": "lent"}}
 """
 
 from __future__ import annotations
@@ -570,12 +573,38 @@ class ForeignReplicaJobRecord:
                    time=_opt_str(rec.get("time")))
 
 
+@dataclass(frozen=True)
+class PhasesRecord:
+    """Every pool node's phase after a tick, once a UTC day (journal_snapshots.py): a reader
+    looking for the phase of a node that has not stepped for months stops here."""
+
+    EVENT: ClassVar[str] = "phases"
+
+    ts: float
+    nodes: dict[str, str]  # node (or replica job) -> phase
+    time: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        rec = _head(self.EVENT, self.ts, self.time)
+        rec["nodes"] = dict(self.nodes)
+        return rec
+
+    @classmethod
+    def from_json(cls, rec: Mapping[str, Any]) -> PhasesRecord | None:
+        nodes = rec.get("nodes")
+        if not isinstance(nodes, Mapping):
+            return None
+        return cls(ts=_num(rec.get("ts")), time=_opt_str(rec.get("time")),
+                   nodes={str(k): v for k, v in nodes.items() if isinstance(v, str)})
+
+
 JournalRecord = (TransitionRecord | TickRecord | JobRecord | ForeignJobRecord | RouterRecord
-                 | AdminRecord | DuplicateJobRecord | ForeignReplicaJobRecord)
+                 | AdminRecord | DuplicateJobRecord | ForeignReplicaJobRecord | PhasesRecord)
 
 _KINDS: dict[str, Any] = {k.EVENT: k for k in (TransitionRecord, TickRecord, JobRecord,
                                                ForeignJobRecord, RouterRecord, AdminRecord,
-                                               DuplicateJobRecord, ForeignReplicaJobRecord)}
+                                               DuplicateJobRecord, ForeignReplicaJobRecord,
+                                               PhasesRecord)}
 
 
 def parse_record(rec: Mapping[str, Any]) -> JournalRecord | None:

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 from slurm_idle import safefiles
 from slurm_idle.config import Config
 from slurm_idle.errors import ConfigError, SlurmIdleError
-from slurm_idle.journal import Journal, StepOutcome, TransitionRecord
+from slurm_idle.journal import Journal, PhasesRecord, StepOutcome, TransitionRecord, parse_record
 from slurm_idle.journal_files import quoted
 from slurm_idle.replicajobs import job_name
 from slurm_idle.report import build_report, inference_gpu_hours
@@ -129,7 +129,8 @@ def window_records(journal: Journal, since: float, nodes: Iterable[str]
     """What report.journal_facts needs of a period from `since` on, without the history
     before it: the records from about a day before `since` (journal_files.forward seeks
     there across rotated files), and for each of `nodes` with no completed step in them, the
-    phase its last completed step left it in (read from the end until each is found)."""
+    phase its last completed step or the newest day's phases record (journal_snapshots.py)
+    gives (read from the end until each is found)."""
     records = list(journal.records(since=since))
     stepped = {r.get("node") for r in records
                if r.get("event") == TransitionRecord.EVENT and r.get("outcome") == StepOutcome.OK}
@@ -139,11 +140,15 @@ def window_records(journal: Journal, since: float, nodes: Iterable[str]
         # Only lines naming a missing node are parsed, and a block naming none is skipped:
         # a node never lent costs one pass of `in` over the history, not a parse of it.
         for rec in journal.newest_first(quoted(missing)):
-            step = TransitionRecord.from_json(rec) if rec.get("event") == TransitionRecord.EVENT else None
-            if step is None or step.outcome != StepOutcome.OK or step.node not in missing:
-                continue
-            before[step.node] = step.to_phase
-            missing.discard(step.node)
+            parsed = parse_record(rec)
+            if isinstance(parsed, PhasesRecord):  # the day's phases (journal_snapshots.py)
+                for node in missing & parsed.nodes.keys():
+                    before[node] = parsed.nodes[node]
+                missing -= parsed.nodes.keys()
+            elif (isinstance(parsed, TransitionRecord) and parsed.outcome == StepOutcome.OK
+                  and parsed.node in missing):
+                before[parsed.node] = parsed.to_phase
+                missing.discard(parsed.node)
             if not missing:
                 break
     return records, before

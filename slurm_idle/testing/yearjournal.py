@@ -1,8 +1,9 @@
 """A year of journal, generated the way an agent writes it (scripts/bench-journal).
 
-Four nodes of one model, each lent twice a day (drain, lend, lent; reclaim, start, serving:
-six transitions and two router calls per cycle, 48 transitions a day in all), a tick every
-`cadence_s` seconds in between. With `fold`, runs of identical idle ticks are one record, as
+Five nodes of one model: four each lent twice a day (drain, lend, lent; reclaim, start,
+serving: six transitions and two router calls per cycle, 48 transitions a day in all), the
+fifth kept serving by the floor (it never steps), a tick every `cadence_s` seconds in between
+and every node's phase once a day (journal_snapshots.py). With `fold`, runs of identical idle ticks are one record, as
 the agent writes them now (idle_runs.py, the same rule); without, one record per tick, as
 journals written before that look (and as a site upgrading keeps them for years).
 """
@@ -17,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from slurm_idle.idle_runs import continues, extend, idle
-from slurm_idle.journal import RouterRecord, TickRecord, TransitionRecord, iso
+from slurm_idle.journal import PhasesRecord, RouterRecord, TickRecord, TransitionRecord, iso
 from slurm_idle.model import Phase
 
 DAY_S = 86400
 NODES = ("gpu1", "gpu2", "gpu3", "gpu4")
+FLOOR_NODE = "gpu5"  # the replica the floor keeps serving: it never steps
 MODEL = "llama"
 LEND = ((Phase.SERVING, Phase.RETIRING), (Phase.RETIRING, Phase.LENDING), (Phase.LENDING, Phase.LENT))
 RECLAIM = ((Phase.LENT, Phase.RECLAIMING), (Phase.RECLAIMING, Phase.STARTING),
@@ -89,6 +91,9 @@ def _records(start: float, days: int, cadence_s: float, fold: bool, seed: int
                     acted += 1
                 yield rec.EVENT, rec.to_json()
                 e += 1
+            if t == start + day * DAY_S:  # the day's first tick: every node's phase
+                yield "phases", PhasesRecord(ts=t, nodes={**{n: p.value for n, p in phases.items()},
+                                                          FLOOR_NODE: Phase.SERVING.value}).to_json()
             counts = {p.value: 0 for p in Phase}
             for p in phases.values():
                 counts[p.value] += 1
