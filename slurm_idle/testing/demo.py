@@ -314,6 +314,12 @@ def reset_cluster(sb: Any, journal: str | None = None) -> None:
         Path(journal).unlink()
     if journal:  # what the agent remembered of the engines (failed wakes, residues, refusals)
         notes_path(journal).unlink(missing_ok=True)
+        # The journal's side files: the idle run being counted, the day of the phases record.
+        from slurm_idle.journal import Journal
+        from slurm_idle.journal_snapshots import day_path
+
+        Journal(Path(journal)).pending_path.unlink(missing_ok=True)
+        day_path(Journal(Path(journal))).unlink(missing_ok=True)
 
 
 def wake_all(sb: Any) -> None:
