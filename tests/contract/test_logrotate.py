@@ -185,7 +185,8 @@ def test_rotation_mid_run_loses_and_duplicates_no_record(tmp_path: Path) -> None
     assert any(r["event"] == "transition" for r in after)
     assert history(live) == [second, first, live]
     assert sorted(p.name for p in live.parent.iterdir() if p.name.startswith("journal.jsonl")) == [
-        "journal.jsonl", "journal.jsonl.1", "journal.jsonl.2.gz", "journal.jsonl.idle-run"]
+        "journal.jsonl", "journal.jsonl.1", "journal.jsonl.2.gz", "journal.jsonl.idle-run",
+        "journal.jsonl.phases-day"]  # the side files beside it, never rotated
 
     # Nothing lost, nothing doubled: each tick is covered by exactly one tick record (a run
     # covers `count` ticks from ts to until), each step is one transition record.
