@@ -59,6 +59,15 @@ def test_a_dead_serving_engine_is_replaced_within_a_fast_interval(sandbox: Any, 
         return {n["name"]: n["phase"] for n in status(sb, env)["nodes"]}
 
     assert phases() == {"gpu1": Phase.SERVING.value, **{n: Phase.LENT.value for n in LENT}}
+
+    def at_rest() -> bool:
+        """The planner reclaims nothing now: the load history of a module run before this
+        one on the same worker (its level and trend over the planner's windows) is gone, or
+        the agent's first tick reclaims for it and gpu1 is not serving alone."""
+        plan = json.loads(cli(sb, env, "tick", "--dry-run", "--json").stdout)
+        return not any(a["kind"] == "reclaim" for a in plan["actions"])
+
+    poll(at_rest, 600, "the planner at rest (no reclaim at load 0)", interval_s=5.0)
     agent = subprocess.Popen([sys.executable, "-m", "slurm_idle.cli", "agent", "--json"], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
