@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 import pytest
 
-from slurm_idle.cli import main
+from slurm_idle.cli import load_all, main
 from slurm_idle.commands import SubprocessRunner
 from slurm_idle.logs import LOGGER_NAME, setup_logging
 
@@ -26,6 +26,7 @@ def leaf_commands(group: click.Group, prefix: str = "") -> Iterator[tuple[str, c
 
 def test_every_command_takes_the_logging_options() -> None:
     """`slurm-idle tick -v` must parse like `slurm-idle -v tick`, for every command."""
+    load_all()  # the top group imports its command modules lazily
     leaves = dict(leaf_commands(main))
     assert {"tick", "status", "report", "config check", "pipeline run"} <= set(leaves)
     for name, cmd in leaves.items():
