@@ -29,7 +29,7 @@ AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 @dataclass(frozen=True)
 class Series:
-    """One model's per-minute demand, aligned on the trace's minutes."""
+    """One model's demand per step, aligned on the trace's steps."""
 
     rps: tuple[float, ...]
     prompt_tokens: tuple[float, ...]
@@ -38,18 +38,66 @@ class Series:
 
 @dataclass(frozen=True)
 class Trace:
-    """Per-minute demand of every model, from `start` (unix seconds, on a minute) for `minutes`."""
+    """Demand of every model, step by step: `steps` steps of `step_s` seconds from `start`
+    (unix seconds, on a step). The formats read and written here are per minute (step 60);
+    `resample` makes a finer trace for a simulation in seconds."""
 
     start: float
-    minutes: int
+    steps: int
     series: dict[str, Series] = field(default_factory=dict)
+    step_s: float = 60.0
 
     @property
     def models(self) -> tuple[str, ...]:
         return tuple(self.series)
 
-    def timestamp(self, minute: int) -> float:
-        return self.start + 60.0 * minute
+    @property
+    def minutes(self) -> float:
+        """The trace's length in minutes (a whole number for per-minute traces)."""
+        return self.steps * self.step_s / 60.0
+
+    def timestamp(self, step: int) -> float:
+        return self.start + self.step_s * step
+
+
+#: How a trace is made finer (`resample`): each step's value held through it, or drawn
+#: linearly between the steps' centres.
+RESAMPLE_HOW = ("hold", "linear")
+
+
+def resample(trace: Trace, step_s: float, how: str = "hold") -> Trace:
+    """`trace` at a finer step: each of its steps split in `trace.step_s / step_s` steps.
+
+    `hold` keeps a step's mean (requests/s, tokens per request) through it, a staircase;
+    `linear` draws each series linearly between the centres of the trace's steps (held
+    before the first centre and after the last), which keeps a ramp a ramp instead of a
+    staircase of minute steps. The same trace back when the step does not change."""
+    if how not in RESAMPLE_HOW:
+        raise ConfigError(f"resampling {how!r}: one of {', '.join(RESAMPLE_HOW)}")
+    ratio = trace.step_s / step_s if step_s > 0 else 0.0
+    if abs(ratio - round(ratio)) > 1e-9 or round(ratio) < 1:
+        raise ConfigError(f"a step of {step_s:g} s does not divide the trace's {trace.step_s:g} s "
+                          "steps (a divisor of 60: 1, 2, 5, 10, 15, 20, 30 or 60)")
+    k = round(ratio)
+    if k == 1:
+        return trace
+
+    def finer(values: tuple[float, ...]) -> tuple[float, ...]:
+        if how == "hold":
+            return tuple(v for v in values for _ in range(k))
+        out = []
+        last = len(values) - 1
+        for i in range(len(values) * k):
+            x = (i + 0.5) / k - 0.5  # this fine step's centre, in the trace's steps
+            lo = min(last, max(0, math.floor(x)))
+            hi = min(last, lo + 1)
+            frac = min(1.0, max(0.0, x - lo))
+            out.append(values[lo] + (values[hi] - values[lo]) * frac)
+        return tuple(out)
+
+    series = {m: Series(finer(s.rps), finer(s.prompt_tokens), finer(s.output_tokens))
+              for m, s in trace.series.items()}
+    return Trace(start=trace.start, steps=trace.steps * k, series=series, step_s=step_s)
 
 
 def iso_minute(ts: float) -> str:
@@ -88,7 +136,7 @@ def _build(rows: dict[str, dict[int, tuple[float, float, float]]], source: str) 
         series[model] = Series(
             tuple(v[0] for v in values), tuple(v[1] for v in values), tuple(v[2] for v in values)
         )
-    return Trace(start=first * 60.0, minutes=count, series=series)
+    return Trace(start=first * 60.0, steps=count, series=series)
 
 
 def parse_csv_trace(text: str, source: str = "<trace>") -> Trace:
@@ -156,11 +204,13 @@ def read_trace(path: str | Path, azure_model: str = "azure") -> Trace:
 
 
 def format_trace(trace: Trace) -> str:
-    """The trace as slurm-idle CSV text."""
+    """The trace as slurm-idle CSV text (per minute: a finer trace cannot be written)."""
+    if trace.step_s != 60:
+        raise ConfigError(f"the CSV format is per minute; this trace steps {trace.step_s:g} s")
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_HEADER)
-    for minute in range(trace.minutes):
+    for minute in range(trace.steps):
         stamp = iso_minute(trace.timestamp(minute))
         for model, s in trace.series.items():
             writer.writerow(
@@ -244,4 +294,4 @@ def synthetic_trace(
             prompt.append(round(spec.prompt_tokens * math.exp(rng.gauss(0.0, 0.01)), 1))
             output.append(round(spec.output_tokens * math.exp(rng.gauss(0.0, 0.01)), 1))
         series[spec.name] = Series(tuple(rps), tuple(prompt), tuple(output))
-    return Trace(start=t0, minutes=minutes, series=series)
+    return Trace(start=t0, steps=minutes, series=series)

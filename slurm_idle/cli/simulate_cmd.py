@@ -43,11 +43,19 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
               help="Demand model: a replica breaks the SLO above this share of its tokens/s. "
               "Without --config the slurm-idle policy plans at 0.975x this (0.78 for 0.8).")
 @click.option("--floor", type=int, default=1, show_default=True, help="Demand model: minimum replicas.")
+@click.option("--step-s", type=int, default=60, show_default=True,
+              help="Simulate in steps of this many seconds, a divisor of 60 (10: the agent's "
+              "fast checks, sleep-mode wakes and short graces are timed to 10 s instead of "
+              "whole minutes). The per-minute trace is made finer as --resample says.")
+@click.option("--resample", type=click.Choice(["hold", "linear"]), default="hold",
+              show_default=True,
+              help="--step-s under 60: hold each minute's load through it, or draw it linearly "
+              "between the minutes' centres.")
 @click.option("--tick-s", type=int, default=60, show_default=True,
-              help="slurm-idle: a full tick every this many seconds (whole minutes; cron: 60).")
+              help="slurm-idle: a full tick every this many seconds (whole steps; cron: 60).")
 @click.option("--fast-s", type=int, default=0, show_default=True,
-              help="slurm-idle: fast checks between ticks every this many seconds (whole minutes, "
-              "0: none; `slurm-idle agent`'s sub-minute checks are measured on the sandbox).")
+              help="slurm-idle: fast checks (policy.fast_plan) between ticks every this many "
+              "seconds (whole steps, 0: none; the agent's default is 10 with --step-s 10).")
 @click.option("--night-lend", type=int, default=None,
               help="night-window: replicas lent per model (default: what the trace's nights allow).")
 @click.option("--azure-model", default=None, help="Model name for an Azure trace (default: the fleet's).")
@@ -57,7 +65,8 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
 @click.option("--bursts-per-week", type=float, default=0.0, show_default=True,
               help="--synthetic: unannounced surges per week.")
 @click.option("--timeline", type=click.Path(dir_okay=False), default=None,
-              help="Write timestamp,model,serving,starting,lent,reclaiming per minute to this CSV.")
+              help="Write timestamp,model,serving,starting,lent,reclaiming per step (a "
+              "minute, or --step-s) to this CSV.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw load, needed/serving replicas and lent GPUs to this PNG (needs matplotlib).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -65,7 +74,8 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
 def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_path: str | None,
              policy: str, start_s: float, wake_s: float | None, grace_s: float, placement: str,
              queue_s: float | None, prompt_weight: float,
-             utilisation: float, floor: int, tick_s: int, fast_s: int, night_lend: int | None,
+             utilisation: float, floor: int, step_s: int, resample: str, tick_s: int,
+             fast_s: int, night_lend: int | None,
              azure_model: str | None,
              synthetic: bool, days: int, seed: int, bursts_per_week: float, timeline: str | None,
              plot: str | None, as_json: bool) -> None:
@@ -125,6 +135,7 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
                    "entry: not simulated, not in the timeline", err=True)
     params = SimParams(start_s=start_s, wake_s=wake_s, grace_s=grace_s, prompt_weight=prompt_weight,
                        utilisation=utilisation, floor=floor, tick_s=tick_s, fast_s=fast_s,
+                       step_s=step_s, resample=resample,
                        **({} if queue_s is None else {"queue_s": queue_s}))
     result = run(load, fleet, params, policy,
                  policy_config=config.policy if config is not None else None, night_lend=night_lend)
@@ -136,7 +147,8 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
     if as_json:
         echo_json(summary)
         return
-    click.echo(f"policy {policy}: {summary['minutes']} minutes, {len(fleet)} model(s)")
+    steps = "" if step_s == 60 else f" in {step_s} s steps ({resample})"
+    click.echo(f"policy {policy}: {summary['minutes']} minutes{steps}, {len(fleet)} model(s)")
     click.echo(f"  harvested {summary['harvested_gpu_hours']:.1f} GPU-h of an oracle's "
                f"{summary['oracle_gpu_hours']:.1f} ({summary['harvest_ratio']:.1%})")
     violations = summary["slo_violation_minutes"]

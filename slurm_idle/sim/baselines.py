@@ -7,7 +7,8 @@
   just early enough. Its harvest is the physical limit (Simulation.oracle_bound).
 - `level-oracle` (a reference point for scripts/bench-sim-bound, not in the tables): knows
   the load's *level* at every minute ahead, not its minute-to-minute noise.
-All of them only see the fleet and the trace; their decisions are plain LEND/RECLAIM actions
+They decide at every step of the simulation (a minute, or `SimParams.step_s`); their
+windows are in seconds. All of them only see the fleet and the trace; their decisions are plain LEND/RECLAIM actions
 that the engine applies with the same latencies as the real planner's. They count in nodes
 (`Simulation.need_nodes`): with several replicas per node only whole nodes are lent.
 """
@@ -63,15 +64,16 @@ def _count(nodes: list[SimNode], *phases: Phase) -> int:
 
 @dataclass
 class Reactive:
-    """Scale on the last minute's load; scale down to the max of the last `stabilisation_min`."""
+    """Scale on the last step's load; scale down to the max of the last `stabilisation_s`."""
 
-    stabilisation_min: int = 5
+    stabilisation_s: int = 300
     name: str = "reactive"
     auto_continue: bool = True
 
-    def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]:
+    def decide(self, sim: Simulation, step: int, now: float) -> list[Action]:
         actions: list[Action] = []
-        seen = max(0, minute - 1)
+        seen = max(0, step - 1)
+        window = max(1, sim.params.steps(self.stabilisation_s))
         for model, nodes in sim.nodes.items():
             need = sim.need_nodes[model]
             desired = need[seen]
@@ -79,7 +81,7 @@ class Reactive:
             if desired > supply:
                 actions += _bring_back(nodes, desired - supply, "reactive: scale up")
                 continue
-            recent = max(need[max(0, seen - self.stabilisation_min + 1) : seen + 1])
+            recent = max(need[max(0, seen - window + 1) : seen + 1])
             if not _count(nodes, Phase.STARTING, Phase.RECLAIMING):
                 actions += _lend(nodes, _count(nodes, Phase.SERVING) - recent, "reactive: scale down")
         return actions
@@ -106,7 +108,7 @@ class NightWindow:
         ]
         return max(0, nodes - max(nights, default=nodes))
 
-    def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]:
+    def decide(self, sim: Simulation, step: int, now: float) -> list[Action]:
         if not hasattr(self, "_counts"):
             self._counts = {model: self._count_for(sim, model) for model in sim.nodes}
         actions: list[Action] = []
@@ -124,18 +126,18 @@ class NightWindow:
 
 @dataclass
 class Oracle:
-    """Knows every minute's need: lends what no minute needs soon, reclaims just in time."""
+    """Knows every step's need: lends what no step needs soon, reclaims just in time."""
 
     name: str = "oracle"
     auto_continue: bool = True
 
     def needs(self, sim: Simulation) -> dict[str, list[int]]:
-        """Nodes to serve per model and minute: what each minute needs."""
+        """Nodes to serve per model and step: what each step needs."""
         return sim.need_nodes
 
-    def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]:
+    def decide(self, sim: Simulation, step: int, now: float) -> list[Action]:
         p = sim.params
-        reclaim, drain, end = p.reclaim_minutes, p.drain_minutes, sim.trace.minutes
+        reclaim, drain, end = p.reclaim_steps, p.drain_steps, sim.trace.steps
         actions: list[Action] = []
         for model, nodes in sim.nodes.items():
             need = self.needs(sim)[model]
@@ -145,16 +147,16 @@ class Oracle:
 
             serving = _count(nodes, Phase.SERVING)
             coming = _count(nodes, Phase.STARTING, Phase.RECLAIMING)
-            short = at(minute + reclaim) - (serving + coming)
+            short = at(step + reclaim) - (serving + coming)
             back = _bring_back(nodes, short, "oracle: needed in time") if short > 0 else []
-            # A reclaim of zero minutes serves this very minute: the nodes brought back count as
-            # serving and may be lent again at once (drained during this minute) when the next
-            # minute does not need them. With any reclaim time the window below covers
-            # minute + reclaim, which is short: nothing is lent alongside a reclaim.
+            # A reclaim of zero steps serves this very step: the nodes brought back count as
+            # serving and may be lent again at once (drained during this step) when the next
+            # step does not need them. With any reclaim time the window below covers
+            # step + reclaim, which is short: nothing is lent alongside a reclaim.
             instant = [] if reclaim else [
                 sim.by_name[a.node] for a in back if a.kind is ActionKind.RECLAIM
             ]
-            soon = max(at(m) for m in range(minute + drain, minute + drain + reclaim + 1))
+            soon = max(at(m) for m in range(step + drain, step + drain + reclaim + 1))
             actions += back + _lend(
                 nodes, serving + len(back) - soon, "oracle: not needed soon", also=instant
             )
@@ -193,7 +195,7 @@ LEVEL_ORACLE_NOISE = ("hour", "trace")
 class LevelOracle(Oracle):
     """A reference point, not a policy: a noise margin on a level known in advance.
 
-    It knows, at every minute ahead, the load's level (the centred mean of the `half_width`
+    It knows, at every moment ahead, the load's level (the centred mean of the `half_width`
     minutes around it: ramps, plateaus, weekends, level shifts, bursts and flash crowds as
     they will come) and holds `sigmas` x a noise figure above it, lending and reclaiming just
     in time like the oracle (reclaim latency respected). It does not know each minute's noise.
@@ -223,7 +225,7 @@ class LevelOracle(Oracle):
             raise ValueError(f"noise must be one of {', '.join(LEVEL_ORACLE_NOISE)}, not {self.noise!r}")
 
     def needs(self, sim: Simulation) -> dict[str, list[int]]:
-        """Nodes per model and minute for `sim`: planned once per simulation."""
+        """Nodes per model and step for `sim`: planned once per simulation."""
         if self._for is not sim:
             self._plan = {model: self._nodes(sim, model) for model in sim.demand}
             self._for = sim
@@ -231,14 +233,14 @@ class LevelOracle(Oracle):
 
     def _nodes(self, sim: Simulation, model: str) -> list[int]:
         p, f, demand = sim.params, sim.fleet[model], sim.demand[model]
-        level = centred_means(demand, self.half_width)
+        level = centred_means(demand, p.steps(60 * self.half_width))
         whole = relative_noise(demand, level)
-        hourly = (_noises(demand, NOISE_LAG_S // 60, NOISE_SPAN_S // 60) if self.noise == "hour"
-                  else [None] * len(demand))
-        # the planner's lead (grace + start + a tick, whole minutes) and its margin's widening
-        lead_min = math.ceil((p.grace_s + p.engine_start_s + TICK_S) / 60)
-        widen = horizon_factor(60.0 * lead_min) if self.noise == "hour" else 1.0
-        before = p.reclaim_minutes + 1  # the figure when a reclaim for minute m had to start
+        hourly = (_noises(demand, p.steps(NOISE_LAG_S), p.steps(NOISE_SPAN_S))
+                  if self.noise == "hour" else [None] * len(demand))
+        # the planner's lead (grace + start + a tick, whole steps) and its margin's widening
+        lead_steps = p.steps(p.grace_s + p.engine_start_s + TICK_S)
+        widen = horizon_factor(p.step_s * lead_steps) if self.noise == "hour" else 1.0
+        before = p.reclaim_steps + 1  # the figure when a reclaim for step m had to start
         floor = min(p.floor, f.replicas)
         out = []
         for i, m in enumerate(level):

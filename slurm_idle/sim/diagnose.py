@@ -43,7 +43,7 @@ class Breakdown:
 def breakdown(sim: Simulation, result: SimResult, steps_10min: bool, window_min: int = 15) -> Breakdown:
     """The Breakdown of `result` (a run of `sim`)."""
     out = Breakdown()
-    lead = sim.params.reclaim_minutes + 1
+    lead = sim.params.reclaim_steps + 1
     for model, rows in result.timeline.items():
         need = sim.need[model]
         gpus = sim.fleet[model].gpus_per_replica

@@ -1,8 +1,11 @@
-"""The simulated fleet: replicas moving through the lifecycle minute by minute, and the score.
+"""The simulated fleet: replicas moving through the lifecycle step by step, and the score.
 
-Each minute of the trace is one tick: the policy looks at the fleet and returns `Action`s (the
-same type the real agent executes), the engine applies them through the real transition table
-(lifecycle.check_transition) with the configured latencies, then counts the minute. A node is
+The simulation steps `SimParams.step_s` seconds at a time (60: a minute, the resolution of the
+trace formats; down to a few seconds with the trace resampled, traces.resample). At each step
+the policy looks at the fleet and returns `Action`s (the same type the real agent executes;
+the slurm-idle policy acts only on its tick and fast-check steps), the engine applies them
+through the real transition table (lifecycle.check_transition) with the configured latencies,
+then counts the step. A node is
 driven forward within a tick as long as its latencies allow, like the agent's NodeDriver. A
 phase lasts as long as what its forward edge waits for (`Edge.ready`, lifecycle.py):
 
@@ -11,11 +14,11 @@ phase lasts as long as what its forward edge waits for (`Edge.ready`, lifecycle.
   NODES_EMPTY     `grace_s` (RECLAIMING: the idle jobs' grace time)
   ENGINES_SERVING `start_s`, or `wake_s` for sleep-mode engines (STARTING)
 
-Accounting per model and minute: serving = the phases that take traffic (SERVING + RETIRING), lent = LENT + LENDING, starting,
-reclaiming (they always sum to the replicas). A model-minute violates the SLO when the model's
-serving replicas are below what the trace needs; violations are counted per model-minute (a
-minute short for two models counts twice) and their share is taken of all model-minutes;
-harvested GPU-hours are LENT node-minutes times the node's GPUs; every reclaim of a LENT node
+Accounting per model and step: serving = the phases that take traffic (SERVING + RETIRING), lent = LENT + LENDING, starting,
+reclaiming (they always sum to the replicas). A model-step violates the SLO when the model's
+serving replicas are below what the trace needs; violations are counted per model-step (a
+step short for two models counts twice), reported in model-minutes, and their share is taken
+of all model-steps; harvested GPU-hours are LENT node-seconds times the node's GPUs; every reclaim of a LENT node
 is a preemption that loses the work since the jobs' last checkpoint.
 With `per_node` replicas per node (FleetModel), a SimNode carries that many replicas and moves
 as one lend group; counts and the SLO are in replicas, lending in whole nodes.
@@ -73,10 +76,13 @@ class SimParams:
     queue_s: float = QUEUE_S
     cancel_s: float = CANCEL_S
     # The planner's cadence (slurm-idle policy only): a full tick every tick_s, and between
-    # ticks a fast check (policy.fast_plan) every fast_s (0: none). Whole minutes: the
-    # simulation's resolution; sub-minute cadences are measured on the sandbox (tests/e2e).
+    # ticks a fast check (policy.fast_plan) every fast_s (0: none); both whole steps.
     tick_s: int = 60
     fast_s: int = 0
+    # The simulation's resolution: a divisor of 60 (the traces are per minute; a finer step
+    # resamples them, `resample` says how).
+    step_s: int = 60
+    resample: str = "hold"
 
     def __post_init__(self) -> None:
         from slurm_idle.errors import ConfigError
@@ -89,22 +95,31 @@ class SimParams:
             raise ConfigError("--queue-s and the cancel time must be >= 0")
         if not 0 < self.utilisation <= 1 or self.prompt_weight < 0 or self.floor < 0:
             raise ConfigError("utilisation must be in (0, 1], prompt weight and floor >= 0")
-        if self.tick_s < 60 or self.tick_s % 60 or self.fast_s < 0 or self.fast_s % 60:
-            raise ConfigError("--tick-s must be a whole number of minutes (>= 60) and --fast-s 0 or "
-                              "whole minutes: the simulation steps a minute at a time")
+        if self.step_s < 1 or 60 % self.step_s:
+            raise ConfigError(f"--step-s {self.step_s}: a divisor of 60 (1, 2, 3, 4, 5, 6, 10, 12, "
+                              "15, 20, 30 or 60): the traces are per minute")
+        if (self.tick_s < self.step_s or self.tick_s % self.step_s or self.fast_s < 0
+                or self.fast_s % self.step_s):
+            raise ConfigError(f"--tick-s ({self.tick_s}) must be a whole number of steps and "
+                              f"--fast-s ({self.fast_s}) 0 or whole steps: the simulation steps "
+                              f"{self.step_s} s at a time (--step-s)")
 
     @property
     def engine_start_s(self) -> float:
         return self.wake_s if self.wake_s is not None else self.start_s
 
-    @property
-    def reclaim_minutes(self) -> int:
-        """Ticks from a reclaim decision to the replica serving."""
-        return math.ceil(self.grace_s / 60) + math.ceil(self.engine_start_s / 60)
+    def steps(self, seconds: float) -> int:
+        """How many steps a wait of `seconds` spans (a started step counts)."""
+        return math.ceil(seconds / self.step_s)
 
     @property
-    def drain_minutes(self) -> int:
-        return math.ceil(self.drain_s / 60)
+    def reclaim_steps(self) -> int:
+        """Steps from a reclaim decision to the replica serving."""
+        return self.steps(self.grace_s) + self.steps(self.engine_start_s)
+
+    @property
+    def drain_steps(self) -> int:
+        return self.steps(self.drain_s)
 
     def latency(self, phase: Phase) -> float:
         """How long a transitional phase lasts: what its forward edge waits for (its `ready`)
@@ -141,43 +156,67 @@ class SimPolicy(Protocol):
     name: str
     auto_continue: bool  # the engine carries transitional nodes on by itself, before deciding
 
-    def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]: ...
+    def decide(self, sim: Simulation, step: int, now: float) -> list[Action]: ...
 
 
 @dataclass
 class SimResult:
-    """The score of one run, plus the per-minute timeline."""
+    """The score of one run, plus the per-step timeline."""
 
-    minutes: int
+    steps: int
     harvested_gpu_hours: float
     oracle_gpu_hours: float
-    slo_violation_minutes: int  # model-minutes short of capacity
+    slo_violation_steps: int  # model-steps short of capacity
     preemptions: int
     lost_gpu_hours: float
     timeline: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
     models: int = 1
-    violation_minutes_by_model: dict[str, int] = field(default_factory=dict)
-    slo_violation_wall_minutes: int = 0  # minutes in which at least one model was short
+    violation_steps_by_model: dict[str, int] = field(default_factory=dict)
+    slo_violation_wall_steps: int = 0  # steps in which at least one model was short
+    step_s: int = 60
+
+    def _minutes(self, steps: int) -> float | int:
+        """Steps as minutes: whole for a simulation by the minute, as before."""
+        return steps if self.step_s == 60 else round(steps * self.step_s / 60.0, 2)
+
+    @property
+    def minutes(self) -> float | int:
+        return self._minutes(self.steps)
+
+    @property
+    def slo_violation_minutes(self) -> float | int:
+        """Model-minutes short of capacity."""
+        return self._minutes(self.slo_violation_steps)
+
+    @property
+    def violation_minutes_by_model(self) -> dict[str, float | int]:
+        return {m: self._minutes(n) for m, n in self.violation_steps_by_model.items()}
+
+    @property
+    def slo_violation_wall_minutes(self) -> float | int:
+        """Minutes in which at least one model was short."""
+        return self._minutes(self.slo_violation_wall_steps)
 
     @property
     def harvest_ratio(self) -> float:
         return self.harvested_gpu_hours / self.oracle_gpu_hours if self.oracle_gpu_hours > 0 else 1.0
 
     @property
-    def model_minutes(self) -> int:
-        return self.minutes * self.models
+    def model_minutes(self) -> float | int:
+        return self._minutes(self.steps * self.models)
 
     @property
     def violation_share(self) -> float:
-        """Violation model-minutes over all model-minutes."""
-        return self.slo_violation_minutes / self.model_minutes if self.model_minutes else 0.0
+        """Violation model-steps over all model-steps."""
+        return self.slo_violation_steps / (self.steps * self.models) if self.steps else 0.0
 
-    def summary(self) -> dict[str, float | int | dict[str, int]]:
+    def summary(self) -> dict[str, float | int | dict[str, float | int]]:
         """The `--json` document of `slurm-idle simulate` (keys fixed by the issue).
 
         `slo_violation_minutes` counts model-minutes short of capacity (issue 15: a minute short
         for two models counts twice), `slo_violation_share` is its share of `model_minutes`;
         `slo_violation_wall_minutes` counts minutes with any model short (the old measure).
+        Simulated in steps under a minute (`step_s`), minutes are fractional (2 decimals).
         """
         return {
             "minutes": self.minutes,
@@ -191,6 +230,7 @@ class SimResult:
             "slo_violation_minutes_by_model": dict(self.violation_minutes_by_model),
             "preemptions": self.preemptions,
             "lost_gpu_hours": round(self.lost_gpu_hours, 2),
+            "step_s": self.step_s,
         }
 
 
@@ -222,6 +262,7 @@ class Simulation:
 
     def __init__(self, trace: Trace, fleet: Sequence[FleetModel], params: SimParams) -> None:
         from slurm_idle.errors import ConfigError
+        from slurm_idle.traces import resample
 
         names = [f.name for f in fleet]
         repeated = sorted({n for n in names if names.count(n) > 1})
@@ -235,6 +276,7 @@ class Simulation:
                 f"fleet model(s) {', '.join(missing)} not in the trace (trace has: "
                 f"{', '.join(trace.models)})"
             )
+        trace = resample(trace, params.step_s, params.resample)
         self.trace = trace
         self.fleet = {f.name: f for f in fleet}
         self.params = params
@@ -261,7 +303,7 @@ class Simulation:
             for f in fleet
         }
         self.by_name = {n.name: n for nodes in self.nodes.values() for n in nodes}
-        # serving replicas per model and minute, filled as the run goes (policies read the past)
+        # serving replicas per model and step, filled as the run goes (policies read the past)
         self.serving: dict[str, list[int]] = {f.name: [] for f in fleet}
         self.preemptions = 0
         self.lost_gpu_hours = 0.0
@@ -313,13 +355,14 @@ class Simulation:
         wall = 0
         by_model = {m: 0 for m in self.fleet}
         timeline: dict[str, list[tuple[int, int, int, int]]] = {m: [] for m in self.fleet}
-        traffic = [ph for ph in Phase if takes_traffic(ph)]  # once per run, not per minute
-        for minute in range(self.trace.minutes):
-            now = self.trace.timestamp(minute)
+        traffic = [ph for ph in Phase if takes_traffic(ph)]  # once per run, not per step
+        step_h = self.params.step_s / 3600.0
+        for step in range(self.trace.steps):
+            now = self.trace.timestamp(step)
             if policy.auto_continue:
                 for node in self.by_name.values():
                     self._carry_on(node, now)
-            for action in policy.decide(self, minute, now):
+            for action in policy.decide(self, step, now):
                 self.apply(action, now)
             short = False
             for model, nodes in self.nodes.items():
@@ -337,23 +380,24 @@ class Simulation:
                 timeline[model].append(row)
                 self.serving[model].append(serving)
                 # LENT replicas x their GPUs: the lent nodes' GPUs (whole nodes are lent)
-                harvested += counts[Phase.LENT] * self.fleet[model].gpus_per_replica / 60.0
-                if serving < self.need[model][minute]:
+                harvested += counts[Phase.LENT] * self.fleet[model].gpus_per_replica * step_h
+                if serving < self.need[model][step]:
                     short = True
                     by_model[model] += 1
                     violations += 1
             wall += short
         return SimResult(
-            minutes=self.trace.minutes,
+            steps=self.trace.steps,
             harvested_gpu_hours=harvested,
             oracle_gpu_hours=self.oracle_bound(),
-            slo_violation_minutes=violations,
+            slo_violation_steps=violations,
             preemptions=self.preemptions,
             lost_gpu_hours=self.lost_gpu_hours,
             timeline=timeline,
             models=len(self.fleet),
-            violation_minutes_by_model=by_model,
-            slo_violation_wall_minutes=wall,
+            violation_steps_by_model=by_model,
+            slo_violation_wall_steps=wall,
+            step_s=self.params.step_s,
         )
 
     def oracle_bound(self) -> float:
@@ -361,17 +405,17 @@ class Simulation:
 
         Nodes are interchangeable, so look at each level k (the k-th node; with several
         replicas per node, a node is free only when all of them are): it is free in
-        the minutes where the need is below k. A free gap [a, b) can be lent from
-        max(a, drain) (the replica drains during the last needed minute; at the start of the
-        trace it drains first) until the reclaim that must start `reclaim_minutes` before b;
-        a gap that runs to the end needs no reclaim. Exact for drains of at most one tick.
+        the steps where the need is below k. A free gap [a, b) can be lent from
+        max(a, drain) (the replica drains during the last needed step; at the start of the
+        trace it drains first) until the reclaim that must start `reclaim_steps` before b;
+        a gap that runs to the end needs no reclaim. Exact for drains of at most one step.
         """
         p = self.params
         total = 0.0
-        reclaim, drain, end = p.reclaim_minutes, p.drain_minutes, self.trace.minutes
+        reclaim, drain, end = p.reclaim_steps, p.drain_steps, self.trace.steps
         for model, need in self.need_nodes.items():  # whole nodes: the grouping bounds it too
             fleet = self.fleet[model]
-            minutes = 0
+            steps = 0
             for level in range(1, fleet.nodes + 1):
                 m = 0
                 while m < end:
@@ -383,6 +427,6 @@ class Simulation:
                         m += 1
                     lend_from = max(a, drain)
                     lend_until = end if m == end else m - reclaim
-                    minutes += max(0, lend_until - lend_from)
-            total += minutes * fleet.gpus_per_node / 60.0
+                    steps += max(0, lend_until - lend_from)
+            total += steps * fleet.gpus_per_node * p.step_s / 3600.0
         return total

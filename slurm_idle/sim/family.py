@@ -225,7 +225,7 @@ def trace(m: Member) -> Trace:
     tail = random.Random(7_927 * m.seed + 5)
     minutes = m.days * 1440
     series = {s.name: _series(rng, s, m.start, minutes, m.steps_10min, tail) for s in m.shapes}
-    return Trace(start=m.start, minutes=minutes, series=series)
+    return Trace(start=m.start, steps=minutes, series=series)
 
 
 def members(count: int, first_seed: int = 1) -> list[Member]:

@@ -18,7 +18,6 @@ prints them: MEASURE lines).
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from slurm_idle.lifecycle import JOB_LIFECYCLE, Ready
@@ -66,7 +65,6 @@ def job_lend_s(params: SimParams) -> float:
     return sum(job_phase_latency(params, p) for p in (Phase.RETIRING, Phase.LENDING))
 
 
-def job_reclaim_minutes(params: SimParams) -> int:
-    """Ticks from a reclaim decision to the replica serving (the simulation's minutes)."""
-    return (math.ceil((params.queue_s + params.grace_s) / 60)
-            + math.ceil(params.engine_start_s / 60))
+def job_reclaim_steps(params: SimParams) -> int:
+    """Steps from a reclaim decision to the replica serving (the simulation's steps)."""
+    return params.steps(params.queue_s + params.grace_s) + params.steps(params.engine_start_s)

@@ -21,16 +21,17 @@ TIMELINE_HEADER = ("timestamp", "model", "serving", "starting", "lent", "reclaim
 
 
 def write_timeline(path: str | Path, trace: Trace, result: SimResult) -> None:
-    """One row per trace minute and model; the four counts sum to the model's replicas."""
+    """One row per step (a minute, or the simulation's step) and model; the four counts sum
+    to the model's replicas."""
     try:
         # Never through a user's symlink or directory (root running --timeline in /tmp).
         with os.fdopen(open_output(path, "--timeline"), "w", newline="") as handle:
             writer = csv.writer(handle, lineterminator="\n")
             writer.writerow(TIMELINE_HEADER)
-            for minute in range(trace.minutes):
-                stamp = iso_minute(trace.timestamp(minute))
+            for step in range(result.steps):
+                stamp = iso_minute(trace.start + result.step_s * step)
                 for model, rows in result.timeline.items():
-                    writer.writerow([stamp, model, *rows[minute]])
+                    writer.writerow([stamp, model, *rows[step]])
     except OSError as exc:
         raise ConfigError(f"{path}: cannot write the timeline: {exc.strerror}") from None
 
@@ -61,8 +62,9 @@ def plot_run(
     plt = pyplot()
     from slurm_idle.sim.engine import Simulation
 
-    need = Simulation(trace, fleet, params).need
-    hours = [m / 60.0 for m in range(trace.minutes)]
+    sim = Simulation(trace, fleet, params)
+    need, trace = sim.need, sim.trace  # at the simulation's step
+    hours = [i * trace.step_s / 3600.0 for i in range(trace.steps)]
     fig, axes = plt.subplots(2 * len(fleet), 1, figsize=(14, 6 * len(fleet)), squeeze=False,
                              sharex=True, gridspec_kw={"height_ratios": [1, 2] * len(fleet)})
     for i, f in enumerate(fleet):

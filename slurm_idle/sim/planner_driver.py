@@ -1,11 +1,13 @@
 """The `slurm-idle` policy in the simulator: the real `policy.plan()` fed simulated Observations.
 
 Nothing of the policy is re-implemented here; this module only plays the part of the metrics
-adapter and of Slurm. At the tick of minute m the agent sees what Prometheus would show then:
-the rates of the minute that just ended (m-1), maxima and minima over the scale-down window
-(None until the trace has run for the whole window, as Prometheus' coverage check), the queue's
-minimum over `queue_sustain_s`, and the forecast computed by `policy.forecast_demand` from the
-same moments 1 day and 7 days earlier. A model whose serving replicas cannot keep up shows a
+adapter and of Slurm. At the tick of step m (a minute, or `SimParams.step_s`) the agent sees
+what Prometheus would show then: the rates of the step that just ended (m-1), maxima and
+minima over the scale-down window (None until the trace has run for the whole window, as
+Prometheus' coverage check), the queue's minimum over `queue_sustain_s`, and the forecast
+computed by `policy.forecast_demand` from the same moments 1 day and 7 days earlier. Windows
+are in seconds, counted in whole steps. The agent's cadence is simulated too: a full
+`policy.plan()` every `tick_s`, the fast check (`policy.fast_plan`) every `fast_s` between. A model whose serving replicas cannot keep up shows a
 queue and a hot KV cache. The planner is configured like the simulated fleet: its lead time
 from the simulated grace and start, its utilisation and prompt weight from the demand model.
 """
@@ -57,8 +59,8 @@ def sim_policy(params: SimParams) -> PolicyConfig:
         "prompt_token_weight": params.prompt_weight,
     })
 
-DAY_MIN = 1440
-WEEK_MIN = 7 * DAY_MIN
+DAY_S = 86400
+WEEK_S = 7 * DAY_S
 _DRAINED = frozenset({"DRAIN"})
 
 
@@ -122,8 +124,8 @@ def _means(values: Sequence[float], width: int) -> list[float]:
 
 
 def _noises(values: Sequence[float], lag: int, span: int) -> list[float | None]:
-    """out[i]: metrics.forecast.noise_from_changes of the `lag`-minute changes ending in
-    i-span+1 .. i (None until the trace has run lag + span minutes), by running sums."""
+    """out[i]: metrics.forecast.noise_from_changes of the `lag`-step changes ending in
+    i-span+1 .. i (None until the trace has run lag + span steps), by running sums."""
     out: list[float | None] = []
     total = squares = 0.0
     changes: list[float] = []
@@ -146,20 +148,27 @@ def _noises(values: Sequence[float], lag: int, span: int) -> list[float | None]:
     return out
 
 
-def _slopes(values: Sequence[float], width: int) -> list[float]:
-    """Least-squares slope per second of values[i-width+1 .. i] (Prometheus `deriv`)."""
+def _slopes(values: Sequence[float], width: int, step_s: float = 60.0) -> list[float]:
+    """Least-squares slope per second of values[i-width+1 .. i] (Prometheus `deriv`), points
+    `step_s` apart; by running sums (linear in the trace, whatever the width)."""
     out = []
-    for i in range(len(values)):
-        window = values[max(0, i - width + 1) : i + 1]
-        n = len(window)
+    total = weighted = 0.0  # sum of y, and of k * y with k the absolute index, in the window
+    for i, v in enumerate(values):
+        total += v
+        weighted += i * v
+        if i >= width:
+            old = values[i - width]
+            total -= old
+            weighted -= (i - width) * old
+        n = min(i + 1, width)
         if n < 2:
             out.append(0.0)
             continue
-        mean_x = (n - 1) / 2
-        mean_y = sum(window) / n
-        num = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(window))
-        den = sum((x - mean_x) ** 2 for x in range(n))
-        out.append(num / den / 60.0)
+        first = i - n + 1
+        # x = k - first runs 0 .. n-1: sum((x - mean_x) * y) = sum(x * y) - mean_x * sum(y)
+        num = (weighted - first * total) - (n - 1) / 2 * total
+        den = n * (n * n - 1) / 12.0
+        out.append(num / den / step_s)
     return out
 
 
@@ -172,8 +181,13 @@ class PlannerPolicy:
     def __init__(self, sim: Simulation, config: Config) -> None:
         self.config = config
         policy = config.policy
-        self.window_min = max(1, math.ceil(policy.scale_down_window_s / 60))
-        self.sustain_min = math.ceil(policy.queue_sustain_s / 60)  # 0: the queue now counts
+        p = sim.params
+        self.step_s = p.step_s
+        self.window = max(1, p.steps(policy.scale_down_window_s))  # in steps
+        self.sustain = p.steps(policy.queue_sustain_s)  # 0: the queue now counts
+        self.day, self.week = DAY_S // p.step_s, WEEK_S // p.step_s
+        self.tick_every = p.tick_s // p.step_s
+        self.fast_every = p.fast_s // p.step_s
         self.window_max: dict[str, list[float]] = {}
         self.ahead_max: dict[str, list[float]] = {}
         self.later_max: dict[str, list[float]] = {}
@@ -182,56 +196,66 @@ class PlannerPolicy:
         self.noise: dict[str, list[float | None]] = {}  # metrics.forecast.noise_from_changes
         self.lead_s: dict[str, float] = {}
         for model, demand in sim.demand.items():
-            lead = max(1, math.ceil(default_forecast_lead_s(config, model) / 60))
-            self.window_max[model] = _sliding_max(demand, self.window_min)
+            lead = max(1, p.steps(default_forecast_lead_s(config, model)))
+            self.window_max[model] = _sliding_max(demand, self.window)
             self.ahead_max[model] = _ahead_max(demand, lead)
-            self.later_max[model] = _ahead_max(demand, lead + self.window_min)
-            self.trend[model] = _slopes(demand, self.window_min)
-            self.means[model] = _means(demand, self.window_min)
-            self.noise[model] = _noises(demand, NOISE_LAG_S // 60, NOISE_SPAN_S // 60)
-            self.lead_s[model] = lead * 60.0
+            self.later_max[model] = _ahead_max(demand, lead + self.window)
+            self.trend[model] = _slopes(demand, self.window, p.step_s)
+            self.means[model] = _means(demand, self.window)
+            self.noise[model] = _noises(demand, p.steps(NOISE_LAG_S), p.steps(NOISE_SPAN_S))
+            self.lead_s[model] = lead * float(p.step_s)
         self._views: dict[tuple[str, Phase, float], NodeView] = {}
+        # the queue of each step gone by, per model (grown as the run goes: it depends on what
+        # was serving then)
+        self._waits: dict[str, list[float]] = {model: [] for model in sim.demand}
 
-    def _waiting(self, sim: Simulation, model: str, minute: int) -> float:
-        """Requests queued in a past minute: demand beyond what the serving replicas deliver."""
+    def _waiting(self, sim: Simulation, model: str, step: int) -> float:
+        """Requests queued in a past step: demand beyond what the serving replicas deliver."""
         fleet = sim.fleet[model]
-        capacity = sim.serving[model][minute] * fleet.tokens_per_s
-        demand = sim.demand[model][minute]
+        capacity = sim.serving[model][step] * fleet.tokens_per_s
+        demand = sim.demand[model][step]
         if demand <= capacity:
             return 0.0
         s = sim.trace.series[model]
-        per_request = max(1.0, s.output_tokens[minute] + sim.params.prompt_weight * s.prompt_tokens[minute])
+        per_request = max(1.0, s.output_tokens[step] + sim.params.prompt_weight * s.prompt_tokens[step])
         return (demand - capacity) / per_request * 10.0  # ~10 s of excess requests
 
-    def load(self, sim: Simulation, model: str, minute: int) -> ModelLoad:
-        seen = max(0, minute - 1)
+    def _waits_until(self, sim: Simulation, model: str, step: int) -> list[float]:
+        """The queues of steps 0 .. step-1 (computed once each)."""
+        waits = self._waits[model]
+        for i in range(len(waits), step):
+            waits.append(self._waiting(sim, model, i))
+        return waits
+
+    def load(self, sim: Simulation, model: str, step: int) -> ModelLoad:
+        seen = max(0, step - 1)
         s = sim.trace.series[model]
         demand = sim.demand[model]
         rps = s.rps[seen]
-        offsets = [seen - offset for offset in (DAY_MIN, WEEK_MIN) if seen - offset >= 0]
+        offsets = [seen - offset for offset in (self.day, self.week) if seen - offset >= 0]
         history = [(demand[i], self.ahead_max[model][i]) for i in offsets]
         history_later = [(demand[i], self.later_max[model][i]) for i in offsets]
-        past = range(max(0, minute - max(self.window_min, self.sustain_min)), minute)
-        waits = [self._waiting(sim, model, m) for m in past]
+        all_waits = self._waits_until(sim, model, step)
+        waits = all_waits[max(0, step - max(self.window, self.sustain)):step]
         waiting = waits[-1] if waits else 0.0
-        recent = waits[-self.sustain_min:] if self.sustain_min else [waiting]
-        # Minutes 0..m-1 have been seen: the window (or the sustain span) is covered once there
+        recent = waits[-self.sustain:] if self.sustain else [waiting]
+        # Steps 0..m-1 have been seen: the window (or the sustain span) is covered once there
         # are that many, as the Prometheus source counts the points of its subquery.
-        covered = minute >= self.window_min
-        window = waits[-self.window_min:]
-        serving = sim.serving[model][seen] if minute > 0 else sim.fleet[model].replicas
+        covered = step >= self.window
+        window = waits[-self.window:]
+        serving = sim.serving[model][seen] if step > 0 else sim.fleet[model].replicas
         capacity = serving * sim.fleet[model].tokens_per_s
         return ModelLoad(
             model=model,
             prompt_tokens_per_s=rps * s.prompt_tokens[seen],
             generation_tokens_per_s=rps * s.output_tokens[seen],
             waiting=waiting,
-            waiting_min_recent=min(recent) if minute >= self.sustain_min else None,
+            waiting_min_recent=min(recent) if step >= self.sustain else None,
             kv_cache_usage_max=min(1.0, demand[seen] / capacity) if capacity > 0 else 1.0,
             demand_tokens_per_s_max_window=self.window_max[model][seen] if covered else None,
             demand_tokens_per_s_mean_window=self.means[model][seen] if covered else None,
             demand_trend_per_s_window=self.trend[model][seen] if covered else None,
-            demand_noise_tokens_per_s=self.noise[model][seen] if minute > 0 else None,
+            demand_noise_tokens_per_s=self.noise[model][seen] if step > 0 else None,
             waiting_max_window=max(window) if covered else None,
             waiting_min_window=min(window) if covered else None,
             forecast_demand_tokens_per_s=forecast_demand(
@@ -239,7 +263,7 @@ class PlannerPolicy:
             ),
             forecast_demand_tokens_per_s_max_window=forecast_demand(
                 demand[seen], history_later, self.trend[model][seen],
-                self.lead_s[model] + 60.0 * self.window_min,
+                self.lead_s[model] + self.step_s * self.window,
             ),
         )
 
@@ -277,13 +301,12 @@ class PlannerPolicy:
         self._views[key] = view
         return view
 
-    def decide(self, sim: Simulation, minute: int, now: float) -> list[Action]:
-        """A full plan on tick minutes (every params.tick_s), a fast check (policy.fast_plan)
-        on fast-check minutes between them, nothing otherwise (transitions wait for a pass)."""
-        tick_min, fast_min = sim.params.tick_s // 60, sim.params.fast_s // 60
-        if minute % tick_min == 0:
+    def decide(self, sim: Simulation, step: int, now: float) -> list[Action]:
+        """A full plan on tick steps (every params.tick_s), a fast check (policy.fast_plan)
+        on fast-check steps between them, nothing otherwise (transitions wait for a pass)."""
+        if step % self.tick_every == 0:
             planner = plan
-        elif fast_min and minute % fast_min == 0:
+        elif self.fast_every and step % self.fast_every == 0:
             planner = fast_plan
         else:
             return []
@@ -292,5 +315,5 @@ class PlannerPolicy:
             for model, nodes in sim.nodes.items()
             for node in nodes
         )
-        loads = tuple(self.load(sim, model, minute) for model in sim.nodes)
+        loads = tuple(self.load(sim, model, step) for model in sim.nodes)
         return planner(Observation(now=now, nodes=views, models=loads), self.config, now)

@@ -100,7 +100,7 @@ def probe_planner_traffic(edge: Edge, tmp_path: Path) -> Hashable:
 
 
 def _sim(phase: Phase) -> Simulation:
-    trace = Trace(start=NOW, minutes=1, series={"m": Series(rps=(1.0,), prompt_tokens=(1.0,), output_tokens=(1.0,))})
+    trace = Trace(start=NOW, steps=1, series={"m": Series(rps=(1.0,), prompt_tokens=(1.0,), output_tokens=(1.0,))})
     sim = Simulation(trace, [FleetModel("m", 1, 1, 1000.0)], SimParams())
     for n in sim.by_name.values():
         n.phase, n.since = phase, NOW - LONG_AGO

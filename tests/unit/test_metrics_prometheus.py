@@ -248,7 +248,7 @@ def test_forecast_matches_the_simulator_minute_by_minute() -> None:
     # noise and 90-minute waves every day; today a steady ramp from minute 1480 (trend dominates)
     rps = tuple(50 + 30 * rnd.random() + (m % 90) * rnd.random() + 3.0 * max(0, m - 1480)
                 for m in range(minutes))
-    trace = Trace(start=0.0, minutes=minutes, series={"m": Series(rps, (0.0,) * minutes, (1.0,) * minutes)})
+    trace = Trace(start=0.0, steps=minutes, series={"m": Series(rps, (0.0,) * minutes, (1.0,) * minutes)})
     fleet = [FleetModel("m", 8, 1, 40.0)]
     sim = Simulation(trace, fleet, SimParams())
     sim.serving["m"] = [8] * minutes  # the queue signals need a served past; not under test

@@ -20,7 +20,7 @@ FLEET = [FleetModel("llama-70b", 20, 4, 2500.0)]
 def needs_trace(needs: list[int]) -> Trace:
     """A trace whose minute m needs exactly needs[m] replicas (1 token/s per rps, 1 tok/s replicas)."""
     n = len(needs)
-    return Trace(start=0.0, minutes=n,
+    return Trace(start=0.0, steps=n,
                  series={"m": Series(tuple(float(x) for x in needs), (0.0,) * n, (1.0,) * n)})
 
 
@@ -103,7 +103,7 @@ class LendAll:
 def test_violations_count_per_model_minute() -> None:
     """A minute short for two models counts twice; the wall-clock count keeps it once."""
     n = 4
-    trace = Trace(start=0.0, minutes=n, series={
+    trace = Trace(start=0.0, steps=n, series={
         name: Series((1.0,) * n, (0.0,) * n, (1.0,) * n) for name in ("a", "b")})
     fleet = [FleetModel("a", 1, 1, 1.0), FleetModel("b", 1, 1, 1.0)]
     result = Simulation(trace, fleet, SimParams(floor=0, utilisation=1.0)).run(LendAll())
@@ -341,13 +341,18 @@ def test_noise_is_the_same_in_the_simulator_and_the_scrape_history() -> None:
 
 def test_fast_checks_between_sparse_ticks_cut_violations() -> None:
     """With a full tick every 5 minutes, fast checks every minute (reclaims on pressure only)
-    leave fewer violation minutes than ticks alone; cadences off the minute grid are refused."""
+    leave fewer violation minutes than ticks alone; cadences off the step grid are refused."""
     trace = synthetic_trace(days=3, seed=1)
     sparse = simulate(trace, FLEET, SimParams(tick_s=300), "slurm-idle")
     fast = simulate(trace, FLEET, SimParams(tick_s=300, fast_s=60), "slurm-idle")
     assert fast.slo_violation_minutes < sparse.slo_violation_minutes
-    with pytest.raises(ConfigError, match="whole number of minutes"):
+    with pytest.raises(ConfigError, match="whole number of steps"):
         SimParams(tick_s=30)
+    with pytest.raises(ConfigError, match="whole steps"):
+        SimParams(step_s=20, tick_s=60, fast_s=30)
+    with pytest.raises(ConfigError, match="a divisor of 60"):
+        SimParams(step_s=7, tick_s=70)
+    SimParams(step_s=10, tick_s=60, fast_s=10)  # the fast path: checks every 10 s
 
 
 
@@ -357,7 +362,7 @@ def test_level_oracle_plans_for_the_level_ahead_in_whole_nodes() -> None:
     the floor holds where the level needs less."""
     from slurm_idle.sim.baselines import LevelOracle
 
-    trace = Trace(start=0.0, minutes=20, series={
+    trace = Trace(start=0.0, steps=20, series={
         "m": Series((1.6,) * 10 + (4.0,) * 10, (0.0,) * 20, (1.0,) * 20)})
     fleet = [FleetModel("m", 6, 1, 1.0, per_node=2)]
     oracle = LevelOracle(sigmas=0.0, noise="trace", half_width=2)
@@ -381,7 +386,7 @@ def test_level_oracle_plans_each_simulation_and_holds_the_noise_figure_asked() -
         Simulation(second, FLEET, SimParams()))
     rng = random.Random(2)
     calm_then_noisy = [1000.0] * 200 + [1000.0 * (1 + 0.2 * rng.gauss(0, 1)) for _ in range(200)]
-    trace = Trace(start=0.0, minutes=400, series={
+    trace = Trace(start=0.0, steps=400, series={
         "m": Series(tuple(calm_then_noisy), (0.0,) * 400, (1.0,) * 400)})
     fleet = [FleetModel("m", 40, 1, 100.0)]
     hour = LevelOracle(sigmas=3.0).needs(Simulation(trace, fleet, SimParams()))["m"]

@@ -19,15 +19,15 @@ Row = tuple[int, int, int, int]  # serving, starting, lent, reclaiming
 def sim_of(needs: list[int], replicas: int = 4) -> Simulation:
     """A Simulation whose minute m needs exactly needs[m] replicas (1 tok/s replicas at 100%)."""
     n = len(needs)
-    trace = Trace(start=0.0, minutes=n,
+    trace = Trace(start=0.0, steps=n,
                   series={"m": Series(tuple(float(x) for x in needs), (0.0,) * n, (1.0,) * n)})
     return Simulation(trace, [FleetModel("m", replicas, 1, 1.0)],
                       SimParams(utilisation=1.0, prompt_weight=0.0))
 
 
 def result_of(rows: list[Row]) -> SimResult:
-    return SimResult(minutes=len(rows), harvested_gpu_hours=0.0, oracle_gpu_hours=1.0,
-                     slo_violation_minutes=0, preemptions=0, lost_gpu_hours=0.0,
+    return SimResult(steps=len(rows), harvested_gpu_hours=0.0, oracle_gpu_hours=1.0,
+                     slo_violation_steps=0, preemptions=0, lost_gpu_hours=0.0,
                      timeline={"m": rows})
 
 
@@ -72,7 +72,7 @@ def test_held_back_replicas_split_into_ahead_hysteresis_and_margin() -> None:
     """Replicas kept beyond the need count as `ahead` when the need comes back within the
     reclaim lead, `hysteresis` when it was there within the window, `margin` otherwise."""
     params = SimParams(utilisation=1.0, prompt_weight=0.0)
-    lead = params.reclaim_minutes + 1
+    lead = params.reclaim_steps + 1
     # minute 0: need 1, back to 3 at minute `lead` -> 2 held ahead; then a flat need of 1 for
     # the rest with 2 serving: hysteresis while the window still holds the 3, margin after it
     needs = [1] + [1] * (lead - 1) + [3] + [1] * 40

@@ -14,7 +14,7 @@ from slurm_idle.traces import Series, Trace, synthetic_trace
 def needs_trace(needs: list[int]) -> Trace:
     """Minute m needs exactly needs[m] replicas (1 token/s per rps, 1 tok/s replicas)."""
     n = len(needs)
-    return Trace(start=0.0, minutes=n,
+    return Trace(start=0.0, steps=n,
                  series={"m": Series(tuple(float(x) for x in needs), (0.0,) * n, (1.0,) * n)})
 
 

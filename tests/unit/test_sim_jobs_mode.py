@@ -13,8 +13,8 @@ from slurm_idle.sim.engine import Simulation
 from slurm_idle.sim.jobs_mode import (
     job_lend_s,
     job_phase_latency,
-    job_reclaim_minutes,
     job_reclaim_s,
+    job_reclaim_steps,
 )
 from slurm_idle.traces import Series, Trace
 
@@ -31,11 +31,11 @@ def test_phase_latencies_follow_the_job_edges() -> None:
         job_phase_latency(PARAMS, Phase.LENT)
     assert job_reclaim_s(PARAMS) == 60.0 + 45.0 + 120.0
     assert job_lend_s(PARAMS) == 30.0 + 20.0
-    assert job_reclaim_minutes(PARAMS) == 2 + 2
+    assert job_reclaim_steps(PARAMS) == 2 + 2
 
 
 def trace(minutes: int) -> Trace:
-    return Trace(start=0.0, minutes=minutes,
+    return Trace(start=0.0, steps=minutes,
                  series={"m": Series((1.0,) * minutes, (0.0,) * minutes, (1.0,) * minutes)})
 
 
