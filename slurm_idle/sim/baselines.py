@@ -24,7 +24,7 @@ from slurm_idle.model import Action, ActionKind, Phase
 from slurm_idle.policy.capacity import TICK_S, horizon_factor, replicas_for
 from slurm_idle.policy.windows import in_windows
 from slurm_idle.sim.engine import SimNode, Simulation
-from slurm_idle.sim.planner_driver import _noises
+from slurm_idle.sim.series import noises
 
 
 def _lend(
@@ -235,7 +235,7 @@ class LevelOracle(Oracle):
         p, f, demand = sim.params, sim.fleet[model], sim.demand[model]
         level = centred_means(demand, p.steps(60 * self.half_width))
         whole = relative_noise(demand, level)
-        hourly = (_noises(demand, p.steps(NOISE_LAG_S), p.steps(NOISE_SPAN_S))
+        hourly = (noises(demand, p.steps(NOISE_LAG_S), p.steps(NOISE_SPAN_S))
                   if self.noise == "hour" else [None] * len(demand))
         # the planner's lead (grace + start + a tick, whole steps) and its margin's widening
         lead_steps = p.steps(p.grace_s + p.engine_start_s + TICK_S)

@@ -29,12 +29,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from slurm_idle.lifecycle import Ready, check_transition, forward_edge, next_phase, takes_traffic
+from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S
 from slurm_idle.model import Action, ActionKind, Phase
 from slurm_idle.policy.capacity import demand_tokens_per_s, replicas_for
+from slurm_idle.sim.clients import Reversal, flaps, queue_delays, unserved, weighted_quantile
 from slurm_idle.sim.jobs_mode import CANCEL_S, QUEUE_S, job_phase_latency
+from slurm_idle.sim.series import noises
 from slurm_idle.traces import Trace
 
 
@@ -83,6 +86,10 @@ class SimParams:
     # resamples them, `resample` says how).
     step_s: int = 60
     resample: str = "hold"
+    # A lend undone within this long while the demand moved less than flap_sigmas x its noise
+    # is a flap (sim/clients.py): the planner's default scale-down window and noise margin.
+    flap_window_s: float = 900.0
+    flap_sigmas: float = 3.0
 
     def __post_init__(self) -> None:
         from slurm_idle.errors import ConfigError
@@ -148,6 +155,7 @@ class SimNode:
     phase: Phase = Phase.SERVING
     since: float = 0.0
     lent_since: float | None = None
+    lend_decided: float | None = None  # when the lend under way (or done) was decided
 
 
 class SimPolicy(Protocol):
@@ -174,6 +182,12 @@ class SimResult:
     violation_steps_by_model: dict[str, int] = field(default_factory=dict)
     slo_violation_wall_steps: int = 0  # steps in which at least one model was short
     step_s: int = 60
+    # The SLO as clients feel it (sim/clients.py)
+    unserved_share: float = 0.0
+    short_5pct_steps: int = 0
+    queue_delay_p99_s: float = 0.0
+    queue_delay_max_s: float = 0.0
+    flaps: int = 0
 
     def _minutes(self, steps: int) -> float | int:
         """Steps as minutes: whole for a simulation by the minute, as before."""
@@ -231,6 +245,11 @@ class SimResult:
             "preemptions": self.preemptions,
             "lost_gpu_hours": round(self.lost_gpu_hours, 2),
             "step_s": self.step_s,
+            "unserved_share": round(self.unserved_share, 7),
+            "minutes_short_5pct": self._minutes(self.short_5pct_steps),
+            "queue_delay_p99_s": round(self.queue_delay_p99_s, 1),
+            "queue_delay_max_s": round(self.queue_delay_max_s, 1),
+            "flaps": self.flaps,
         }
 
 
@@ -255,6 +274,11 @@ def fleet_node_names(fleet: Sequence[FleetModel]) -> dict[str, list[str]]:
         out[f.name] = [f"{slug}-{i:03d}" for i in range(f.nodes)]
         taken.update(out[f.name])
     return out
+
+
+#: The edges that take a lend back (an abort, or a reclaim before or after the node was lent).
+_UNDOES_A_LEND = {Phase.RETIRING: (Phase.SERVING,), Phase.LENDING: (Phase.STARTING,),
+                  Phase.LENT: (Phase.RECLAIMING,)}
 
 
 class Simulation:
@@ -307,6 +331,7 @@ class Simulation:
         self.serving: dict[str, list[int]] = {f.name: [] for f in fleet}
         self.preemptions = 0
         self.lost_gpu_hours = 0.0
+        self.reversals: list[Reversal] = []  # lends undone, for the flap count
 
     # -- one tick -------------------------------------------------------------------------------
 
@@ -320,6 +345,11 @@ class Simulation:
             return False
         if node.phase is Phase.LENT and action.to_phase is Phase.RECLAIMING:
             self._preempt(node, now)
+        if node.phase is Phase.SERVING and action.to_phase is Phase.RETIRING:
+            node.lend_decided = now
+        elif action.to_phase in _UNDOES_A_LEND.get(node.phase, ()) and node.lend_decided is not None:
+            self.reversals.append(Reversal(node.model, node.lend_decided, now))
+            node.lend_decided = None
         self._enter(node, action.to_phase, now)
         self._carry_on(node, now)
         return True
@@ -386,6 +416,7 @@ class Simulation:
                     by_model[model] += 1
                     violations += 1
             wall += short
+        clients = self.clients()
         return SimResult(
             steps=self.trace.steps,
             harvested_gpu_hours=harvested,
@@ -398,7 +429,38 @@ class Simulation:
             violation_steps_by_model=by_model,
             slo_violation_wall_steps=wall,
             step_s=self.params.step_s,
+            **clients,
         )
+
+    def clients(self) -> dict[str, Any]:
+        """The SLO as clients feel it over the run so far (sim/clients.py), all models."""
+        p = self.params
+        unserved_total = demand_total = 0.0
+        short = 0
+        delays: list[float] = []
+        weights: list[float] = []
+        noise = {}
+        for model, demand in self.demand.items():
+            fleet = self.fleet[model]
+            serving = self.serving[model]
+            demand = demand[: len(serving)]
+            gap, n_short = unserved(demand, [s * fleet.tokens_per_s * p.utilisation
+                                             for s in serving])
+            unserved_total += gap
+            demand_total += sum(demand)
+            short += n_short
+            delays += queue_delays(demand, [s * fleet.tokens_per_s for s in serving], p.step_s)
+            weights += demand
+            noise[model] = noises(demand, p.steps(NOISE_LAG_S), p.steps(NOISE_SPAN_S))
+        return {
+            "unserved_share": unserved_total / demand_total if demand_total > 0 else 0.0,
+            "short_5pct_steps": short,
+            "queue_delay_p99_s": weighted_quantile(delays, weights, 0.99),
+            "queue_delay_max_s": max((d for d, w in zip(delays, weights, strict=True) if w > 0),
+                                     default=0.0),
+            "flaps": flaps(self.reversals, self.demand, noise, self.trace.start, p.step_s,
+                           p.flap_window_s, p.flap_sigmas),
+        }
 
     def oracle_bound(self) -> float:
         """The most GPU-hours any policy can lend without a violation, latencies respected.

@@ -14,8 +14,6 @@ from the simulated grace and start, its utilisation and prompt weight from the d
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from collections.abc import Sequence
 
 from slurm_idle.config import (
@@ -40,6 +38,7 @@ from slurm_idle.model import (
 )
 from slurm_idle.policy import default_forecast_lead_s, fast_plan, forecast_demand, plan
 from slurm_idle.sim.engine import FleetModel, SimNode, SimParams, Simulation, fleet_node_names
+from slurm_idle.sim.series import ahead_max, means, noises, sliding_max, slopes
 
 #: The planner knobs the benchmarks run with (see docs/benchmarks.md): the defaults. Replicas
 #: are planned at the SLO line itself (80% busy); the margin against noise, steps and ramps is
@@ -92,86 +91,6 @@ def fleet_config(fleet: Sequence[FleetModel], params: SimParams, policy: PolicyC
     return Config(slurm=slurm, engine=engine, models=models, policy=policy)
 
 
-def _sliding_max(values: Sequence[float], width: int) -> list[float]:
-    """out[i] = max(values[i-width+1 .. i])."""
-    out: list[float] = []
-    window: deque[int] = deque()
-    for i, v in enumerate(values):
-        while window and values[window[-1]] <= v:
-            window.pop()
-        window.append(i)
-        if window[0] <= i - width:
-            window.popleft()
-        out.append(values[window[0]])
-    return out
-
-
-def _ahead_max(values: Sequence[float], width: int) -> list[float]:
-    """out[i] = max(values[i+1 .. i+width]) (clipped at the end)."""
-    past = _sliding_max(values, width)  # past[j] = max(values[j-width+1 .. j])
-    last = len(values) - 1
-    return [past[min(last, i + width)] if i < last else values[last] for i in range(len(values))]
-
-
-def _means(values: Sequence[float], width: int) -> list[float]:
-    """Mean of values[i-width+1 .. i] (Prometheus `avg_over_time`), by a running sum."""
-    out = []
-    total = 0.0
-    for i, v in enumerate(values):
-        total += v - (values[i - width] if i >= width else 0.0)
-        out.append(total / min(i + 1, width))
-    return out
-
-
-def _noises(values: Sequence[float], lag: int, span: int) -> list[float | None]:
-    """out[i]: metrics.forecast.noise_from_changes of the `lag`-step changes ending in
-    i-span+1 .. i (None until the trace has run lag + span steps), by running sums."""
-    out: list[float | None] = []
-    total = squares = 0.0
-    changes: list[float] = []
-    for i in range(len(values)):
-        if i >= lag:
-            c = values[i] - values[i - lag]
-            changes.append(c)
-            total += c
-            squares += c * c
-            if len(changes) > span:
-                old = changes[-span - 1]
-                total -= old
-                squares -= old * old
-        n = min(len(changes), span)
-        if n < span:
-            out.append(None)
-            continue
-        mean = total / n
-        out.append(math.sqrt(max(0.0, squares / n - mean * mean) / 2.0))
-    return out
-
-
-def _slopes(values: Sequence[float], width: int, step_s: float = 60.0) -> list[float]:
-    """Least-squares slope per second of values[i-width+1 .. i] (Prometheus `deriv`), points
-    `step_s` apart; by running sums (linear in the trace, whatever the width)."""
-    out = []
-    total = weighted = 0.0  # sum of y, and of k * y with k the absolute index, in the window
-    for i, v in enumerate(values):
-        total += v
-        weighted += i * v
-        if i >= width:
-            old = values[i - width]
-            total -= old
-            weighted -= (i - width) * old
-        n = min(i + 1, width)
-        if n < 2:
-            out.append(0.0)
-            continue
-        first = i - n + 1
-        # x = k - first runs 0 .. n-1: sum((x - mean_x) * y) = sum(x * y) - mean_x * sum(y)
-        num = (weighted - first * total) - (n - 1) / 2 * total
-        den = n * (n * n - 1) / 12.0
-        out.append(num / den / step_s)
-    return out
-
-
 class PlannerPolicy:
     """Drives slurm_idle.policy.plan() with Observations built from the simulated fleet."""
 
@@ -197,12 +116,12 @@ class PlannerPolicy:
         self.lead_s: dict[str, float] = {}
         for model, demand in sim.demand.items():
             lead = max(1, p.steps(default_forecast_lead_s(config, model)))
-            self.window_max[model] = _sliding_max(demand, self.window)
-            self.ahead_max[model] = _ahead_max(demand, lead)
-            self.later_max[model] = _ahead_max(demand, lead + self.window)
-            self.trend[model] = _slopes(demand, self.window, p.step_s)
-            self.means[model] = _means(demand, self.window)
-            self.noise[model] = _noises(demand, p.steps(NOISE_LAG_S), p.steps(NOISE_SPAN_S))
+            self.window_max[model] = sliding_max(demand, self.window)
+            self.ahead_max[model] = ahead_max(demand, lead)
+            self.later_max[model] = ahead_max(demand, lead + self.window)
+            self.trend[model] = slopes(demand, self.window, p.step_s)
+            self.means[model] = means(demand, self.window)
+            self.noise[model] = noises(demand, p.steps(NOISE_LAG_S), p.steps(NOISE_SPAN_S))
             self.lead_s[model] = lead * float(p.step_s)
         self._views: dict[tuple[str, Phase, float], NodeView] = {}
         # the queue of each step gone by, per model (grown as the run goes: it depends on what

@@ -328,11 +328,11 @@ def test_noise_is_the_same_in_the_simulator_and_the_scrape_history() -> None:
     """The simulator's running noise estimate equals the scrape history's on the same minutes
     (one function, metrics.forecast.noise_from_changes, defines it for every source)."""
     from slurm_idle.metrics import history
-    from slurm_idle.sim.planner_driver import _noises
+    from slurm_idle.sim.series import noises
 
     rng = random.Random(3)
     values = [1000.0 * (1 + 0.05 * rng.gauss(0, 1)) + 2 * i for i in range(150)]
-    sim = _noises(values, 10, 60)
+    sim = noises(values, 10, 60)
     kept = [(60.0 * i, "m", v, 0.0) for i, v in enumerate(values)]
     for i in (69, 100, 149):
         assert history.noise(kept, "m", 60.0 * i, 120.0) == pytest.approx(sim[i])
@@ -398,11 +398,11 @@ def test_level_oracle_plans_each_simulation_and_holds_the_noise_figure_asked() -
     # (lead 17 minutes: x1.5)
     from slurm_idle.policy.capacity import replicas_for
     from slurm_idle.sim.baselines import centred_means
-    from slurm_idle.sim.planner_driver import _noises
+    from slurm_idle.sim.series import noises
 
     slow = SimParams(start_s=900.0)
     planned = LevelOracle(sigmas=3.0).needs(Simulation(trace, fleet, slow))["m"]
-    level, noise = centred_means(calm_then_noisy, 7), _noises(calm_then_noisy, 10, 60)
+    level, noise = centred_means(calm_then_noisy, 7), noises(calm_then_noisy, 10, 60)
     expected = [min(40, max(1, replicas_for(level[m] + 3 * 1.5 * (noise[m - 17] or 0.0), 100.0, 0.8)))
                 for m in range(280, 400)]
     assert planned[280:400] == expected

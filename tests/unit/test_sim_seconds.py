@@ -8,7 +8,7 @@ import pytest
 from slurm_idle.errors import ConfigError
 from slurm_idle.model import ActionKind
 from slurm_idle.sim import FleetModel, SimParams, Simulation, simulate
-from slurm_idle.sim.planner_driver import _slopes
+from slurm_idle.sim.series import slopes
 from slurm_idle.traces import Series, Trace, resample, synthetic_trace
 
 from .test_sim import Scripted, needs_trace, unit_fleet
@@ -81,7 +81,7 @@ def test_slopes_by_running_sums_match_least_squares() -> None:
     """The linear-time slope equals a least-squares fit of each window, any step."""
     values = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0, 5.0, 3.0, 5.0]
     for width in (1, 2, 3, 5, 11, 20):
-        for i, got in enumerate(_slopes(values, width, step_s=10.0)):
+        for i, got in enumerate(slopes(values, width, step_s=10.0)):
             window = values[max(0, i - width + 1): i + 1]
             n = len(window)
             if n < 2:
