@@ -56,14 +56,20 @@ def stats(rows: Sequence[Row]) -> list[Row]:
                 continue
             harvest = [float(r["harvest_ratio"]) for r in mine]
             share = [float(r["slo_violation_share"]) for r in mine]
+            unserved = [float(r["unserved_share"]) for r in mine]
+            flaps = [int(r["flaps"]) for r in mine]
             out.append({
                 "set": split, "policy": policy, "traces": len(mine),
                 "harvest_median": round(statistics.median(harvest), 4),
                 "harvest_worst": round(min(harvest), 4),
                 "share_median": round(statistics.median(share), 6),
                 "share_worst": round(max(share), 6),
-                "violation_model_minutes": sum(int(r["slo_violation_minutes"]) for r in mine),
-                "model_minutes": sum(int(r["model_minutes"]) for r in mine),
+                "violation_model_minutes": sum(r["slo_violation_minutes"] for r in mine),
+                "model_minutes": sum(r["model_minutes"] for r in mine),
+                "unserved_median": round(statistics.median(unserved), 7),
+                "unserved_worst": round(max(unserved), 7),
+                "queue_delay_p99_worst_s": max(float(r["queue_delay_p99_s"]) for r in mine),
+                "flaps_median": statistics.median(flaps), "flaps_worst": max(flaps),
             })
     return out
 
@@ -94,13 +100,17 @@ def markdown(rows: Sequence[Row], described: Sequence[Member] = ()) -> str:
     """The per-set summary table, then one line per held-out trace."""
     lines = [
         ("| set | policy | traces | harvest median | harvest worst | violation share median "
-        "| violation share worst |"),
-        "|---|---|---:|---:|---:|---:|---:|",
+         "| violation share worst | unserved median | unserved worst | queue p99 worst "
+         "| flaps median | flaps worst |"),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in stats(rows):
         lines.append(
             f"| {s['set']} | {s['policy']} | {s['traces']} | {s['harvest_median']:.1%} "
-            f"| {s['harvest_worst']:.1%} | {s['share_median']:.3%} | {s['share_worst']:.3%} |"
+            f"| {s['harvest_worst']:.1%} | {s['share_median']:.3%} | {s['share_worst']:.3%} "
+            f"| {s['unserved_median']:.4%} | {s['unserved_worst']:.4%} "
+            f"| {s['queue_delay_p99_worst_s']:.0f} s | {s['flaps_median']:g} "
+            f"| {s['flaps_worst']} |"
         )
     lines += ["", ("| trace | set | days | start/grace s | 10-min steps | max noise | slurm-idle harvest "
               "| slurm-idle violations (share) | reactive violations |"),
