@@ -83,6 +83,10 @@ class ReplicaJobConfig(_Strict):
     script: str | None = None
     port_base: int = Field(8000, gt=0, lt=65536)
     url: str = "http://{node}:{port}"
+    # Slurm's delay from `sbatch` of a replica job to its start, GraceTime aside (the pass
+    # that preempts and the one that starts it): part of a reclaim's lead time. A few seconds
+    # on an idle controller (measured on the sandbox); more on a busy one.
+    expected_queue_s: float = Field(5.0, ge=0, le=3600)
 
     @field_validator("mem")
     @classmethod

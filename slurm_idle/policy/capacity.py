@@ -298,8 +298,12 @@ def forecast_demand(
 
 def default_forecast_lead_s(config: Config, model: str) -> float:
     """How far ahead the forecast must look for `model`: policy.forecast_lead_s, or else the
-    time a reclaim takes: the lent jobs' grace (slurm.requeue_grace_s), the engine's start or
-    wake (engine.expected_start_s of the model's engine) and one tick."""
+    time a reclaim takes: the lent jobs' grace (slurm.requeue_grace_s), for `placement: jobs`
+    Slurm's start of the replica job (job.expected_queue_s), the engine's start or wake
+    (engine.expected_start_s of the model's engine) and one tick."""
     if config.policy.forecast_lead_s is not None:
         return config.policy.forecast_lead_s
-    return config.slurm.requeue_grace_s + config.engine_for(model).expected_start_s + TICK_S
+    job = config.model(model).job
+    queue = job.expected_queue_s if job is not None else 0.0
+    return (config.slurm.requeue_grace_s + queue + config.engine_for(model).expected_start_s
+            + TICK_S)

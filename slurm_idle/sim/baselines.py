@@ -137,10 +137,11 @@ class Oracle:
 
     def decide(self, sim: Simulation, step: int, now: float) -> list[Action]:
         p = sim.params
-        reclaim, drain, end = p.reclaim_steps, p.drain_steps, sim.trace.steps
+        drain, end = p.drain_steps, sim.trace.steps
         actions: list[Action] = []
         for model, nodes in sim.nodes.items():
             need = self.needs(sim)[model]
+            reclaim, delay = sim.reclaim_steps(model), sim.lend_delay_steps(model)
 
             def at(m: int, need: list[int] = need) -> int:
                 return need[m] if m < end else 0
@@ -156,7 +157,7 @@ class Oracle:
             instant = [] if reclaim else [
                 sim.by_name[a.node] for a in back if a.kind is ActionKind.RECLAIM
             ]
-            soon = max(at(m) for m in range(step + drain, step + drain + reclaim + 1))
+            soon = max(at(m) for m in range(step + drain, step + drain + delay + reclaim + 1))
             actions += back + _lend(
                 nodes, serving + len(back) - soon, "oracle: not needed soon", also=instant
             )

@@ -36,7 +36,7 @@ from slurm_idle.metrics.forecast import NOISE_LAG_S, NOISE_SPAN_S
 from slurm_idle.model import Action, ActionKind, Phase
 from slurm_idle.policy.capacity import demand_tokens_per_s, replicas_for
 from slurm_idle.sim.clients import Reversal, flaps, queue_delays, unserved, weighted_quantile
-from slurm_idle.sim.jobs_mode import CANCEL_S, QUEUE_S, job_phase_latency
+from slurm_idle.sim.jobs_mode import CANCEL_S, QUEUE_S, job_phase_latency, job_reclaim_steps
 from slurm_idle.sim.series import noises
 from slurm_idle.traces import Trace
 
@@ -361,6 +361,20 @@ class Simulation:
             return job_phase_latency(self.params, node.phase)
         return self.params.latency(node.phase)
 
+    def reclaim_steps(self, model: str) -> int:
+        """Steps from a reclaim decision to the model's replica serving: the grace and the
+        start, and for `placement: jobs` Slurm's start of the replica job too."""
+        if self.fleet[model].placement == "jobs":
+            return job_reclaim_steps(self.params)
+        return self.params.reclaim_steps
+
+    def lend_delay_steps(self, model: str) -> int:
+        """Steps a lend spends neither serving nor lent once drained (LENDING): a replica job's
+        scancel; none for a node (its LENDING ends within the tick)."""
+        if self.fleet[model].placement == "jobs":
+            return self.params.steps(self.params.cancel_s)
+        return 0
+
     def _preempt(self, node: SimNode, now: float) -> None:
         self.preemptions += 1
         lent_for = now - (node.lent_since if node.lent_since is not None else now)
@@ -469,14 +483,16 @@ class Simulation:
         replicas per node, a node is free only when all of them are): it is free in
         the steps where the need is below k. A free gap [a, b) can be lent from
         max(a, drain) (the replica drains during the last needed step; at the start of the
-        trace it drains first) until the reclaim that must start `reclaim_steps` before b;
-        a gap that runs to the end needs no reclaim. Exact for drains of at most one step.
+        trace it drains first), plus a replica job's scancel, until the reclaim that must start
+        the model's reclaim time (`reclaim_steps`) before b; a gap that runs to the end needs
+        no reclaim. Exact for drains of at most one step.
         """
         p = self.params
         total = 0.0
-        reclaim, drain, end = p.reclaim_steps, p.drain_steps, self.trace.steps
+        drain, end = p.drain_steps, self.trace.steps
         for model, need in self.need_nodes.items():  # whole nodes: the grouping bounds it too
             fleet = self.fleet[model]
+            reclaim, delay = self.reclaim_steps(model), self.lend_delay_steps(model)
             steps = 0
             for level in range(1, fleet.nodes + 1):
                 m = 0
@@ -487,7 +503,7 @@ class Simulation:
                     a = m
                     while m < end and need[m] < level:
                         m += 1
-                    lend_from = max(a, drain)
+                    lend_from = max(a, drain) + delay
                     lend_until = end if m == end else m - reclaim
                     steps += max(0, lend_until - lend_from)
             total += steps * fleet.gpus_per_node * p.step_s / 3600.0

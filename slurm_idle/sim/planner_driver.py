@@ -67,10 +67,18 @@ def fleet_config(fleet: Sequence[FleetModel], params: SimParams, policy: PolicyC
     """A Config for the simulated pool (node names as the engine makes them); the job grace and
     the engine's start (or wake) are the simulated ones, so the forecast's lead matches them."""
     kind = "http-sleep" if params.wake_s is not None else "command"
-    engine = EngineConfig.model_validate({
-        "kind": kind, "start_command": "true", "stop_command": "true",
-        "expected_start_s": params.engine_start_s,
-    })
+
+    def engine_starting_in(seconds: float) -> EngineConfig:
+        return EngineConfig.model_validate({
+            "kind": kind, "start_command": "true", "stop_command": "true",
+            "expected_start_s": seconds,
+        })
+
+    engine = engine_starting_in(params.engine_start_s)
+    # A `placement: jobs` model is played as nodes here (one replica per lend unit); its
+    # reclaim also waits for Slurm to start the replica job, which the planner counts in its
+    # lead time as job.expected_queue_s: the same lead, handed over as the engine's start.
+    jobs_engine = engine_starting_in(params.engine_start_s + params.queue_s)
     slurm = SlurmConfig.model_validate({"requeue_grace_s": params.grace_s})
     names_of = fleet_node_names(fleet)
     models = tuple(
@@ -79,6 +87,7 @@ def fleet_config(fleet: Sequence[FleetModel], params: SimParams, policy: PolicyC
             gpus_per_replica=f.gpus_per_replica,
             tokens_per_s_per_replica=f.tokens_per_s,
             min_serving_replicas=min(params.floor, f.replicas),
+            engine=jobs_engine if f.placement == "jobs" else None,
             replicas=tuple(
                 ReplicaConfig(node=n, url=f"http://{n}:{8000 + i}", index=i, port=8000 + i,
                               gpus=None if f.per_node == 1 else tuple(
