@@ -307,7 +307,7 @@ def test_bench_sim_goals_beat_reactive_on_diurnal_and_match_it_on_bursts() -> No
             base = {"trace": trace, "minutes": 20160, "model_minutes": 20160, "harvest_ratio": 0.96}
             out += [
                 {**base, "policy": "slurm-idle", "slo_violation_minutes": ours,
-                 "harvested_gpu_hours": 100.0},
+                 "slo_violation_share": ours / 20160, "harvested_gpu_hours": 100.0},
                 {**base, "policy": "reactive", "slo_violation_minutes": reactive,
                  "harvested_gpu_hours": 100.0},
                 {**base, "policy": "night-window", "slo_violation_minutes": 0,
@@ -322,6 +322,10 @@ def test_bench_sim_goals_beat_reactive_on_diurnal_and_match_it_on_bursts() -> No
     assert bench.goals(rows({"bursty": (5, 5)})) == []
     assert bench.goals(rows({"bursty": (6, 5)})) == ["bursty: more violation minutes than reactive"]
     assert bench.goals(rows({"diurnal-noisy": (50, 5)})) == []
+    # the fast path: at most 0.05% of model-minutes short
+    assert bench.goals(rows({"diurnal-fast": (10, 20)})) == []
+    assert bench.goals(rows({"diurnal-fast": (11, 20)})) == [
+        "diurnal-fast: violation share 0.055% > 0.05%"]
 
 
 def test_noise_is_the_same_in_the_simulator_and_the_scrape_history() -> None:
