@@ -1,12 +1,12 @@
 """Load traces for the simulator: reading, writing, and a seeded synthetic generator.
 
-A trace is per-minute demand per model: mean requests/s and mean prompt/output tokens per
-request. Two input formats are read:
-- the slurm-idle CSV `timestamp,model,rps,prompt_tokens,output_tokens` (one row per minute
-  per model, ISO timestamps);
+A trace is demand per model and step (a minute, or a few seconds): mean requests/s and mean
+prompt/output tokens per request. Two input formats are read:
+- the slurm-idle CSV `timestamp,model,rps,prompt_tokens,output_tokens` (one row per step and
+  model, ISO timestamps; the step is what the timestamps fall on, e.g. 60 or 10 s);
 - the public Azure LLM inference trace `TIMESTAMP,ContextTokens,GeneratedTokens` (one row per
-  request), aggregated per minute.
-Minutes without a row have no traffic. The synthetic generator draws weekday/weekend diurnal
+  request), aggregated per minute (or per the simulation's finer step).
+Steps without a row have no traffic; `resample` changes a trace's step. The synthetic generator draws weekday/weekend diurnal
 curves with day-to-day level changes, minute noise and optional unannounced bursts, from a seed.
 """
 
@@ -66,21 +66,26 @@ RESAMPLE_HOW = ("hold", "linear")
 
 
 def resample(trace: Trace, step_s: float, how: str = "hold") -> Trace:
-    """`trace` at a finer step: each of its steps split in `trace.step_s / step_s` steps.
+    """`trace` at another step, stated by `how` for a finer one.
 
-    `hold` keeps a step's mean (requests/s, tokens per request) through it, a staircase;
-    `linear` draws each series linearly between the centres of the trace's steps (held
-    before the first centre and after the last), which keeps a ramp a ramp instead of a
-    staircase of minute steps. The same trace back when the step does not change."""
+    Finer (`trace.step_s` a multiple of `step_s`): each step split in equal steps. `hold`
+    keeps a step's mean (requests/s, tokens per request) through it, a staircase; `linear`
+    draws each series linearly between the centres of the trace's steps (held before the
+    first centre and after the last), which keeps a ramp a ramp instead of a staircase.
+    Coarser (`step_s` a multiple of `trace.step_s`, a trace recorded every 10 s simulated by
+    the minute): the mean request rate of the steps merged, their tokens per request weighed
+    by their requests. The same trace back when the step does not change."""
     if how not in RESAMPLE_HOW:
         raise ConfigError(f"resampling {how!r}: one of {', '.join(RESAMPLE_HOW)}")
+    if step_s == trace.step_s:
+        return trace
+    if step_s > 0 and step_s > trace.step_s:
+        return _coarser(trace, step_s)
     ratio = trace.step_s / step_s if step_s > 0 else 0.0
     if abs(ratio - round(ratio)) > 1e-9 or round(ratio) < 1:
         raise ConfigError(f"a step of {step_s:g} s does not divide the trace's {trace.step_s:g} s "
                           "steps (a divisor of 60: 1, 2, 5, 10, 15, 20, 30 or 60)")
     k = round(ratio)
-    if k == 1:
-        return trace
 
     def finer(values: tuple[float, ...]) -> tuple[float, ...]:
         if how == "hold":
@@ -98,6 +103,34 @@ def resample(trace: Trace, step_s: float, how: str = "hold") -> Trace:
     series = {m: Series(finer(s.rps), finer(s.prompt_tokens), finer(s.output_tokens))
               for m, s in trace.series.items()}
     return Trace(start=trace.start, steps=trace.steps * k, series=series, step_s=step_s)
+
+
+def _per_request(values: tuple[float, ...], rps: tuple[float, ...], part: range,
+                 requests: float) -> float:
+    """Tokens per request over the steps of `part`, weighed by their requests."""
+    if requests > 0:
+        return sum(values[j] * rps[j] for j in part) / requests
+    return sum(values[j] for j in part) / len(part)
+
+
+def _coarser(trace: Trace, step_s: float) -> Trace:
+    ratio = step_s / trace.step_s
+    if abs(ratio - round(ratio)) > 1e-9:
+        raise ConfigError(f"a step of {step_s:g} s is not a whole number of the trace's "
+                          f"{trace.step_s:g} s steps")
+    k = round(ratio)
+    steps = -(-trace.steps // k)  # a last, partial step is the mean of what it has
+    series = {}
+    for model, one in trace.series.items():
+        rps, prompt, output = [], [], []
+        for i in range(steps):
+            part = range(i * k, min(trace.steps, (i + 1) * k))
+            requests = sum(one.rps[j] for j in part)
+            rps.append(requests / len(part))
+            prompt.append(_per_request(one.prompt_tokens, one.rps, part, requests))
+            output.append(_per_request(one.output_tokens, one.rps, part, requests))
+        series[model] = Series(tuple(rps), tuple(prompt), tuple(output))
+    return Trace(start=trace.start, steps=steps, series=series, step_s=step_s)
 
 
 def iso_minute(ts: float) -> str:
@@ -124,11 +157,14 @@ def _number(text: str, where: str) -> float:
     return value
 
 
-def _build(rows: dict[str, dict[int, tuple[float, float, float]]], source: str) -> Trace:
-    minutes_seen = [m for per in rows.values() for m in per]
-    if not minutes_seen:
+def _build(rows: dict[str, dict[int, tuple[float, float, float]]], source: str,
+           step_s: int = 60) -> Trace:
+    """A trace from rows keyed by step number (unix seconds // step_s); steps without a row
+    have no traffic."""
+    seen = [m for per in rows.values() for m in per]
+    if not seen:
         raise ConfigError(f"{source}: the trace has no rows")
-    first, last = min(minutes_seen), max(minutes_seen)
+    first, last = min(seen), max(seen)
     count = last - first + 1
     series = {}
     for model, per in rows.items():
@@ -136,34 +172,54 @@ def _build(rows: dict[str, dict[int, tuple[float, float, float]]], source: str) 
         series[model] = Series(
             tuple(v[0] for v in values), tuple(v[1] for v in values), tuple(v[2] for v in values)
         )
-    return Trace(start=first * 60.0, steps=count, series=series)
+    return Trace(start=first * float(step_s), steps=count, series=series, step_s=step_s)
+
+
+#: The steps a CSV trace may be recorded at: a divisor of 60 s, or whole minutes (60).
+TRACE_STEPS = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60)
+
+
+def trace_step(stamps: Iterable[float], source: str) -> int:
+    """The step a trace was recorded at: the largest of TRACE_STEPS that every timestamp
+    (whole seconds) falls on; 60 for a per-minute trace."""
+    seconds = {round(t) for t in stamps}
+    for step in reversed(TRACE_STEPS):
+        if all(t % step == 0 for t in seconds):
+            return step
+    raise ConfigError(f"{source}: timestamps are not on a common step of whole seconds")
 
 
 def parse_csv_trace(text: str, source: str = "<trace>") -> Trace:
-    """The slurm-idle per-minute CSV format."""
+    """The slurm-idle CSV format: a row per step and model, the step being whatever the
+    timestamps fall on (a minute, or 10 s: trace_step); rates are the step's means."""
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     if header is None or tuple(h.strip() for h in header) != CSV_HEADER:
         raise ConfigError(f"{source}: header must be {','.join(CSV_HEADER)}")
-    rows: dict[str, dict[int, tuple[float, float, float]]] = {}
+    stamped: list[tuple[float, str, tuple[float, float, float]]] = []
     for lineno, row in enumerate(reader, start=2):
         if not row or all(not cell.strip() for cell in row):
             continue
         where = f"{source}, line {lineno}"
         if len(row) != len(CSV_HEADER):
             raise ConfigError(f"{where}: expected {len(CSV_HEADER)} columns, got {len(row)}")
-        minute = int(_parse_time(row[0], where) // 60)
+        ts = _parse_time(row[0], where)
         model = row[1].strip()
         if not model:
             raise ConfigError(f"{where}: empty model name")
-        rows.setdefault(model, {})[minute] = (
-            _number(row[2], where), _number(row[3], where), _number(row[4], where),
-        )
-    return _build(rows, source)
+        stamped.append((ts, model, (_number(row[2], where), _number(row[3], where),
+                                    _number(row[4], where))))
+    step = trace_step((ts for ts, _, _ in stamped), source) if stamped else 60
+    rows: dict[str, dict[int, tuple[float, float, float]]] = {}
+    for ts, model, values in stamped:
+        rows.setdefault(model, {})[int(round(ts) // step)] = values
+    return _build(rows, source, step)
 
 
-def parse_azure_trace(lines: Iterable[str], model: str, source: str = "<trace>") -> Trace:
-    """Per-request Azure LLM trace rows, aggregated into per-minute means for `model`."""
+def parse_azure_trace(lines: Iterable[str], model: str, source: str = "<trace>",
+                      step_s: int = 60) -> Trace:
+    """Per-request Azure LLM trace rows, aggregated into means per `step_s` (a minute by
+    default; the simulation's step when it is finer) for `model`."""
     reader = csv.reader(lines)
     header = next(reader, None)
     if header is None or tuple(h.strip() for h in header[:3]) != AZURE_HEADER:
@@ -175,24 +231,25 @@ def parse_azure_trace(lines: Iterable[str], model: str, source: str = "<trace>")
         where = f"{source}, line {lineno}"
         if len(row) < 3:
             raise ConfigError(f"{where}: expected {len(AZURE_HEADER)} columns, got {len(row)}")
-        minute = int(_parse_time(row[0], where) // 60)
-        slot = acc.setdefault(minute, [0.0, 0.0, 0.0])
+        step = int(_parse_time(row[0], where) // step_s)
+        slot = acc.setdefault(step, [0.0, 0.0, 0.0])
         slot[0] += 1
         slot[1] += _number(row[1], where)
         slot[2] += _number(row[2], where)
-    per = {m: (n / 60.0, p / n, o / n) for m, (n, p, o) in acc.items()}
-    return _build({model: per}, source)
+    per = {m: (n / step_s, p / n, o / n) for m, (n, p, o) in acc.items()}
+    return _build({model: per}, source, step_s)
 
 
-def read_trace(path: str | Path, azure_model: str = "azure") -> Trace:
-    """Read a trace file, telling the two formats apart by their header."""
+def read_trace(path: str | Path, azure_model: str = "azure", step_s: int = 60) -> Trace:
+    """Read a trace file, telling the two formats apart by their header (`step_s`: what a
+    per-request Azure trace is aggregated to)."""
     p = Path(path)
     try:
         with p.open(newline="") as handle:
             head = handle.readline()
             if head.startswith("TIMESTAMP"):
                 handle.seek(0)
-                return parse_azure_trace(handle, azure_model, source=str(p))
+                return parse_azure_trace(handle, azure_model, source=str(p), step_s=step_s)
             handle.seek(0)
             return parse_csv_trace(handle.read(), source=str(p))
     except FileNotFoundError:
@@ -204,14 +261,12 @@ def read_trace(path: str | Path, azure_model: str = "azure") -> Trace:
 
 
 def format_trace(trace: Trace) -> str:
-    """The trace as slurm-idle CSV text (per minute: a finer trace cannot be written)."""
-    if trace.step_s != 60:
-        raise ConfigError(f"the CSV format is per minute; this trace steps {trace.step_s:g} s")
+    """The trace as slurm-idle CSV text, a row per step and model."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_HEADER)
     for minute in range(trace.steps):
-        stamp = iso_minute(trace.timestamp(minute))
+        stamp = iso_minute(trace.timestamp(minute))  # to the second
         for model, s in trace.series.items():
             writer.writerow(
                 [stamp, model, f"{s.rps[minute]:.4f}", f"{s.prompt_tokens[minute]:.1f}",

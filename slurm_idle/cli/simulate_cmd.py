@@ -49,8 +49,9 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
               "whole minutes). The per-minute trace is made finer as --resample says.")
 @click.option("--resample", type=click.Choice(["hold", "linear"]), default="hold",
               show_default=True,
-              help="--step-s under 60: hold each minute's load through it, or draw it linearly "
-              "between the minutes' centres.")
+              help="A trace coarser than --step-s: hold each step's load through the finer "
+              "steps, or draw it linearly between the steps' centres. (A finer trace is "
+              "averaged; --json `resampled` says which.)")
 @click.option("--tick-s", type=int, default=60, show_default=True,
               help="slurm-idle: a full tick every this many seconds (whole steps; cron: 60).")
 @click.option("--fast-s", type=int, default=0, show_default=True,
@@ -81,8 +82,9 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
              plot: str | None, as_json: bool) -> None:
     """Simulate a fleet on a load trace under a policy and score it.
 
-    TRACE is a CSV `timestamp,model,rps,prompt_tokens,output_tokens` (one row per minute and
-    model) or an Azure LLM inference trace (`TIMESTAMP,ContextTokens,GeneratedTokens`).
+    TRACE is a CSV `timestamp,model,rps,prompt_tokens,output_tokens` (one row per step and
+    model: a minute, or finer, e.g. every 10 s) or an Azure LLM inference trace
+    (`TIMESTAMP,ContextTokens,GeneratedTokens`, aggregated per minute or per --step-s).
     The config (--config, else $SLURM_IDLE_CONFIG or /etc/slurm-idle/slurm-idle.yaml when that
     file exists) gives the pool unless --fleet is given, and the policy knobs; none is needed.
     """
@@ -126,7 +128,7 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
             raise ConfigError("no fleet: give --fleet MODEL=REPLICAS:GPUS_PER_REPLICA:TOKENS_PER_S or "
                               f"--config (no config file at {implicit})")
         name = azure_model or (fleet[0].name if len(fleet) == 1 else "azure")
-        load = read_trace(trace, azure_model=name)
+        load = read_trace(trace, azure_model=name, step_s=min(step_s, 60))
     else:
         raise ConfigError("give a TRACE file or --synthetic (see `slurm-idle simulate --help`)")
     unsimulated = sorted(set(load.models) - {f.name for f in fleet})
@@ -147,7 +149,10 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
     if as_json:
         echo_json(summary)
         return
-    steps = "" if step_s == 60 else f" in {step_s} s steps ({resample})"
+    resampled = {"none": "", "mean": ", averaged"}.get(result.resampled,
+                                                         f", {result.resampled}")
+    steps = ("" if step_s == 60 and result.resampled == "none" else
+             f" in {step_s} s steps (trace at {result.trace_step_s:g} s{resampled})")
     click.echo(f"policy {policy}: {summary['minutes']} minutes{steps}, {len(fleet)} model(s)")
     click.echo(f"  harvested {summary['harvested_gpu_hours']:.1f} GPU-h of an oracle's "
                f"{summary['oracle_gpu_hours']:.1f} ({summary['harvest_ratio']:.1%})")

@@ -182,6 +182,10 @@ class SimResult:
     violation_steps_by_model: dict[str, int] = field(default_factory=dict)
     slo_violation_wall_steps: int = 0  # steps in which at least one model was short
     step_s: int = 60
+    # How the trace was brought to step_s: "none" (recorded at it), "hold"/"linear" (finer),
+    # "mean" (coarser), and the step it was recorded at.
+    resampled: str = "none"
+    trace_step_s: float = 60.0
     # The SLO as clients feel it (sim/clients.py)
     unserved_share: float = 0.0
     short_5pct_steps: int = 0
@@ -224,7 +228,7 @@ class SimResult:
         """Violation model-steps over all model-steps."""
         return self.slo_violation_steps / (self.steps * self.models) if self.steps else 0.0
 
-    def summary(self) -> dict[str, float | int | dict[str, float | int]]:
+    def summary(self) -> dict[str, float | int | str | dict[str, float | int]]:
         """The `--json` document of `slurm-idle simulate` (keys fixed by the issue).
 
         `slo_violation_minutes` counts model-minutes short of capacity (issue 15: a minute short
@@ -245,6 +249,8 @@ class SimResult:
             "preemptions": self.preemptions,
             "lost_gpu_hours": round(self.lost_gpu_hours, 2),
             "step_s": self.step_s,
+            "trace_step_s": self.trace_step_s,
+            "resampled": self.resampled,
             "unserved_share": round(self.unserved_share, 7),
             "minutes_short_5pct": self._minutes(self.short_5pct_steps),
             "queue_delay_p99_s": round(self.queue_delay_p99_s, 1),
@@ -300,6 +306,9 @@ class Simulation:
                 f"fleet model(s) {', '.join(missing)} not in the trace (trace has: "
                 f"{', '.join(trace.models)})"
             )
+        self.trace_step_s = trace.step_s
+        self.resampled = ("none" if trace.step_s == params.step_s else
+                          "mean" if trace.step_s < params.step_s else params.resample)
         trace = resample(trace, params.step_s, params.resample)
         self.trace = trace
         self.fleet = {f.name: f for f in fleet}
@@ -443,6 +452,8 @@ class Simulation:
             violation_steps_by_model=by_model,
             slo_violation_wall_steps=wall,
             step_s=self.params.step_s,
+            resampled=self.resampled,
+            trace_step_s=self.trace_step_s,
             **clients,
         )
 

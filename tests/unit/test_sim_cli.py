@@ -13,7 +13,7 @@ from slurm_idle.traces import format_trace, synthetic_trace
 KEYS = ["minutes", "harvested_gpu_hours", "oracle_gpu_hours", "harvest_ratio",
         "slo_violation_minutes", "model_minutes", "slo_violation_share",
         "slo_violation_wall_minutes", "slo_violation_minutes_by_model", "preemptions",
-        "lost_gpu_hours", "step_s", "unserved_share", "minutes_short_5pct",
+        "lost_gpu_hours", "step_s", "trace_step_s", "resampled", "unserved_share", "minutes_short_5pct",
         "queue_delay_p99_s", "queue_delay_max_s", "flaps"]
 
 

@@ -9,7 +9,15 @@ from slurm_idle.errors import ConfigError
 from slurm_idle.model import ActionKind
 from slurm_idle.sim import FleetModel, SimParams, Simulation, simulate
 from slurm_idle.sim.series import slopes
-from slurm_idle.traces import Series, Trace, resample, synthetic_trace
+from slurm_idle.traces import (
+    Series,
+    Trace,
+    format_trace,
+    parse_azure_trace,
+    parse_csv_trace,
+    resample,
+    synthetic_trace,
+)
 
 from .test_sim import Scripted, needs_trace, unit_fleet
 
@@ -29,10 +37,10 @@ def test_hold_repeats_each_minute_and_linear_draws_between_centres() -> None:
     assert resample(trace, 60) is trace
 
 
-@pytest.mark.parametrize("step", [7, 0, 120])
+@pytest.mark.parametrize("step", [7, 0, 90])
 def test_a_step_that_does_not_divide_the_minute_is_refused(step: int) -> None:
     trace = Trace(start=0.0, steps=1, series={"m": Series((1.0,), (1.0,), (1.0,))})
-    with pytest.raises(ConfigError, match="divide"):
+    with pytest.raises(ConfigError, match="divide|whole number"):
         resample(trace, step)
 
 
@@ -119,3 +127,59 @@ def test_fast_checks_every_ten_seconds_run_between_minute_ticks() -> None:
         utilisation=1.0, prompt_weight=0.0), "slurm-idle") for fast_s in (0, 10))
     assert ticks.slo_violation_steps > 0
     assert fast.slo_violation_steps < ticks.slo_violation_steps
+
+
+def test_a_finer_trace_is_averaged_with_tokens_weighed_by_requests() -> None:
+    """Six 10 s steps to one minute: the mean rate, tokens per request weighed by requests;
+    a partial last step averages what it has."""
+    trace = Trace(start=0.0, steps=8, step_s=10, series={"m": Series(
+        (1.0, 3.0, 0.0, 0.0, 0.0, 2.0, 4.0, 4.0), (10.0, 30.0, 99.0, 99.0, 99.0, 20.0, 5.0, 7.0),
+        (1.0,) * 8)})
+    minute = resample(trace, 60)
+    assert (minute.steps, minute.step_s) == (2, 60)
+    assert minute.series["m"].rps == pytest.approx((1.0, 4.0))
+    assert minute.series["m"].prompt_tokens[0] == pytest.approx((10 + 90 + 40) / 6)
+    assert minute.series["m"].prompt_tokens[1] == pytest.approx(6.0)
+    with pytest.raises(ConfigError, match="whole number"):
+        resample(trace, 25)
+
+
+def test_a_csv_trace_recorded_every_ten_seconds_keeps_its_step() -> None:
+    """The CSV step is what the timestamps fall on; written back, it reads the same."""
+    text = ("timestamp,model,rps,prompt_tokens,output_tokens\n"
+            "2026-01-05T10:00:00Z,m,1.0,100,10\n2026-01-05T10:00:10Z,m,2.0,100,10\n"
+            "2026-01-05T10:00:30Z,m,4.0,100,10\n")
+    trace = parse_csv_trace(text)
+    assert (trace.step_s, trace.steps) == (10, 4)
+    assert trace.series["m"].rps == (1.0, 2.0, 0.0, 4.0)  # a step without a row: no traffic
+    again = parse_csv_trace(format_trace(trace))
+    assert again == trace
+    minute = parse_csv_trace("timestamp,model,rps,prompt_tokens,output_tokens\n"
+                             "2026-01-05T10:00:00Z,m,1.0,1,1\n2026-01-05T10:02:00Z,m,1.0,1,1\n")
+    assert (minute.step_s, minute.steps) == (60, 3)
+
+
+def test_an_azure_trace_aggregates_to_the_simulations_step() -> None:
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens\n",
+             "2026-01-05 10:00:01,100,10\n", "2026-01-05 10:00:02,300,30\n",
+             "2026-01-05 10:00:15,200,20\n"]
+    by_10s = parse_azure_trace(lines, "m", step_s=10)
+    assert (by_10s.step_s, by_10s.steps) == (10, 2)
+    assert by_10s.series["m"].rps == pytest.approx((0.2, 0.1))
+    assert by_10s.series["m"].prompt_tokens == pytest.approx((200.0, 200.0))
+    assert parse_azure_trace(lines, "m").series["m"].rps == pytest.approx((3 / 60,))
+
+
+def test_simulate_states_how_the_trace_met_the_step() -> None:
+    """A 10 s trace simulated by the minute is averaged, at 10 s used as it is; a minute
+    trace at 10 s is held (or drawn)."""
+    fine = Trace(start=0.0, steps=60, step_s=10, series={"m": Series(
+        (1.0,) * 60, (0.0,) * 60, (1.0,) * 60)})
+    fleet = unit_fleet(2)
+    by_minute = Simulation(fine, fleet, SimParams(floor=1)).run(Scripted({}))
+    as_is = Simulation(fine, fleet, SimParams(floor=1, step_s=10)).run(Scripted({}))
+    assert (by_minute.resampled, by_minute.trace_step_s, by_minute.steps) == ("mean", 10, 10)
+    assert (as_is.resampled, as_is.steps) == ("none", 60)
+    coarse = needs_trace([1] * 3)
+    drawn = Simulation(coarse, fleet, SimParams(floor=1, step_s=10, resample="linear"))
+    assert drawn.run(Scripted({})).summary()["resampled"] == "linear"
