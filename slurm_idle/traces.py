@@ -105,6 +105,40 @@ def resample(trace: Trace, step_s: float, how: str = "hold") -> Trace:
     return Trace(start=trace.start, steps=trace.steps * k, series=series, step_s=step_s)
 
 
+#: How requests arrive within a step (`with_arrivals`): at the trace's mean rate, or as a
+#: Poisson process around it (what an engine's counters show over a short window).
+ARRIVALS = ("mean", "poisson")
+
+
+def _poisson(rng: random.Random, lam: float) -> int:
+    """A Poisson draw: Knuth's product of uniforms for small means, the normal beyond."""
+    if lam <= 0:
+        return 0
+    if lam > 60:
+        return max(0, round(rng.gauss(lam, math.sqrt(lam))))
+    limit, k, product = math.exp(-lam), 0, rng.random()
+    while product > limit:
+        k += 1
+        product *= rng.random()
+    return k
+
+
+def with_arrivals(trace: Trace, arrivals: str, seed: int = 1) -> Trace:
+    """`trace` with each step's request rate drawn as a Poisson count over the step (seeded):
+    at 0.2 requests/s a 10 s step sees 0, 1, 2 or more requests, never 2 exactly, and a
+    planner must not lend and reclaim on that noise. `mean` leaves the trace as it is."""
+    if arrivals not in ARRIVALS:
+        raise ConfigError(f"arrivals {arrivals!r}: one of {', '.join(ARRIVALS)}")
+    if arrivals == "mean":
+        return trace
+    rng = random.Random(seed)
+    series = {}
+    for model, one in trace.series.items():
+        rps = tuple(_poisson(rng, r * trace.step_s) / trace.step_s for r in one.rps)
+        series[model] = Series(rps, one.prompt_tokens, one.output_tokens)
+    return Trace(start=trace.start, steps=trace.steps, series=series, step_s=trace.step_s)
+
+
 def _per_request(values: tuple[float, ...], rps: tuple[float, ...], part: range,
                  requests: float) -> float:
     """Tokens per request over the steps of `part`, weighed by their requests."""

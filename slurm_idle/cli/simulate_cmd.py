@@ -52,6 +52,11 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
               help="A trace coarser than --step-s: hold each step's load through the finer "
               "steps, or draw it linearly between the steps' centres. (A finer trace is "
               "averaged; --json `resampled` says which.)")
+@click.option("--arrivals", type=click.Choice(["mean", "poisson"]), default="mean",
+              show_default=True,
+              help="Requests at each step's mean rate, or drawn as Poisson counts over the step "
+              "(seeded by --seed): the noise an engine's counters show at low rates and short "
+              "steps, which a planner must not lend and reclaim on.")
 @click.option("--tick-s", type=int, default=60, show_default=True,
               help="slurm-idle: a full tick every this many seconds (whole steps; cron: 60).")
 @click.option("--fast-s", type=int, default=0, show_default=True,
@@ -62,7 +67,8 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
 @click.option("--azure-model", default=None, help="Model name for an Azure trace (default: the fleet's).")
 @click.option("--synthetic", is_flag=True, help="Simulate a generated trace instead of reading TRACE.")
 @click.option("--days", type=int, default=14, show_default=True, help="--synthetic: length.")
-@click.option("--seed", type=int, default=1, show_default=True, help="--synthetic: random seed.")
+@click.option("--seed", type=int, default=1, show_default=True,
+              help="--synthetic and --arrivals poisson: random seed.")
 @click.option("--bursts-per-week", type=float, default=0.0, show_default=True,
               help="--synthetic: unannounced surges per week.")
 @click.option("--timeline", type=click.Path(dir_okay=False), default=None,
@@ -75,7 +81,8 @@ DEFAULT_SYNTHETIC_FLEET = "llama-70b=20:4:2500"
 def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_path: str | None,
              policy: str, start_s: float, wake_s: float | None, grace_s: float, placement: str,
              queue_s: float | None, prompt_weight: float,
-             utilisation: float, floor: int, step_s: int, resample: str, tick_s: int,
+             utilisation: float, floor: int, step_s: int, resample: str, arrivals: str,
+             tick_s: int,
              fast_s: int, night_lend: int | None,
              azure_model: str | None,
              synthetic: bool, days: int, seed: int, bursts_per_week: float, timeline: str | None,
@@ -92,6 +99,7 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
     from slurm_idle.safefiles import check_output
     from slurm_idle.sim import SimParams, fleet_from_config, parse_fleet
     from slurm_idle.sim import simulate as run
+    from slurm_idle.sim.jobs_mode import QUEUE_S
     from slurm_idle.sim.output import plot_run, write_timeline
     from slurm_idle.traces import SyntheticModel, read_trace, synthetic_trace
 
@@ -137,8 +145,8 @@ def simulate(ctx: Context, trace: str | None, fleets: tuple[str, ...], config_pa
                    "entry: not simulated, not in the timeline", err=True)
     params = SimParams(start_s=start_s, wake_s=wake_s, grace_s=grace_s, prompt_weight=prompt_weight,
                        utilisation=utilisation, floor=floor, tick_s=tick_s, fast_s=fast_s,
-                       step_s=step_s, resample=resample,
-                       **({} if queue_s is None else {"queue_s": queue_s}))
+                       step_s=step_s, resample=resample, arrivals=arrivals, seed=seed,
+                       queue_s=QUEUE_S if queue_s is None else queue_s)
     result = run(load, fleet, params, policy,
                  policy_config=config.policy if config is not None else None, night_lend=night_lend)
     if timeline:

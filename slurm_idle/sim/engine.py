@@ -86,6 +86,9 @@ class SimParams:
     # resamples them, `resample` says how).
     step_s: int = 60
     resample: str = "hold"
+    # Requests at the trace's mean rate, or drawn as Poisson counts per step (traces.py)
+    arrivals: str = "mean"
+    seed: int = 1
     # A lend undone within this long while the demand moved less than flap_sigmas x its noise
     # is a flap (sim/clients.py): the planner's default scale-down window and noise margin.
     flap_window_s: float = 900.0
@@ -292,7 +295,7 @@ class Simulation:
 
     def __init__(self, trace: Trace, fleet: Sequence[FleetModel], params: SimParams) -> None:
         from slurm_idle.errors import ConfigError
-        from slurm_idle.traces import resample
+        from slurm_idle.traces import resample, with_arrivals
 
         names = [f.name for f in fleet]
         repeated = sorted({n for n in names if names.count(n) > 1})
@@ -309,7 +312,8 @@ class Simulation:
         self.trace_step_s = trace.step_s
         self.resampled = ("none" if trace.step_s == params.step_s else
                           "mean" if trace.step_s < params.step_s else params.resample)
-        trace = resample(trace, params.step_s, params.resample)
+        trace = with_arrivals(resample(trace, params.step_s, params.resample), params.arrivals,
+                              params.seed)
         self.trace = trace
         self.fleet = {f.name: f for f in fleet}
         self.params = params

@@ -17,6 +17,7 @@ from slurm_idle.traces import (
     parse_csv_trace,
     resample,
     synthetic_trace,
+    with_arrivals,
 )
 
 from .test_sim import Scripted, needs_trace, unit_fleet
@@ -183,3 +184,24 @@ def test_simulate_states_how_the_trace_met_the_step() -> None:
     coarse = needs_trace([1] * 3)
     drawn = Simulation(coarse, fleet, SimParams(floor=1, step_s=10, resample="linear"))
     assert drawn.run(Scripted({})).summary()["resampled"] == "linear"
+
+
+def test_poisson_arrivals_keep_the_mean_and_add_the_counting_noise() -> None:
+    """Drawn per 10 s step, 2 requests/s keep their mean and vary as a Poisson count does
+    (variance = mean of the count); seeded, so a run repeats; `mean` changes nothing."""
+    n = 6000
+    trace = Trace(start=0.0, steps=n, step_s=10, series={"m": Series((2.0,) * n, (1.0,) * n,
+                                                                    (1.0,) * n)})
+    drawn = with_arrivals(trace, "poisson", seed=3)
+    counts = [r * 10 for r in drawn.series["m"].rps]
+    mean = sum(counts) / n
+    variance = sum((c - mean) ** 2 for c in counts) / n
+    assert mean == pytest.approx(20.0, rel=0.02) and variance == pytest.approx(20.0, rel=0.1)
+    assert all(c == int(c) for c in counts)
+    assert with_arrivals(trace, "poisson", seed=3) == drawn
+    assert with_arrivals(trace, "mean") is trace
+    big = with_arrivals(Trace(start=0.0, steps=2000, series={"m": Series(
+        (100.0,) * 2000, (1.0,) * 2000, (1.0,) * 2000)}), "poisson")  # 6000 a minute: normal
+    assert sum(big.series["m"].rps) / 2000 == pytest.approx(100.0, rel=0.01)
+    with pytest.raises(ConfigError, match="arrivals"):
+        with_arrivals(trace, "bursty")
