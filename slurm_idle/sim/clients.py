@@ -3,7 +3,10 @@ were, how long requests queued, and how often a lend was undone for nothing.
 
 A violation minute says only that a model served fewer replicas than its demand needed: a
 minute 0.03% short counts like one 74% short, and neither says what requests went through.
-These figures, computed from a run's timeline (pure functions of per-step series), say it:
+These figures, computed from a run's timeline (pure functions of per-step series), say it.
+Demand beyond what the whole fleet serves is left out of the shortfalls and the queue (as the
+violation count caps the need at the fleet): no policy could have served it, and it would
+hide the policies' differences.
 
 - `unserved_share`: demand above the SLO capacity (serving replicas x tokens/s x the SLO
   utilisation) over all demand.

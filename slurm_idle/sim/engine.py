@@ -472,13 +472,18 @@ class Simulation:
         for model, demand in self.demand.items():
             fleet = self.fleet[model]
             serving = self.serving[model]
+            # What the whole fleet could serve: demand beyond every replica is no policy's
+            # shortfall (the violation count caps the need at the fleet the same way).
+            slo_line = fleet.replicas * fleet.tokens_per_s * p.utilisation
+            full = fleet.replicas * fleet.tokens_per_s
             demand = demand[: len(serving)]
-            gap, n_short = unserved(demand, [s * fleet.tokens_per_s * p.utilisation
-                                             for s in serving])
+            gap, n_short = unserved([min(d, slo_line) for d in demand],
+                                    [s * fleet.tokens_per_s * p.utilisation for s in serving])
             unserved_total += gap
             demand_total += sum(demand)
             short += n_short
-            delays += queue_delays(demand, [s * fleet.tokens_per_s for s in serving], p.step_s)
+            delays += queue_delays([min(d, full) for d in demand],
+                                   [s * fleet.tokens_per_s for s in serving], p.step_s)
             weights += demand
             noise[model] = noises(demand, p.steps(NOISE_LAG_S), p.steps(NOISE_SPAN_S))
         return {

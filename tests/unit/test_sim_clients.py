@@ -104,3 +104,28 @@ def test_a_short_run_of_a_real_policy_reports_every_client_figure() -> None:
     summary = sim.run(Reactive()).summary()
     assert summary["unserved_share"] > 0 and summary["minutes_short_5pct"] > 0
     assert summary["queue_delay_max_s"] >= summary["queue_delay_p99_s"] > 0
+
+
+def test_demand_beyond_the_whole_fleet_is_no_policys_shortfall() -> None:
+    """Twice what every replica serves, all replicas serving: nothing unserved, no queue,
+    no short minute (and no violation) for any policy; one replica lent, it shows."""
+    fleet = [FleetModel("m", 2, 1, 1.0)]
+    over = Simulation(needs_trace([4] * 5), fleet, SimParams(floor=0, utilisation=1.0,
+                                                             prompt_weight=0.0))
+    summary = over.run(Scripted({})).summary()
+    assert summary["slo_violation_minutes"] == 0
+    assert (summary["unserved_share"], summary["minutes_short_5pct"]) == (0.0, 0)
+    assert summary["queue_delay_max_s"] == 0.0
+    lent = Simulation(needs_trace([4] * 5), [FleetModel("m", 2, 1, 1.0)],
+                      SimParams(floor=0, utilisation=1.0, prompt_weight=0.0))
+
+    class LendOne(Scripted):
+        def decide(self, sim: Simulation, step: int, now: float) -> list[Action]:
+            if step:
+                return []
+            node = sim.nodes["m"][0]
+            return [Action(ActionKind.LEND, node.name, "m", Phase.SERVING, Phase.RETIRING, "t")]
+
+    short = lent.run(LendOne({})).summary()
+    assert short["unserved_share"] > 0 and short["minutes_short_5pct"] > 0
+    assert short["queue_delay_max_s"] > 0
