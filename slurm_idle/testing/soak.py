@@ -417,9 +417,12 @@ def table(result: Mapping[str, Any]) -> str:
         for top in trace.get("top_growth", [])[:3]:
             lines.append(f"  {top['size_diff_kb']:+.1f} kB ({top['count_diff']:+d}) "
                          f"{top['where']}")
-    if "exit" in trace:
-        lines.append(f"at exit: RSS {trace['exit']['rss_mb']:.2f} MB, "
-                     f"{trace['exit']['rss_after_trim_mb']:.2f} MB after malloc_trim")
+    end = trace.get("exit") or {}
+    if end:
+        collected = (f"traced {end['traced_mb']:.2f} -> {end['traced_after_collect_mb']:.2f} MB "
+                     "after a full collection, " if "traced_after_collect_mb" in end else "")
+        lines.append(f"at exit: {collected}RSS {end['rss_mb']:.2f} MB, "
+                     f"{end['rss_after_trim_mb']:.2f} MB after malloc_trim")
     lines.append(f"verdict: {result['verdict']}"
                  + (f" ({'; '.join(result['reasons'])})" if result.get("reasons") else ""))
     return "\n".join(lines)

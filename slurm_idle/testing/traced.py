@@ -9,9 +9,10 @@ after thread pools come and go: RSS that levels off and is given back by `malloc
 warmed up (`SLURM_IDLE_TRACE_AFTER_S`, default 300), takes a snapshot every
 `SLURM_IDLE_TRACE_EVERY_S` (default 300) and writes one JSON line per snapshot: the memory
 Python's allocators hold for live objects, the number of objects the collector tracks, and
-the source lines whose allocations grew most since the first snapshot. At exit it writes a
-last line with RSS before and after `malloc_trim(0)`: what the allocator held but no object
-used.
+the call stacks whose allocations grew most since the first snapshot. At exit it writes a
+last line with traced memory and RSS before and after a full collection (which empties
+CPython's free lists: a site that "grows" until its free list is full is no leak) and after
+`malloc_trim(0)`: what the allocator held but no object used.
 
 The tracer is one daemon thread (the process's thread count is one higher) and tracemalloc
 slows allocation: a run with it measures growth, not speed.
@@ -53,18 +54,21 @@ def _ignored(filename: str) -> bool:
 
 def growth(now: tracemalloc.Snapshot, base: tracemalloc.Snapshot, top: int = TOP
            ) -> list[dict[str, Any]]:
-    """The source lines whose live allocations grew most from `base` to `now` (size and
-    count), the tracer's own left out."""
+    """The allocation sites whose live allocations grew most from `base` to `now` (size and
+    count), the tracer's own left out. A site is a whole call stack (FRAMES deep, oldest
+    first in `stack`): a line like subprocess's that every caller passes through is told
+    apart by who called it, which is what a leak's fix needs."""
     filt = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, __file__)]
-    diffs = now.filter_traces(filt).compare_to(base.filter_traces(filt), "lineno")
+    diffs = now.filter_traces(filt).compare_to(base.filter_traces(filt), "traceback")
     out = []
     for d in diffs[:top]:
-        frame = d.traceback[0]
-        if _ignored(frame.filename):
+        frames = list(d.traceback)  # oldest first
+        if not frames or _ignored(frames[-1].filename):
             continue
-        out.append({"where": f"{frame.filename}:{frame.lineno}",
+        out.append({"where": f"{frames[-1].filename}:{frames[-1].lineno}",
                     "size_diff_kb": round(d.size_diff / 1024, 1), "count_diff": d.count_diff,
-                    "size_kb": round(d.size / 1024, 1)})
+                    "size_kb": round(d.size / 1024, 1),
+                    "stack": [f"{f.filename}:{f.lineno}" for f in frames]})
     return out
 
 
@@ -113,12 +117,23 @@ class Tracer:
             time.sleep(self.every_s)
 
     def at_exit(self) -> None:
-        """The last line: RSS before and after giving freed memory back."""
-        before = rss_mb()
-        trimmed = malloc_trim()
-        self.write({"t_s": round(time.monotonic() - self.t0, 1), "exit": True,
-                    "rss_mb": round(before, 3), "rss_after_trim_mb": round(rss_mb(), 3),
-                    "trimmed": trimmed})
+        """The last line: traced memory and RSS before and after a full collection (which
+        also empties CPython's free lists: freed tuples, floats and frames kept for reuse,
+        which tracemalloc still counts where they were first allocated), then RSS after
+        giving freed memory back to the system."""
+        line: dict[str, Any] = {"t_s": round(time.monotonic() - self.t0, 1), "exit": True,
+                                "rss_mb": round(rss_mb(), 3)}
+        if tracemalloc.is_tracing():
+            line["traced_mb"] = round(tracemalloc.get_traced_memory()[0] / 2**20, 3)
+        gc.collect()
+        line["rss_after_collect_mb"] = round(rss_mb(), 3)
+        if tracemalloc.is_tracing():
+            line["traced_after_collect_mb"] = round(tracemalloc.get_traced_memory()[0] / 2**20, 3)
+        line["trimmed"] = malloc_trim()
+        line["rss_after_trim_mb"] = round(rss_mb(), 3)
+        if tracemalloc.is_tracing() and self.base is not None:  # last: a snapshot costs RSS
+            line["top_after_collect"] = growth(tracemalloc.take_snapshot(), self.base)
+        self.write(line)
 
 
 def start(env: Mapping[str, str]) -> Tracer | None:
@@ -157,7 +172,7 @@ def summary(lines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "top_growth": list(last.get("top", []))[:5]})
     ends = [ln for ln in lines if ln.get("exit")]
     if ends:
-        out["exit"] = {k: ends[-1][k] for k in ("rss_mb", "rss_after_trim_mb", "trimmed")}
+        out["exit"] = {k: v for k, v in ends[-1].items() if k not in ("exit", "t_s")}
     return out
 
 

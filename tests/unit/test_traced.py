@@ -55,8 +55,9 @@ def test_summary_of_a_trace_file(tmp_path: Path) -> None:
              {"t_s": 3600.0, "traced_mb": 11.0, "traced_peak_mb": 12, "objects": 1200,
               "rss_mb": 52.0, "top": [{"where": "b.py:2", "size_diff_kb": 900.0,
                                        "count_diff": 30, "size_kb": 950.0}]},
-             {"t_s": 3601.0, "exit": True, "rss_mb": 52.0, "rss_after_trim_mb": 49.5,
-              "trimmed": True}]
+             {"t_s": 3601.0, "exit": True, "rss_mb": 52.0, "traced_mb": 11.0,
+              "traced_after_collect_mb": 9.9, "rss_after_collect_mb": 51.8,
+              "rss_after_trim_mb": 49.5, "trimmed": True}]
     path = tmp_path / "trace.jsonl"
     path.write_text("".join(json.dumps(ln) + "\n" for ln in lines) + '{"t_s": 36')
     out = traced.summary(traced.read(path))
@@ -64,12 +65,15 @@ def test_summary_of_a_trace_file(tmp_path: Path) -> None:
     assert out["traced_mb"] == {"first": 10.0, "last": 11.0, "slope_mb_per_h": 1.0}
     assert out["objects"] == {"first": 1000, "last": 1200}
     assert out["top_growth"][0]["where"] == "b.py:2"
-    assert out["exit"] == {"rss_mb": 52.0, "rss_after_trim_mb": 49.5, "trimmed": True}
+    assert out["exit"] == {"rss_mb": 52.0, "traced_mb": 11.0, "traced_after_collect_mb": 9.9,
+                           "rss_after_collect_mb": 51.8, "rss_after_trim_mb": 49.5,
+                           "trimmed": True}
     result = {"ticks": 95, "tick_s": 2, "lends": 3, "reclaims": 3, "duration_s": 3601.0,
               "samples": 20, "verdict": "flat", "reasons": [], "trace": out}
     text = table(result)
     assert "traced 10.00 -> 11.00 MB (+1.000 MB/h), objects 1000 -> 1200" in text
     assert "+900.0 kB (+30) b.py:2" in text and "49.50 MB after malloc_trim" in text
+    assert "traced 11.00 -> 9.90 MB after a full collection" in text
 
 
 def test_summary_of_no_trace() -> None:
