@@ -30,6 +30,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from slurm_idle.testing.traced import read, summary
+
 #: The columns of `--csv`, in order (Sample's fields).
 CSV_FIELDS = ("t_s", "ticks", "lends", "reclaims", "rss_mb", "fds", "threads", "children",
               "zombies", "load_rps")
@@ -405,6 +407,22 @@ def table(result: Mapping[str, Any]) -> str:
         for name in ("children", "zombies"):
             d = result[name]
             lines.append(f"{name:10} median {d['median']:g}, peak {d['peak']:g}")
+    trace = result.get("trace") or {}
+    if trace.get("snapshots"):
+        tm, objs = trace["traced_mb"], trace["objects"]
+        lines.append(f"tracemalloc over {trace['span_s'] / 60:.0f} min ({trace['snapshots']} "
+                     f"snapshots): traced {tm['first']:.2f} -> {tm['last']:.2f} MB "
+                     f"({tm['slope_mb_per_h']:+.3f} MB/h), objects {objs['first']} -> "
+                     f"{objs['last']}")
+        for top in trace.get("top_growth", [])[:3]:
+            lines.append(f"  {top['size_diff_kb']:+.1f} kB ({top['count_diff']:+d}) "
+                         f"{top['where']}")
+    end = trace.get("exit") or {}
+    if end:
+        collected = (f"traced {end['traced_mb']:.2f} -> {end['traced_after_collect_mb']:.2f} MB "
+                     "after a full collection, " if "traced_after_collect_mb" in end else "")
+        lines.append(f"at exit: {collected}RSS {end['rss_mb']:.2f} MB, "
+                     f"{end['rss_after_trim_mb']:.2f} MB after malloc_trim")
     lines.append(f"verdict: {result['verdict']}"
                  + (f" ({'; '.join(result['reasons'])})" if result.get("reasons") else ""))
     return "\n".join(lines)
@@ -465,14 +483,25 @@ class SoakOptions:
     csv: Path | None = None
     plot: Path | None = None
     max_minutes: float | None = None  # stop then, whatever the tick count
+    trace: Path | None = None  # run the agent under tracemalloc (testing/traced.py), lines here
+    trace_after_s: float = 300.0
+    trace_every_s: float = 300.0
 
 
 def _agent_config(sb: Any, opts: SoakOptions, out: Path) -> Path:
-    """The sandbox's own config with the agent's short tick and fast check."""
+    """The sandbox's own config with the agent's short tick and fast check, and no noise
+    margin (`headroom_sigmas: 0`).
+
+    The soak's load is a square wave (12 requests/s or none, flipped every few minutes). Once
+    the noise of its 10-minute changes is on record (about 40 minutes in, measured
+    2026-12-07) the margin is three times that noise, more than the whole pool: the agent
+    then rightly keeps every replica serving, even at zero load, and the rest of the soak
+    has no lend or reclaim to measure."""
     import yaml
 
     doc = yaml.safe_load(Path(sb.config_path).read_text())
-    doc["policy"].update({"tick_interval_s": opts.tick_s, "fast_interval_s": opts.fast_s})
+    doc["policy"].update({"tick_interval_s": opts.tick_s, "fast_interval_s": opts.fast_s,
+                          "headroom_sigmas": 0})
     out.write_text(yaml.safe_dump(doc, sort_keys=False))
     return out
 
@@ -508,11 +537,17 @@ def run_soak(opts: SoakOptions, say: Callable[[str], None]) -> dict[str, Any]:
         env = {**os.environ, **sb.env(), "SLURM_IDLE_CONFIG": str(config_path),
                "PYTHONPATH": os.pathsep.join(dict.fromkeys(
                    [tree, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))}
+        command = [sb.python, "-m", "slurm_idle.cli", "agent", "--json"]
+        if opts.trace is not None:
+            opts.trace.unlink(missing_ok=True)
+            command[2] = "slurm_idle.testing.traced"
+            env.update({"SLURM_IDLE_TRACE_OUT": str(opts.trace.resolve()),
+                        "SLURM_IDLE_TRACE_AFTER_S": str(opts.trace_after_s),
+                        "SLURM_IDLE_TRACE_EVERY_S": str(opts.trace_every_s)})
         log_path = sb.root / "soak-agent.log"
         out_path = sb.root / "soak-agent.out"
         with log_path.open("w") as err, out_path.open("w") as out:
-            agent = subprocess.Popen([sb.python, "-m", "slurm_idle.cli", "agent", "--json"],
-                                     env=env, stdout=out, stderr=err, text=True,
+            agent = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True,
                                      cwd=sb.root, start_new_session=True)
         say(f"agent pid {agent.pid}: tick {opts.tick_s}s, fast check {opts.fast_s}s, "
             f"log {log_path}")
@@ -602,6 +637,7 @@ def summarize(samples: Sequence[Sample], counts: JournalCounts, ticks: int, opts
     """The `--json` shape: counts, the judge's series and verdict, the agent's own figures."""
     verdict = judge(samples, opts.bounds)
     problems, first = agent_log_problems(log_path)
+    traced = {} if opts.trace is None else {"trace": summary(read(opts.trace))}
     return {
         "ticks": ticks, "lends": counts.lends, "reclaims": counts.reclaims,
         "duration_s": round(duration_s, 1), "samples": len(samples),
@@ -611,7 +647,7 @@ def summarize(samples: Sequence[Sample], counts: JournalCounts, ticks: int, opts
         "verdict": verdict["verdict"], "reasons": verdict["reasons"],
         "tick_errors": counts.tick_errors, "agent": dict(agent_stats),
         "agent_log": {"path": str(log_path), "problem_lines": problems, "first": first},
-        "bounds": asdict(opts.bounds),
+        "bounds": asdict(opts.bounds), **traced,
     }
 
 
@@ -634,6 +670,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--plot", type=Path, default=None, help="write a PNG of the series here")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--keep", action="store_true", help="leave the sandbox running")
+    ap.add_argument("--trace", type=Path, default=None, metavar="JSONL",
+                    help="run the agent under tracemalloc and write its snapshots here "
+                    "(what grows: Python objects, or the allocator's retained pages)")
+    ap.add_argument("--trace-after-s", type=float, default=300.0,
+                    help="start tracing after this warm-up (default 300)")
+    ap.add_argument("--trace-every-s", type=float, default=300.0,
+                    help="seconds between snapshots (default 300)")
     ap.add_argument("--from-csv", type=Path, default=None, metavar="CSV",
                     help="judge (and --plot) the samples an earlier run wrote with --csv; "
                     "no sandbox")
@@ -650,7 +693,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = SoakOptions(root=args.root, base_port=args.base_port, ticks=args.ticks,
                        tick_s=args.tick_s, fast_s=args.fast_s, sample_s=args.sample_s,
                        plan=LoadPlan(high_rps=args.high_rps), keep=args.keep, csv=args.csv,
-                       plot=args.plot, max_minutes=args.max_minutes)
+                       plot=args.plot, max_minutes=args.max_minutes, trace=args.trace,
+                       trace_after_s=args.trace_after_s, trace_every_s=args.trace_every_s)
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

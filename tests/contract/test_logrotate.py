@@ -34,9 +34,11 @@ from slurm_idle.policy import assess, plan
 from slurm_idle.report_io import make_report
 from slurm_idle.testing.fakes import FakeEngine, FakeMetrics, FakeSlurm
 
+# T0 is on the hour: the scenario's idle runs stay within one UTC hour
+from tests.unit.test_agent import T0, Clock
+
 RULE = Path(__file__).resolve().parents[2] / "etc" / "logrotate.d" / "slurm-idle"
 DEFAULT_JOURNAL = "/var/lib/slurm-idle/journal.jsonl"
-T0 = 1_796_205_600.0  # on the hour: the scenario's idle runs stay within one UTC hour
 NODES = ("gpu1", "gpu2", "gpu3")
 CONFIG = """
 engine: {{kind: command, start_command: "true {{node}}", stop_command: "true {{node}}", drain_timeout_s: 5}}
@@ -64,17 +66,6 @@ def logrotate_binary() -> str:
             pytest.fail(why)
         pytest.skip(why)
     return found
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += max(s, 0.01)
 
 
 class Pool:

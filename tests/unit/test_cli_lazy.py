@@ -12,18 +12,11 @@ from click.testing import CliRunner
 
 from slurm_idle.cli import COMMAND_MODULES, load_all, main
 
-CONFIG = """
-engine: {{kind: command, start_command: "true {{node}}", stop_command: "true {{node}}"}}
-models:
-  - name: m
-    nodes: gpu[1-2]
-    url: "http://127.0.0.1:1/{{node}}"
-slurm: {{bin_dir: {bin_dir}}}
-paths:
-  journal: {journal}
-  lock: {lock}
-"""
+from .test_cli_errors import write_config
 
+
+def _config(tmp_path: Path, journal: Path) -> Path:
+    return write_config(tmp_path, journal, tmp_path / "tick.lock")
 
 def test_the_map_names_every_command_and_only_those() -> None:
     """A command added to a module but not to COMMAND_MODULES would vanish from the CLI."""
@@ -40,13 +33,6 @@ def test_help_lists_every_command() -> None:
     out = CliRunner().invoke(main, ["--help"]).output
     for name in COMMAND_MODULES:
         assert f"  {name} " in out, name
-
-
-def _config(tmp_path: Path, journal: Path) -> Path:
-    path = tmp_path / "c.yaml"
-    path.write_text(CONFIG.format(bin_dir=tmp_path / "no-slurm", journal=journal,
-                                  lock=tmp_path / "tick.lock"))
-    return path
 
 
 def test_explain_imports_neither_the_agent_nor_the_metrics(tmp_path: Path) -> None:
