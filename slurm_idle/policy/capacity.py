@@ -4,8 +4,10 @@ Two numbers come out of here for each model. `up` is what the load needs *now* (
 the forecast ramp, and +1 whenever a queue that lasted `queue_sustain_s`, the KV cache or latency
 say the serving replicas are not enough): the planner reclaims at once when supply falls short
 of it. `down` is what the load needed at any time over the scale-down window (Prometheus
-`max_over_time`), so a replica is only lent after load has stayed low for the whole window:
-hysteresis without a state file, and no lending until the window's history exists.
+`max_over_time`) and what it may need over the reclaim lead *and* the window after it, so a
+replica is only lent after load has stayed low for the whole window and when it is not
+expected back within the next: hysteresis without a state file, and no lending until the
+window's history exists.
 Everything here is arithmetic on one ModelLoad; no clock, no I/O.
 """
 
@@ -124,23 +126,29 @@ def horizon_factor(lead_s: float) -> float:
 
 
 def adaptive_demand(
-    load: ModelLoad, policy: PolicyConfig, seasonal: float, lead_s: float
+    load: ModelLoad, policy: PolicyConfig, seasonal: float | None, lead_s: float,
+    demand_now: float,
 ) -> tuple[float, str] | None:
-    """The demand to plan for over the reclaim lead time: a high quantile of the load.
+    """The demand to plan for over `lead_s`: a high quantile of the load.
 
-    The larger of the seasonal forecast and the fitted level carried along a rising trend for
-    `lead_s` (grace + start + a tick: a replica reclaimed now serves only then), plus
-    `policy.headroom_sigmas` standard deviations of the noise around the trend, scaled by
-    `horizon_factor(lead_s)` (the cost of a wrong lend grows with the cold start). The margin
-    follows the noise measured, so no planning factor has to be tuned per fleet. None
-    without a covered window (the scale-down side then lends nothing anyway).
+    The fitted level, raised by the larger of the seasonal rise (`seasonal` - `demand_now`:
+    yesterday's ramp over the lead) and a rising trend carried for `lead_s` (grace + start +
+    a tick: a replica reclaimed now serves only then), plus `policy.headroom_sigmas` standard
+    deviations of the noise, scaled by `horizon_factor(lead_s)` (the cost of a wrong lend
+    grows with the cold start). The ramp rides on the level, not on this minute's demand: a
+    noisy minute is what the margin is for, and counting it twice moved the plan with every
+    minute (a reclaim a minute after a lend). The margin follows the noise measured, so no
+    planning factor has to be tuned per fleet. None without a covered window (the
+    scale-down side then lends nothing anyway). assess_need calls it over the lead for
+    reclaims and over lead + window for lends.
     """
     if policy.headroom_sigmas <= 0:
         return None
     est = spread(load, policy.scale_down_window_s)
     if est is None:
         return None
-    base = max(seasonal, est.level + max(0.0, est.trend_per_s) * lead_s)
+    rise = max(0.0, (seasonal or demand_now) - demand_now, est.trend_per_s * lead_s)
+    base = est.level + rise
     margin = policy.headroom_sigmas * horizon_factor(lead_s) * est.sigma
     why = (f"level {est.level:.0f} tok/s, trend {60 * est.trend_per_s:+.0f} tok/s/min, "
            f"noise {est.sigma:.0f} tok/s: plans for {base + margin:.0f} over {lead_s:.0f}s")
@@ -219,12 +227,12 @@ def assess_need(
     if learned:
         parts.append(learned)
     seasonal = load.forecast_demand_tokens_per_s if policy.forecast else None
-    if seasonal is not None:
+    adapted = adaptive_demand(load, policy, seasonal, lead_s, demand)
+    if seasonal is not None and adapted is None:
         ahead = replicas_for(seasonal, capacity, util)
         if ahead > need:
             parts.append(f"forecast {seasonal:.0f} tok/s needs {ahead}")
             need = ahead
-    adapted = adaptive_demand(load, policy, seasonal or 0.0, lead_s)
     if adapted is not None:
         ahead = replicas_for(adapted[0], capacity, util)
         if ahead > need:
@@ -251,8 +259,14 @@ def assess_need(
             parts.append(f"window max {peak:.0f} tok/s over {window}s needs {down}")
         if load.waiting_max_window > policy.queue_waiting_threshold:
             down = max(down, serving)
-        coming = load.forecast_demand_tokens_per_s_max_window
-        if policy.forecast and coming is not None:
+        coming = load.forecast_demand_tokens_per_s_max_window if policy.forecast else None
+        held = adaptive_demand(load, policy, coming, lead_s + window, demand)
+        if held is not None:
+            later = replicas_for(held[0], capacity, util)
+            if later > down:
+                down = later
+                parts.append(f"to hold over the window: {held[1]}: needs {later}")
+        elif coming is not None:
             later = replicas_for(coming, capacity, util)
             if later > down:
                 down = later

@@ -552,3 +552,37 @@ def test_a_rising_trend_is_met_a_reclaim_ahead() -> None:
     # +1 tok/s per second: the fitted level ends at mean + slope * W/2, then rises over the lead
     rising = observation(*lent, loads=(_noisy(0.0, demand=1000.0, trend=1.0),))
     assert kinds(plan(rising, cfg, NOW), ActionKind.RECLAIM) == ["m0-n2"]
+
+
+def test_a_noisy_minute_is_not_planned_for_on_top_of_its_margin() -> None:
+    """The seasonal ramp is carried on the fitted level, not on this minute's demand: a minute
+    1.5 sigma above the level is what the noise margin is for, and counting it twice (as the
+    base and again in the margin) moved the plan with every noisy minute, a reclaim a minute
+    after a lend. Yesterday's ramp still counts, on the level."""
+    cfg = config(forecast_lead_s=420.0)
+    need = lambda now, rise: assess(observation(*four_serving(), loads=(replace(
+        _noisy(200.0), generation_tokens_per_s=now,
+        forecast_demand_tokens_per_s=now + rise),)), cfg, NOW)[0].needed_replicas
+    assert need(1500.0, 0.0) == 3  # 1500 + 3 x 200 = 2100 <= 2400
+    assert need(1900.0, 0.0) == 3  # not 1900 + 600 > 2400
+    assert need(1900.0, 400.0) == 4  # 1500 + 400 + 600 > 2400: the ramp ahead, on the level
+
+
+def test_a_lend_must_hold_over_the_scale_down_window() -> None:
+    """A replica is lent only if the load's level, its trend and the seasonal ramp plus the
+    noise margin fit the fewer replicas over the reclaim lead *and* the scale-down window
+    after it (the margin widened for that horizon): a lend the noise would undo within the
+    window is a flap, a preemption for nothing. Reclaims still plan over the lead alone."""
+    cfg = config(forecast_lead_s=420.0)
+    obs = lambda noise: observation(*four_serving(), loads=(_noisy(noise),))
+    quiet, noisy = plan(obs(100.0), cfg, NOW), plan(obs(250.0), cfg, NOW)
+    assert len(kinds(quiet, ActionKind.LEND)) == 1  # 1500 + 3 x 1.70 x 100 <= 2400
+    (verdict,) = assess(obs(250.0), cfg, NOW)
+    assert verdict.needed_replicas == 3  # over the lead: 1500 + 3 x 250 <= 2400
+    assert kinds(noisy, ActionKind.LEND) == []  # over lead + window: 1500 + 3 x 1.70 x 250 > 2400
+    assert "to hold over the window" in verdict.reason
+    # a rise the window forecast sees over lead + window blocks the lend as well
+    coming = observation(*four_serving(), loads=(replace(
+        _noisy(100.0), forecast_demand_tokens_per_s=1500.0,
+        forecast_demand_tokens_per_s_max_window=2000.0),))
+    assert kinds(plan(coming, cfg, NOW), ActionKind.LEND) == []
