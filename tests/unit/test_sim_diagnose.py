@@ -93,6 +93,15 @@ def test_the_diagnosis_script_refuses_held_out_seeds() -> None:
     assert "held-out" in res.stderr
 
 
+def test_the_seconds_bench_refuses_an_empty_trace() -> None:
+    """bench-sim-seconds imports and parses its arguments: --days 0 exits 2 naming --days."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench-sim-seconds"
+    res = subprocess.run([sys.executable, str(script), "--days", "0"], check=False,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "--days" in res.stderr
+
+
 
 def _bound(*args: str) -> str:
     script = Path(__file__).resolve().parents[2] / "scripts" / "bench-sim-bound"
