@@ -3,7 +3,8 @@
 `policy.forecast_demand` does the arithmetic; this module only decides what goes into it, the
 same way `slurm_idle/sim/planner_driver.py` does for the benchmarks: per model, its own lead
 (`policy.default_forecast_lead_s`, rounded up to whole seconds as the simulator rounds to whole
-minutes), history pairs per offset (demand then, its peak over the lead after that), the trend
+minutes), history pairs per offset (demand then, its peak over the lead after that; both as
+the demand's scale-down-window means centred on each moment), the trend
 of the demand over the scale-down window (a least-squares slope, Prometheus `deriv`), and for
 `forecast_demand_tokens_per_s_max_window` the same over lead + scale-down window. Both metrics
 sources call this, so Prometheus, the direct scrape and the simulator cannot drift apart.

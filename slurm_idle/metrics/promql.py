@@ -158,23 +158,38 @@ class Queries:
         window (what `forecast_demand_tokens_per_s_max_window` needs). And `trend`: `deriv` of
         the demand over the scale-down window, tokens/s per second. Models with different leads
         (cold start vs sleep-mode wake) each read their own L; the query stays one per tick.
+
+        The past is read smoothed: "the demand at a moment" is its mean over the scale-down
+        window centred on that moment (`avg_over_time`, offset by half a window), and the peaks
+        are of that mean. Read raw, yesterday's ramp was the peak of a few noisy minutes less
+        one noisy minute: it moved with every minute's noise, and today's plan with it.
         """
         parts = []
+        half = window_s // 2
         for ago, tag in ((DAY_S, "1d"), (WEEK_S, "7d")):
-            parts.append(f'label_replace({self.demand(ago)}, "kind", "then_{tag}", "", "")')
+            then = self._past_mean(window_s, ago - half)
+            parts.append(f'label_replace({then}, "kind", "then_{tag}", "", "")')
             for lead in sorted({max(int(v), 1) for v in leads}):
                 reaches = [("ahead", lead)] + ([("later", lead + window_s)] if window_s > 0 else [])
                 for name, span in reaches:
                     step = subquery_step(span, self.rate_window_s)
-                    peak = (
-                        f"max_over_time({self.demand()}[{span}s:{step}s] offset {max(ago - span, 1)}s)"
-                    )
+                    peak = (f"max_over_time(({self._past_mean(window_s)})[{span}s:{step}s] "
+                            f"offset {max(ago - span - half, 1)}s)")
                     parts.append(f'label_replace({peak}, "kind", "{name}_{tag}@{lead}", "", "")')
         if window_s > 0:
             step = subquery_step(window_s, self.rate_window_s)
             trend = f"deriv({self.demand()}[{window_s}s:{step}s])"
             parts.append(f'label_replace({trend}, "kind", "trend", "", "")')
         return " or ".join(parts)
+
+    def _past_mean(self, window_s: int, offset_s: int = 0) -> str:
+        """The demand's mean over the `window_s` before now - `offset_s` (without a window, the
+        demand then)."""
+        if window_s <= 0:
+            return self.demand(offset_s)
+        step = subquery_step(window_s, self.rate_window_s)
+        off = f" offset {offset_s}s" if offset_s else ""
+        return f"avg_over_time({self.demand()}[{window_s}s:{step}s]{off})"
 
 
 def _valid(expr: str) -> str:

@@ -294,13 +294,15 @@ def forecast_demand(
     """Demand expected over the next lead time, from the same moments 1 day / 1 week ago.
 
     `history` holds, per offset with data, (demand at now-offset, max demand over
-    [now-offset, now-offset+lead]). The forecast is today's demand plus the largest rise seen
+    [now-offset, now-offset+lead]), both read as window means centred on each moment (one
+    noisy minute back then is no ramp). The forecast is today's demand plus the largest rise seen
     over the lead time back then: the *shape* of yesterday's ramp, on today's level, so that a
     quiet Saturday after a busy Friday does not keep Friday's replicas serving. A rising trend
     (`trend_per_s`, tokens/s per second, e.g. Prometheus `deriv(...[15m])`) extrapolated over
     `lead_s` counts too, so a ramp is met before history exists. The metrics adapter computes
-    the inputs from Prometheus (`offset 1d`, `max_over_time(...[lead] offset ...)`), the
-    simulator from the trace; both call this one function. None without any evidence.
+    the inputs from Prometheus (`avg_over_time(...[window] offset ...)` and its
+    `max_over_time` over the lead: metrics/promql.py `forecast`), the simulator from the
+    trace (sim/series.py `centred_means`); both call this one function. None without any evidence.
     """
     rises = [max(0.0, ahead - then) for then, ahead in history]
     if trend_per_s is not None:

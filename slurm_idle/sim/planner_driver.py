@@ -5,7 +5,8 @@ adapter and of Slurm. At the tick of step m (a minute, or `SimParams.step_s`) th
 what Prometheus would show then: the rates of the step that just ended (m-1), maxima and
 minima over the scale-down window (None until the trace has run for the whole window, as
 Prometheus' coverage check), the queue's minimum over `queue_sustain_s`, and the forecast
-computed by `policy.forecast_demand` from the same moments 1 day and 7 days earlier. Windows
+computed by `policy.forecast_demand` from the same moments 1 day and 7 days earlier (the
+demand then as window means centred on each moment, as the Prometheus query reads it). Windows
 are in seconds, counted in whole steps. The agent's cadence is simulated too: a full
 `policy.plan()` every `tick_s`, the fast check (`policy.fast_plan`) every `fast_s` between. A model whose serving replicas cannot keep up shows a
 queue and a hot KV cache. The planner is configured like the simulated fleet: its lead time
@@ -38,7 +39,7 @@ from slurm_idle.model import (
 )
 from slurm_idle.policy import default_forecast_lead_s, fast_plan, forecast_demand, plan
 from slurm_idle.sim.engine import FleetModel, SimNode, SimParams, Simulation, fleet_node_names
-from slurm_idle.sim.series import ahead_max, means, noises, sliding_max, slopes
+from slurm_idle.sim.series import ahead_max, centred_means, means, noises, sliding_max, slopes
 
 #: The planner knobs the benchmarks run with (see docs/benchmarks.md): the defaults. Replicas
 #: are planned at the SLO line itself (80% busy); the margin against noise, steps and ramps is
@@ -119,6 +120,7 @@ class PlannerPolicy:
         self.window_max: dict[str, list[float]] = {}
         self.ahead_max: dict[str, list[float]] = {}
         self.later_max: dict[str, list[float]] = {}
+        self.then: dict[str, list[float]] = {}  # the demand as the forecast reads the past
         self.trend: dict[str, list[float]] = {}  # least-squares slope over the window, per s
         self.means: dict[str, list[float]] = {}  # mean over the window
         self.noise: dict[str, list[float | None]] = {}  # metrics.forecast.noise_from_changes
@@ -126,8 +128,12 @@ class PlannerPolicy:
         for model, demand in sim.demand.items():
             lead = max(1, p.steps(default_forecast_lead_s(config, model)))
             self.window_max[model] = sliding_max(demand, self.window)
-            self.ahead_max[model] = ahead_max(demand, lead)
-            self.later_max[model] = ahead_max(demand, lead + self.window)
+            # Yesterday's ramp on the demand's window means centred on each moment, as the
+            # Prometheus forecast query reads it: a noisy minute back then is no ramp.
+            past = centred_means(demand, self.window)
+            self.then[model] = past
+            self.ahead_max[model] = ahead_max(past, lead)
+            self.later_max[model] = ahead_max(past, lead + self.window)
             self.trend[model] = slopes(demand, self.window, p.step_s)
             self.means[model] = means(demand, self.window)
             self.noise[model] = noises(demand, p.steps(NOISE_LAG_S), p.steps(NOISE_SPAN_S))
@@ -161,8 +167,9 @@ class PlannerPolicy:
         demand = sim.demand[model]
         rps = s.rps[seen]
         offsets = [seen - offset for offset in (self.day, self.week) if seen - offset >= 0]
-        history = [(demand[i], self.ahead_max[model][i]) for i in offsets]
-        history_later = [(demand[i], self.later_max[model][i]) for i in offsets]
+        then = self.then[model]
+        history = [(then[i], self.ahead_max[model][i]) for i in offsets]
+        history_later = [(then[i], self.later_max[model][i]) for i in offsets]
         all_waits = self._waits_until(sim, model, step)
         waits = all_waits[max(0, step - max(self.window, self.sustain)):step]
         waiting = waits[-1] if waits else 0.0

@@ -41,6 +41,16 @@ def means(values: Sequence[float], width: int) -> list[float]:
     return out
 
 
+def centred_means(values: Sequence[float], width: int) -> list[float]:
+    """Mean of the `width` steps around i (values[i+h-width+1 .. i+h], h = width // 2; clipped
+    at the end): the demand at a past moment as the forecast reads it (metrics/promql.py
+    `forecast`: `avg_over_time` over the scale-down window, offset to centre it), so one noisy
+    step back then neither lifts nor lowers a ramp read from it."""
+    trailing = means(values, width)
+    half, last = width // 2, len(values) - 1
+    return [trailing[min(last, i + half)] for i in range(len(values))]
+
+
 def noises(values: Sequence[float], lag: int, span: int) -> list[float | None]:
     """out[i]: metrics.forecast.noise_from_changes of the `lag`-step changes ending in
     i-span+1 .. i (None until the trace has run lag + span steps), by running sums."""

@@ -138,16 +138,19 @@ def test_forecast_follows_a_rising_trend(sandbox: Sandbox, config: Config) -> No
 
 @pytest.mark.slow
 def test_forecast_offsets_land_on_the_right_windows(sandbox: Sandbox, config: Config) -> None:
-    """Evaluated one day after a moment T, the forecast query's 1d parts equal the demand at T
-    and its peaks over the lead and lead + window after T, as queried directly at T."""
+    """Evaluated one day after a moment T, the forecast query's 1d parts equal the demand's
+    window mean centred on T and the peaks of that mean over the lead and lead + window after
+    T, as queried directly at T (the past is read smoothed: Queries.forecast)."""
     lead, window = 5, 10  # any lengths do (the offsets are checked), and short ones wait less
+    half = window // 2
     cfg = forecasting(config, lead)
     src = PrometheusSource(cfg)
     q, model = src.q, cfg.models[0].name
     sandbox.load(5.0)
     poll(lambda: (m := model_load(src, cfg)).known and demand(m) > 0, 60, "demand at 5 req/s")
-    time.sleep(lead + window + 2)  # T .. T + lead + window must all be in the past
-    t = float(int(time.time()) - lead - window - 1)
+    # T - window/2 .. T + lead + window + window/2 must all be in the past
+    time.sleep(lead + 2 * window + 2)
+    t = float(int(time.time()) - lead - window - half - 1)
 
     def one(promql: str, at: float, kind: str | None = None) -> float:
         values = [v for labels, v in src.query(promql, time=at).values()
@@ -159,13 +162,13 @@ def test_forecast_offsets_land_on_the_right_windows(sandbox: Sandbox, config: Co
 
     text = q.forecast([lead], window)
     day_later = t + 86_400
-    d = q.demand()
-    assert one(text, day_later, "then_1d") == pytest.approx(one(d, t))
+    mean = f"avg_over_time({q.demand()}[{window}s:{subquery_step(window, q.rate_window_s)}s])"
+    assert one(text, day_later, "then_1d") == pytest.approx(one(mean, t + half))
     step = subquery_step(lead, q.rate_window_s)
-    ahead = one(f"max_over_time({d}[{lead}s:{step}s])", t + lead)
+    ahead = one(f"max_over_time(({mean})[{lead}s:{step}s])", t + lead + half)
     assert one(text, day_later, f"ahead_1d@{lead}") == pytest.approx(ahead)
     step = subquery_step(lead + window, q.rate_window_s)
-    later = one(f"max_over_time({d}[{lead + window}s:{step}s])", t + lead + window)
+    later = one(f"max_over_time(({mean})[{lead + window}s:{step}s])", t + lead + window + half)
     assert one(text, day_later, f"later_1d@{lead}") == pytest.approx(later)
     assert ahead > 0 and later > 0
 

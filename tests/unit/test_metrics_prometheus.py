@@ -134,7 +134,7 @@ def test_queries_are_restricted_to_the_job_and_use_the_window() -> None:
     model_q = q.model(600, [300])
     assert "[600s:" in model_q["demand_max"] and "0.1 *" in model_q["demand_max"]
     assert "offset 86100s" in model_q["forecast"] and "offset 604500s" in model_q["forecast"]
-    assert "offset 86400s" in model_q["forecast"] and '"kind", "ahead_7d@300"' in model_q["forecast"]
+    assert "offset 85800s" in model_q["forecast"] and '"kind", "ahead_7d@300"' in model_q["forecast"]
     assert 'sleep_state="awake"' in q.replica()["asleep"] and q.replica()["asleep"].endswith("< 0.5")
     assert q.replica()["stale"].endswith("> 60")  # only stale targets come back
 
@@ -167,10 +167,14 @@ def test_forecast_queries_cover_lead_window_and_trend() -> None:
     lead + scale-down window (one part per distinct lead), and deriv over the window."""
     q = queries_for(parse_config(CONFIG))
     text = q.model(600, [300, 150, 300])["forecast"]
-    # 1 day: ahead over 300 s ends at now-1d+300 s; later over 300+600 s ends at now-1d+900 s
-    assert "[300s:" in text and "offset 86100s" in text and '"ahead_1d@300"' in text
-    assert "[900s:" in text and "offset 85500s" in text and '"later_1d@300"' in text
-    assert "[150s:" in text and "offset 86250s" in text and '"ahead_7d@150"' in text
+    # The past as 600 s means centred on each moment: the demand 1 day ago is the mean up to
+    # now-1d+300 s; its peak over the 300 s after that is of means ending up to now-1d+600 s,
+    # over 300+600 s up to now-1d+1200 s
+    assert "avg_over_time((sum by (model_name)" in text and "[600s:" in text
+    assert '[600s:15s] offset 86100s), "kind", "then_1d"' in text
+    assert "[300s:" in text and "offset 85800s" in text and '"ahead_1d@300"' in text
+    assert "[900s:" in text and "offset 85200s" in text and '"later_1d@300"' in text
+    assert "[150s:" in text and "offset 604350s" in text and '"ahead_7d@150"' in text
     assert text.count('"ahead_1d@300"') == 1  # equal leads share their parts
     assert 'label_replace(deriv((sum by (model_name)' in text and '[600s:' in text
     assert '"kind", "trend"' in text
@@ -258,15 +262,19 @@ def test_forecast_matches_the_simulator_minute_by_minute() -> None:
     lead = forecast_leads(config, config.models)["m"]
     window = config.policy.scale_down_window_s
     lead_min, window_min = lead // 60, window // 60
-    for minute in range(1441, minutes - 30, 7):
+    half = window_min // 2
+    for minute in range(1441 + half, minutes - 30, 7):
         seen = minute - 1
         then = seen - 1440
         past = range(max(0, seen - window_min + 1), seen + 1)
         slope = statistics.linear_regression([60.0 * i for i in past], [demand[i] for i in past]).slope
+        # the past as Prometheus reads it: window means centred on each minute
+        centred = lambda i: statistics.fmean(demand[i - half : i + half + 1])
         answers = {
-            "forecast:then_1d": demand[then],
-            f"forecast:ahead_1d@{lead}": max(demand[then + 1 : then + lead_min + 1]),
-            f"forecast:later_1d@{lead}": max(demand[then + 1 : then + lead_min + window_min + 1]),
+            "forecast:then_1d": centred(then),
+            f"forecast:ahead_1d@{lead}": max(centred(i) for i in range(then + 1, then + lead_min + 1)),
+            f"forecast:later_1d@{lead}": max(
+                centred(i) for i in range(then + 1, then + lead_min + window_min + 1)),
             "forecast:trend": slope,
         }
         expected = driver.load(sim, "m", minute)
