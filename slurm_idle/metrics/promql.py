@@ -167,7 +167,7 @@ class Queries:
         parts = []
         half = window_s // 2
         for ago, tag in ((DAY_S, "1d"), (WEEK_S, "7d")):
-            then = self._past_mean(window_s, ago - half)
+            then = self._past_mean(window_s, max(ago - half, 1))
             parts.append(f'label_replace({then}, "kind", "then_{tag}", "", "")')
             for lead in sorted({max(int(v), 1) for v in leads}):
                 reaches = [("ahead", lead)] + ([("later", lead + window_s)] if window_s > 0 else [])
