@@ -189,7 +189,9 @@ def _run_once(
         ensure_image(client, spec.image, report, settings.pull, ctx.node, settings.engine)
         if signals.stop_requested():
             report.say("stop signal before the container started: nothing to checkpoint")
-            return EXIT_PREEMPTED
+            # SIGUSR1 alone (the time limit is near; Slurm may send it up to a minute early):
+            # the batch script requeues the job. SIGTERM: Slurm is ending or requeueing it.
+            return EXIT_PREEMPTED if signals.term.is_set() else EXIT_REQUEUE_ME
         kwargs = container_kwargs(
             spec, ctx, uid=settings.uid, gid=settings.gid,
             use_device_requests=use_dr, params_file=params_file,

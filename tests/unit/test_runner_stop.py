@@ -242,3 +242,20 @@ def test_grace_comes_from_the_flag_else_the_spec(monkeypatch: pytest.MonkeyPatch
     assert runner._main(["--spec", str(spec_file)], Signals()) == 0
     assert runner._main(["--spec", str(spec_file), "--grace-s", "3"], Signals()) == 0
     assert seen == [12.0, 3.0]
+
+
+@pytest.mark.parametrize(("stop", "expected"), [("usr1", EXIT_REQUEUE_ME), ("term", EXIT_PREEMPTED)])
+def test_a_stop_signal_before_the_container_starts(tmp_path: Path, stop: str,
+                                                   expected: int) -> None:
+    """A time-limit warning before the container started (Slurm may send it up to a minute
+    early) requeues the job (75): as 143 the batch script waited for a requeue nobody made
+    and the job ended TIMEOUT. A SIGTERM then is Slurm's own ending (143)."""
+    signals = Signals()
+    if stop == "usr1":
+        signals.on_usr1()
+    else:
+        signals.on_term()
+    client = FakeClient(on_start=lambda _: None)
+    code, log = run(client, spec(tmp_path), signals, grace_s=GRACE_S)
+    assert code == expected and not client.containers.created
+    assert "nothing to checkpoint" in log
