@@ -84,29 +84,30 @@ def test_held_back_replicas_split_into_ahead_hysteresis_and_margin() -> None:
     assert sum(b.minutes_by_class.values()) == 0
 
 
+def _script(name: str, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """scripts/NAME run with `args` by this interpreter."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / name
+    return subprocess.run([sys.executable, str(script), *args], check=False,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
 def test_the_diagnosis_script_refuses_held_out_seeds() -> None:
     """bench-sim-diagnose is for tuning: an odd (held-out) seed exits 2 before any simulation."""
-    script = Path(__file__).resolve().parents[2] / "scripts" / "bench-sim-diagnose"
-    res = subprocess.run([sys.executable, str(script), "--seeds", "2,3"], check=False,
-                         capture_output=True, text=True, timeout=120)
+    res = _script("bench-sim-diagnose", "--seeds", "2,3")
     assert res.returncode == 2, res.stderr
     assert "held-out" in res.stderr
 
 
 def test_the_seconds_bench_refuses_an_empty_trace() -> None:
     """bench-sim-seconds imports and parses its arguments: --days 0 exits 2 naming --days."""
-    script = Path(__file__).resolve().parents[2] / "scripts" / "bench-sim-seconds"
-    res = subprocess.run([sys.executable, str(script), "--days", "0"], check=False,
-                         capture_output=True, text=True, timeout=120)
+    res = _script("bench-sim-seconds", "--days", "0")
     assert res.returncode == 2, res.stderr
     assert "--days" in res.stderr
 
 
 
 def _bound(*args: str) -> str:
-    script = Path(__file__).resolve().parents[2] / "scripts" / "bench-sim-bound"
-    res = subprocess.run([sys.executable, str(script), "--family", "1", *args], check=False,
-                         capture_output=True, text=True, timeout=300)
+    res = _script("bench-sim-bound", "--family", "1", *args, timeout_s=300)
     assert res.returncode == 0, res.stderr
     return res.stdout
 
