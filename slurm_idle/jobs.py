@@ -156,7 +156,7 @@ def render_script(spec: JobSpec, opts: SubmitOptions = SubmitOptions()) -> str:
         "--kill-on-bad-exit=1",
         opts.python,
         "-m",
-        "slurm_idle.runner",
+        "slurm_idle.job_step",
         "--grace-s",
         f"{spec.grace_s:g}",
         "--spec-b64",

@@ -1,4 +1,5 @@
-"""The in-job container runner (`slurm-idle-run`, `python -m slurm_idle.runner`).
+"""The in-job container runner (`slurm-idle-run`, `python -m slurm_idle.job_step`, which holds
+Slurm's signals while this package is imported).
 
 The package: container.py (what the container is created with; host checks), supervise.py
 (signals -> SIGTERM/SIGKILL within the grace, with an injected clock), run.py (one run: completion,

@@ -69,10 +69,11 @@ def _client(docker_host: str | None, timeout: int | None = 60) -> Any:
     return docker.from_env(timeout=timeout)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `slurm-idle-run`; returns (and exits with) the codes documented above."""
+def main(argv: Sequence[str] | None = None, held: Sequence[int] = ()) -> int:
+    """Entry point of `slurm-idle-run` (through job_step, which `held` the signals that came
+    while this was imported); returns (and exits with) the codes documented above."""
     signals = Signals()
-    signals.install()
+    signals.install(held)
     try:
         return _main(argv, signals)
     finally:

@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -71,10 +71,17 @@ class Signals:
     def on_usr1(self) -> None:
         self.usr1.set()
 
-    def install(self) -> None:
+    def install(self, held: Sequence[int] = ()) -> None:
+        """Handle the signals from now on, after those `held` since the process started
+        (job_step.hold_signals: in the order they came)."""
         signal.signal(signal.SIGTERM, lambda *_: self.on_term())
         signal.signal(signal.SIGINT, lambda *_: self.on_term())
         signal.signal(signal.SIGUSR1, lambda *_: self.on_usr1())
+        for signum in list(held):
+            if signum == signal.SIGUSR1:
+                self.on_usr1()
+            else:
+                self.on_term()
 
     def settle(self) -> None:
         """The exit code is decided: ignore stop signals from now until the process is gone.
@@ -204,15 +211,7 @@ def supervise(
     # The engine connection broke while a stop was asked for (a podman API service signalled
     # with the step): no exit code came, so this is the stop, not a failed container.
     if done.is_set() and not ("lost" in result and signals.stop_requested()):
-        logs.join(timeout=5)
-        code = result["code"]
-        report.say(f"container exited with code {code}")
-        if code in (EXIT_PREEMPTED, EXIT_REQUEUE_ME):
-            # Those two codes tell the batch script "requeue me": a container that fails
-            # with one of them on its own must not be requeued forever.
-            report.say(f"exit code {code} is reserved for preemption: reporting failure (1)")
-            return 1
-        return code
+        return own_exit(result["code"], logs, report)
     why = "SIGTERM (preemption or requeue)" if signals.term.is_set() else "SIGUSR1 (time limit near)"
     report.say(f"{why}: forwarding SIGTERM to the container, grace {settings.grace_s:g} s")
     t0 = clock.monotonic()
@@ -220,6 +219,12 @@ def supervise(
         container.kill(signal="SIGTERM")
     except Exception as exc:  # noqa: BLE001 - it may have exited meanwhile
         report.say(f"could not signal the container: {exc}")
+        # Not running: it ended on its own as the stop came (its last step done, its exit
+        # code on the way), and that code stands. Taken as stopped, a finished job would be
+        # requeued to run once more.
+        if not_running(container) and clock.wait(done, settings.kill_wait_s) \
+                and "lost" not in result:
+            return own_exit(result["code"], logs, report)
 
     def check_ending() -> None:
         # Asked after the container has its SIGTERM, so the check costs it no grace.
@@ -247,6 +252,28 @@ def supervise(
     if signals.usr1.is_set() and not signals.term.is_set():
         return EXIT_REQUEUE_ME
     return EXIT_PREEMPTED
+
+
+def own_exit(code: int, logs: threading.Thread, report: Reporter) -> int:
+    """The runner's exit code for a container that exited on its own with `code`."""
+    logs.join(timeout=5)
+    report.say(f"container exited with code {code}")
+    if code in (EXIT_PREEMPTED, EXIT_REQUEUE_ME):
+        # Those two codes tell the batch script "requeue me": a container that fails
+        # with one of them on its own must not be requeued forever.
+        report.say(f"exit code {code} is reserved for preemption: reporting failure (1)")
+        return 1
+    return code
+
+
+def not_running(container: Any) -> bool:
+    """True when the engine says the container has ended (exited or dead); False when it
+    runs or cannot be asked."""
+    try:
+        container.reload()
+        return str(container.status) in ("exited", "dead")
+    except Exception:  # noqa: BLE001 - asking is best effort: unknown means running
+        return False
 
 
 def backoff(seconds: float, signals: Signals, settings: RunSettings) -> bool:

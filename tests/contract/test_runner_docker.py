@@ -1,6 +1,6 @@
 """The runner against the sandbox's real dockerd: container settings, signals, cleanup.
 
-The runner runs here outside Slurm (as `python -m slurm_idle.runner`, or in-process), with
+The runner runs here outside Slurm (as `python -m slurm_idle.job_step`, or in-process), with
 SLURM_JOB_ID set by hand, against `sandbox.docker_host`; the images are the local test images
 built by slurm_idle.testing.images (no registry involved).
 """
@@ -106,7 +106,7 @@ def _spec_file(tmp_path: Path, steps: int = 60) -> Path:
 def _runner(sandbox: Any, spec: Path, job_id: str) -> subprocess.Popen[str]:
     env = {**os.environ, **sandbox.env(), "SLURM_JOB_ID": job_id}
     return subprocess.Popen(
-        [sys.executable, "-m", "slurm_idle.runner", "--spec", str(spec)],
+        [sys.executable, "-m", "slurm_idle.job_step", "--spec", str(spec)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
@@ -162,7 +162,7 @@ def test_leftovers_of_the_job_are_swept_and_cleanup_mode_removes_them(
     docker_client.containers.run(BUSYBOX_IMAGE, ["sleep", "300"], detach=True, labels=labels,
                                  network_mode="none")
     env = {**os.environ, **sandbox.env()}
-    done = subprocess.run([sys.executable, "-m", "slurm_idle.runner", "--cleanup", job_id],
+    done = subprocess.run([sys.executable, "-m", "slurm_idle.job_step", "--cleanup", job_id],
                           env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and "removed container" in done.stdout
     assert ours(docker_client, job_id) == []
@@ -172,7 +172,7 @@ def test_engine_unreachable_is_exit_70_with_a_clear_line(tmp_path: Path) -> None
     """No engine at DOCKER_HOST: the runner says so and exits 70 (the job fails, no traceback)."""
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/missing.sock"}
     done = subprocess.run(
-        [sys.executable, "-m", "slurm_idle.runner", "--spec", str(_spec_file(tmp_path))],
+        [sys.executable, "-m", "slurm_idle.job_step", "--spec", str(_spec_file(tmp_path))],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )
     assert done.returncode == 70

@@ -72,7 +72,7 @@ def test_partition_and_tag_come_from_options() -> None:
 def test_runner_is_an_srun_step_of_this_interpreter() -> None:
     """The script starts the runner with srun and the interpreter given (sys.executable by default)."""
     script = render_script(parse_job_spec(minimal()), SubmitOptions(python="/opt/py/bin/python"))
-    assert "srun --ntasks=1 --kill-on-bad-exit=1 /opt/py/bin/python -m slurm_idle.runner" in script
+    assert "srun --ntasks=1 --kill-on-bad-exit=1 /opt/py/bin/python -m slurm_idle.job_step" in script
 
 
 def test_spec_round_trips_through_base64() -> None:

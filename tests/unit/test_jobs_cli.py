@@ -46,7 +46,7 @@ def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) ->
     r = cli("submit", "--dry-run", str(EXAMPLES / "demo-job.yaml"), config=site_config(tmp_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("#!/bin/bash\n") and "#SBATCH --partition=idle" in r.stdout
-    assert f"srun --ntasks=1 --kill-on-bad-exit=1 {sys.executable} -m slurm_idle.runner" in r.stdout
+    assert f"srun --ntasks=1 --kill-on-bad-exit=1 {sys.executable} -m slurm_idle.job_step" in r.stdout
 
 
 def test_submit_takes_partition_and_tag_from_the_config(tmp_path: Path) -> None:

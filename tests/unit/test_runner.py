@@ -6,6 +6,7 @@ import io
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,10 +51,17 @@ class FakeContainer:
         self.removed = False
         self._exited = threading.Event()
         self._code = 0
+        # How long the engine takes to hand over an exit code (wait() returning): the race
+        # of an exit and a stop signal.
+        self.exit_code_delay_s = 0.0
+        self.status = "running"
 
     def exit(self, code: int) -> None:
         self._code = code
         self._exited.set()
+
+    def reload(self) -> None:
+        self.status = "exited" if self._exited.is_set() else "running"
 
     def start(self) -> None:
         if self.client.fail_start:
@@ -62,12 +70,15 @@ class FakeContainer:
 
     def wait(self) -> dict[str, int]:
         self._exited.wait(10)
+        time.sleep(self.exit_code_delay_s)
         return {"StatusCode": self._code}
 
     def logs(self, stream: bool, follow: bool) -> Any:
         yield b"hello from the container\n"
 
     def kill(self, signal: str) -> None:
+        if self._exited.is_set():  # as dockerd: 409 Conflict, the container is not running
+            raise docker.errors.APIError(f"container {self.id} is not running")
         self.kills.append(signal)
         if signal == "SIGKILL" or (signal == "SIGTERM" and self.client.exits_on_term):
             self.exit(137 if signal == "SIGKILL" else 143)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -259,3 +261,59 @@ def test_a_stop_signal_before_the_container_starts(tmp_path: Path, stop: str,
     code, log = run(client, spec(tmp_path), signals, grace_s=GRACE_S)
     assert code == expected and not client.containers.created
     assert "nothing to checkpoint" in log
+
+
+@pytest.mark.parametrize("stop", ["usr1", "term"])
+def test_a_container_that_ends_as_a_stop_signal_comes_keeps_its_own_exit_code(
+        tmp_path: Path, stop: str) -> None:
+    """The last step done and the container exiting 0 just as the time-limit warning (or a
+    SIGTERM) lands, its exit code still on its way: the engine refuses to signal a container
+    that is not running, and the job is complete (0), not requeued to run once more (seen in
+    the 24.11 lane: the demo printed `done` twice)."""
+    signals = Signals()
+
+    def finish(c: FakeContainer) -> None:
+        c.exit_code_delay_s = 0.5
+        c.exit(0)
+        if stop == "usr1":
+            signals.on_usr1()
+        else:
+            signals.on_term()
+
+    client = FakeClient(on_start=finish)
+    code, log = run(client, spec(tmp_path), signals, grace_s=GRACE_S)
+    assert code == 0, log
+    assert client.containers.created[0].kills == [] and "container exited with code 0" in log
+
+
+HELD_THEN_REPLAYED = """
+import os, signal
+from slurm_idle import job_step
+held = job_step.hold_signals()
+for name in {signals!r}:  # while the runner is imported
+    os.kill(os.getpid(), getattr(signal, name))
+from slurm_idle.runner.supervise import Signals
+s = Signals()
+s.install(held)
+os.kill(os.getpid(), signal.SIGTERM)  # after its handlers are in
+print(s.usr1.is_set(), s.term.is_set(), s.urgent.is_set())
+"""
+
+
+@pytest.mark.parametrize(("early", "seen"), [
+    ((), "False True False"),
+    (("SIGUSR1",), "True True False"),
+    (("SIGTERM",), "False True True"),
+    (("SIGUSR1", "SIGUSR1"), "True True False"),
+])
+def test_a_signal_while_the_runner_is_imported_is_held_and_replayed(
+        early: tuple[str, ...], seen: str) -> None:
+    """Slurm may send the time-limit warning as the step starts, and importing the runner
+    takes seconds on a busy node: a SIGUSR1 then killed the step ("task 0: User defined signal
+    1", the job FAILED). job_step holds the signals from its first line and the runner's own
+    handlers replay them: the warning counts, and a held SIGTERM followed by another makes
+    the stop urgent as two SIGTERMs always do."""
+    done = subprocess.run([sys.executable, "-c", HELD_THEN_REPLAYED.format(signals=early)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, (done.returncode, done.stderr[-400:])
+    assert done.stdout.strip() == seen
