@@ -114,7 +114,11 @@ def test_docker_engine_stops_and_starts_container(sandbox: Any, docker_client: A
         t0 = time.monotonic()
         engine.stop(replica)
         took = time.monotonic() - t0
-        assert engine.status(replica) == "exited" and engine.released(replica) and took < 5
+        # Bounded by the stop timeout: SIGKILL once it is out (a container just started may
+        # not handle SIGTERM yet: its init had not set up its handlers when the stop came, once
+        # in a CI lane, 5.5 s). How fast a SIGTERM ends it is the image's business.
+        assert engine.status(replica) == "exited" and engine.released(replica)
+        assert took < config.stop_timeout_s + 10, took
         engine.stop(replica)  # stopped already: a no-op
         engine.start(replica)
         assert engine.status(replica) == "running"
