@@ -219,12 +219,13 @@ def supervise(
         container.kill(signal="SIGTERM")
     except Exception as exc:  # noqa: BLE001 - it may have exited meanwhile
         report.say(f"could not signal the container: {exc}")
-        # Not running: it ended on its own as the stop came (its last step done, its exit
-        # code on the way), and that code stands. Taken as stopped, a finished job would be
-        # requeued to run once more.
+        # Not running: it ended as the stop came. Exit 0 is its last step done (its code was
+        # on the way): the job is complete, and taken as stopped it would be requeued to run
+        # once more. Any other code is the stop's (a site whose Slurm signals every process
+        # of the step reached the workload first, which checkpointed and exited 143).
         if not_running(container) and clock.wait(done, settings.kill_wait_s) \
-                and "lost" not in result:
-            return own_exit(result["code"], logs, report)
+                and "lost" not in result and result["code"] == 0:
+            return own_exit(0, logs, report)
 
     def check_ending() -> None:
         # Asked after the container has its SIGTERM, so the check costs it no grace.

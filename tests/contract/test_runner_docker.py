@@ -177,3 +177,25 @@ def test_engine_unreachable_is_exit_70_with_a_clear_line(tmp_path: Path) -> None
     )
     assert done.returncode == 70
     assert "slurm-idle-run:" in done.stdout and "Traceback" not in done.stdout + done.stderr
+
+
+def test_the_engine_refuses_to_signal_a_container_that_has_exited(docker_client: Any) -> None:
+    """What the runner's stop path leans on (supervise.not_running): dockerd answers a kill of
+    an exited container with an error, and the container's status then says `exited`. So a
+    container that ends as a stop signal comes is seen to have ended, not to be stopping."""
+    import docker.errors
+
+    from slurm_idle.runner.supervise import not_running
+    from slurm_idle.testing.images import import_busybox
+
+    image = import_busybox(docker_client)
+    container = docker_client.containers.create(image, ["true"], network_mode="none",
+                                                labels={LABEL_MANAGED: "true"})
+    try:
+        container.start()
+        assert container.wait(timeout=60)["StatusCode"] == 0
+        with pytest.raises(docker.errors.APIError):
+            container.kill(signal="SIGTERM")
+        assert not_running(container)
+    finally:
+        container.remove(force=True)
