@@ -74,14 +74,12 @@ class Signals:
     def install(self, held: Sequence[int] = ()) -> None:
         """Handle the signals from now on, after those `held` since the process started
         (job_step.hold_signals: in the order they came)."""
-        signal.signal(signal.SIGTERM, lambda *_: self.on_term())
-        signal.signal(signal.SIGINT, lambda *_: self.on_term())
-        signal.signal(signal.SIGUSR1, lambda *_: self.on_usr1())
-        for signum in list(held):
-            if signum == signal.SIGUSR1:
-                self.on_usr1()
-            else:
-                self.on_term()
+        handlers = {signal.SIGTERM: self.on_term, signal.SIGINT: self.on_term,
+                    signal.SIGUSR1: self.on_usr1}
+        for signum, handle in handlers.items():
+            signal.signal(signum, lambda *_, handle=handle: handle())
+        for came in list(held):
+            handlers.get(signal.Signals(came), self.on_term)()
 
     def settle(self) -> None:
         """The exit code is decided: ignore stop signals from now until the process is gone.
