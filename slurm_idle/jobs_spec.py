@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from slurm_idle.config import describe_validation_error
 from slurm_idle.errors import ConfigError
+from slurm_idle.runlog import cluster_key
 from slurm_idle.yamlfile import parse_yaml, read_text
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -46,8 +47,13 @@ class _Strict(BaseModel):
 class Mount(_Strict):
     """A host directory bind-mounted into the container."""
 
-    source: str  # absolute path on the node (shared storage for checkpoints)
+    source: str  # absolute path on the node (shared storage for checkpoints); ~ is the home
     target: str  # absolute path inside the container
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _home(cls, value: Any) -> Any:
+        return expand_home(value)
 
     @field_validator("source", "target")
     @classmethod
@@ -67,6 +73,14 @@ class Mount(_Strict):
                 "not allowed; mount a directory that does not contain it"
             )
         return value
+
+
+def expand_home(value: Any) -> Any:
+    """`~/...` as the submitting user's home (shared on a cluster, so the node's path too):
+    examples then write under each researcher's own directory, not a shared fixed path."""
+    if isinstance(value, str) and (value == "~" or value.startswith("~/")):
+        return os.path.expanduser(value)
+    return value
 
 
 def exposes_socket(source: str, sockets: Sequence[str]) -> bool:
@@ -178,6 +192,11 @@ class JobSpec(_Strict):
             raise ValueError(f"workdir must be absolute, got {value!r}")
         return value
 
+    @field_validator("log", mode="before")
+    @classmethod
+    def _log_home(cls, value: Any) -> Any:
+        return expand_home(value)
+
     @field_validator("log")
     @classmethod
     def _log(cls, value: str) -> str:
@@ -227,11 +246,15 @@ class JobSpec(_Strict):
                 "raise time"
             )
 
-    def for_job(self, job_id: str) -> JobSpec:
-        """The spec with `{job_id}` in mount sources replaced (stable across requeues)."""
+    def for_job(self, job_id: str, cluster: str = "") -> JobSpec:
+        """The spec with `{job_id}` and `{cluster}` (Slurm's ClusterName) in mount sources
+        replaced: stable across requeues, and apart on two clusters, whose job ids both
+        start at 1."""
+        key = cluster_key(cluster) or "default"
 
         def sub(m: Mount) -> Mount:
-            return m.model_copy(update={"source": m.source.replace("{job_id}", job_id)})
+            source = m.source.replace("{job_id}", job_id).replace("{cluster}", key)
+            return m.model_copy(update={"source": source})
 
         mounts = Mounts(
             inputs=tuple(sub(m) for m in self.mounts.inputs),

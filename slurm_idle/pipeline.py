@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from slurm_idle import runlog
 from slurm_idle.errors import BadInput, SlurmIdleError
 from slurm_idle.jobs import (
     JobSpec,
@@ -121,13 +122,25 @@ def _write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
+def records_dir(root: Path, kind: str, cluster: str) -> Path:
+    """`<state dir>/<kind>/<ClusterName>/` (`<kind>/` without one): job ids restart on every
+    cluster and pipeline names are the researcher's, so two clusters (or a sandbox beside a
+    cluster) sharing a home directory must not read or overwrite each other's records."""
+    key = runlog.cluster_key(cluster)
+    return root / kind / key if key else root / kind
+
+
+def pipeline_path(root: Path, name: str, cluster: str = "") -> Path:
+    return records_dir(root, "pipelines", cluster) / f"{name}.json"
+
+
 def record_job(root: Path, job_id: int, spec: JobSpec, now: float,
-               job_name: str | None = None) -> None:
+               job_name: str | None = None, cluster: str = "") -> None:
     """Remember where a submitted job checkpoints and logs, for `slurm-idle jobs` and `web`."""
-    ckpt = spec.mounts.checkpoint
-    ckpt_dir = ckpt.source.replace("{job_id}", str(job_id)) if ckpt else None
+    ckpt = spec.for_job(str(job_id), cluster).mounts.checkpoint
+    ckpt_dir = ckpt.source if ckpt else None
     log = log_path(spec.log, job_id, job_name or spec.name, os.getcwd())
-    _write_json(root / "jobs" / f"{job_id}.json",
+    _write_json(records_dir(root, "jobs", cluster) / f"{job_id}.json",
                 {"job_id": job_id, "name": spec.name, "checkpoint": ckpt_dir, "log": log,
                  "submitted_at": now})
 
@@ -139,19 +152,20 @@ def log_path(log: str, job_id: int, job_name: str, cwd: str) -> str:
     return path if os.path.isabs(path) else os.path.join(cwd, path)
 
 
-def job_record(root: Path, job_id: int) -> dict[str, Any] | None:
+def job_record(root: Path, job_id: int, cluster: str = "") -> dict[str, Any] | None:
     try:
-        data = json.loads((root / "jobs" / f"{job_id}.json").read_text())
+        data = json.loads((records_dir(root, "jobs", cluster) / f"{job_id}.json").read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
 def record_pipeline(root: Path, pipeline: Pipeline, ids: Mapping[str, int], now: float,
-                    source: str = "", opts: SubmitOptions | None = None) -> Path:
+                    source: str = "", opts: SubmitOptions | None = None,
+                    cluster: str = "") -> Path:
     """The run's record. With `opts`, each step's batch script too: `pipeline retry`
     resubmits exactly what ran, even when the file or the -p parameters changed since."""
-    path = root / "pipelines" / f"{pipeline.name}.json"
+    path = pipeline_path(root, pipeline.name, cluster)
     steps = []
     for s in pipeline.steps:
         row: dict[str, Any] = {"name": s.name, "job_id": ids[s.name],
@@ -176,8 +190,8 @@ def write_record(path: Path, record: Mapping[str, Any]) -> None:
     _write_json(path, dict(record))
 
 
-def read_pipeline_record(root: Path, name: str) -> dict[str, Any]:
-    path = root / "pipelines" / f"{name}.json"
+def read_pipeline_record(root: Path, name: str, cluster: str = "") -> dict[str, Any]:
+    path = pipeline_path(root, name, cluster)
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:  # a name nothing was submitted as: bad input (exit 2)
@@ -264,10 +278,10 @@ def live_status(record: Mapping[str, Any], slurm: Any) -> list[StepStatus]:
     return pipeline_status(record, slurm, accounting)
 
 
-def pipeline_records(root: Path) -> list[dict[str, Any]]:
-    """Every readable pipeline record of this state dir, newest first."""
+def pipeline_records(root: Path, cluster: str = "") -> list[dict[str, Any]]:
+    """Every readable pipeline record of this state dir and cluster, newest first."""
     out = []
-    for path in sorted((root / "pipelines").glob("*.json")):
+    for path in sorted(records_dir(root, "pipelines", cluster).glob("*.json")):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):

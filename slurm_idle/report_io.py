@@ -12,7 +12,7 @@ import csv
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from datetime import date, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -27,24 +27,6 @@ from slurm_idle.report import build_report, inference_gpu_hours
 from slurm_idle.report_model import CSV_COLUMNS, Period, Report, ReportSettings, csv_rows
 from slurm_idle.slurm import make_backend
 from slurm_idle.slurm.protocol import AcctJob, SlurmBackend
-
-
-def parse_date(text: str, tz: str) -> float:
-    """`YYYY-MM-DD` (local midnight in `tz`) or an ISO datetime (naive = in `tz`) -> unix time."""
-    zone = ZoneInfo(tz)
-    value = text.strip()
-    try:
-        if len(value) == 10:
-            day = date.fromisoformat(value)
-            return datetime.combine(day, datetime.min.time(), zone).timestamp()
-        moment = datetime.fromisoformat(value.replace(" ", "T", 1))
-    except ValueError:
-        raise ConfigError(
-            f"bad date {text!r}: use YYYY-MM-DD or an ISO datetime like 2026-12-01T08:00[:00][Z]"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=zone)
-    return moment.timestamp()
 
 
 def fetch_runs(

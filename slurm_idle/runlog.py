@@ -34,10 +34,15 @@ EndReason = Literal["completed", "failed", "preempted", "time_limit", "max_resta
 END_REASONS: tuple[str, ...] = ("completed", "failed", "preempted", "time_limit", "max_restarts")
 
 
+def cluster_key(cluster: str) -> str:
+    """A ClusterName as a file name part (Slurm's names are plain; anything else becomes `_`)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", cluster)
+
+
 def ledger_path(root: Path, job_id: str | int, cluster: str = "") -> Path:
     """`runs/<cluster>.<job_id>.jsonl` (`runs/<job_id>.jsonl` without a cluster name): two
     clusters sharing a home directory reach the same job ids."""
-    safe = re.sub(r"[^A-Za-z0-9_-]", "_", cluster)
+    safe = cluster_key(cluster)
     return root / "runs" / (f"{safe}.{job_id}.jsonl" if safe else f"{job_id}.jsonl")
 
 

@@ -27,12 +27,11 @@ from slurm_idle.jobs import (
     render_script,
     sbatch_args,
 )
-from slurm_idle.jobview import job_rows
 from slurm_idle.pipeline import (
-    Submitter,
     cancel_pipeline,
     live_status,
     load_pipeline,
+    pipeline_path,
     read_pipeline_record,
     record_job,
     record_pipeline,
@@ -108,9 +107,10 @@ def submit(ctx: Context, file: str, dry_run: bool, as_json: bool) -> None:
             click.echo(script, nl=False)
         return
     _make_log_dir(spec.log)
-    slurm: Submitter = _slurm(cfg)
+    slurm = _slurm(cfg)
+    cluster = _cluster(slurm)
     job_id = slurm.submit(script)
-    record_job(state_dir(), job_id, spec, time.time())
+    record_job(state_dir(), job_id, spec, time.time(), cluster=cluster)
     if as_json:
         echo_json({"job_id": job_id})
     else:
@@ -135,34 +135,92 @@ def _make_log_dir(log: str) -> None:
 
 
 @main.command()
+@click.option("-u", "--user", "user", metavar="USER",
+              help="Jobs of USER (default: yours).")
+@click.option("--all", "all_users", is_flag=True, help="Jobs of every user.")
+@click.option("--since", metavar="DATE", default="now-1day", show_default=True,
+              help="Jobs that ran or waited after DATE (sacct's forms: now-1hour, today, "
+                   "yesterday, 2026-12-01, 2026-12-01T08:00).")
+@click.option("--until", metavar="DATE", help="... and before DATE (default: now, with the queue).")
+@click.option("--state", "states", metavar="S[,S...]",
+              help="Only jobs in one of these states now or at the end of any run, e.g. "
+                   "FAILED or PREEMPTED,RUNNING.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
-def jobs(ctx: Context, as_json: bool) -> None:
-    """List our jobs with state, restarts, node and last checkpoint age.
+def jobs(ctx: Context, user: str | None, all_users: bool, since: str, until: str | None,
+         states: str | None, as_json: bool) -> None:
+    """List jobs on the idle partition, live and past: state, runs, preemptions and failures
+    apart, exit code, reason, node and last checkpoint age.
 
-    JSON: {"jobs": [{"job_id", "name", "user", "state", "restarts", "preemptions",
-    "failures", "node", "gpus", "checkpoint_age_s", "pipeline", "step", "reason", "log"}]}.
-    Restarts are Slurm's count; preemptions and failures come from the runner's ledger (None
-    when it is not readable here). The checkpoint age is known for jobs submitted from this
-    account on a machine that sees their checkpoint dir.
+    The queue (squeue) joined with accounting (sacct: every run of a requeued job), so a job
+    preempted at night is still listed in the morning after Slurm has forgotten it. Jobs are
+    those in the idle partition (sbatch -p idle, submitit) and those `slurm-idle submit`
+    tagged. Preemptions and failures come from the runner's ledger when it is readable here
+    (it tells a retry from a reclaim), else from the runs: a requeue other than at the time
+    limit is a preemption, never a failure. Without accounting (no slurmdbd) only the queue
+    is listed, with a warning.
+
+    JSON: {"jobs": [{"job_id", "name", "user", "state", "restarts", "runs", "preemptions",
+    "failures", "exit_code", "signal", "node", "gpus", "start", "end", "checkpoint_age_s",
+    "pipeline", "step", "reason", "log", "partition"}], "since", "until", "accounting"}; times
+    ISO 8601 UTC; unknown values null. "accounting" is null when sacct answered, else why not.
     """
+    from slurm_idle.job_history import iso_utc
+    from slurm_idle.job_history import job_rows as history_rows
+    from slurm_idle.when import parse_when
+
+    if user and all_users:
+        raise click.UsageError("give -u USER or --all, not both")
     cfg = _config(ctx)
     opts = _options(cfg)
-    rows = job_rows(_slurm(cfg).jobs(), opts.tag, state_dir(), time.time())
+    tz = cfg.policy.timezone if cfg is not None else "UTC"
+    now = time.time()
+    start = parse_when(since, tz, now)
+    end = parse_when(until, tz, now) if until else None
+    if end is not None and end <= start:
+        raise ConfigError("the period is empty: --until must be after --since")
+    slurm = _slurm(cfg)
+    runs, problem = _accounting(slurm, start, end, opts.partition)
+    if problem:
+        click.echo(f"slurm-idle: warning: {problem}; listing the queue only", err=True)
+    live = slurm.jobs() if end is None else []
+    who = None if all_users else (user or _me())
+    wanted = [s.strip() for s in (states or "").split(",") if s.strip()]
+    rows = history_rows(live, runs, tag=opts.tag, partition=opts.partition, root=state_dir(),
+                        now=now, user=who, states=wanted, cluster=_cluster(slurm))
     if as_json:
-        echo_json({"jobs": rows})
+        echo_json({"jobs": rows, "since": iso_utc(start), "until": iso_utc(end),
+                   "accounting": problem})
         return
     if not rows:
-        click.echo("no slurm-idle jobs in the queue")
+        whose = "anyone's" if who is None else f"{who}'s"
+        click.echo(f"no jobs of {whose} on partition {opts.partition} since {since}")
         return
-    click.echo(f"{'JOBID':>8}  {'NAME':24} {'STATE':11} {'RESTARTS':>8} {'PREEMPT':>7} "
-               f"{'FAILED':>6}  {'NODE':10} CKPT_AGE")
+    click.echo(f"{'JOBID':>8}  {'NAME':20} {'STATE':11} {'RUNS':>4} {'PREEMPT':>7} "
+               f"{'FAILED':>6} {'EXIT':>4}  {'NODE':8} {'CKPT_AGE':>8}  REASON")
     for r in rows:
         age = "-" if r["checkpoint_age_s"] is None else f"{r['checkpoint_age_s']:.0f}s"
-        pre = "-" if r["preemptions"] is None else r["preemptions"]
-        fail = "-" if r["failures"] is None else r["failures"]
-        click.echo(f"{r['job_id']:>8}  {r['name'][:24]:24} {r['state'][:11]:11} "
-                   f"{r['restarts']:>8} {pre:>7} {fail:>6}  {r['node'][:10] or '-':10} {age}")
+        code = "-" if r["exit_code"] is None else r["exit_code"]
+        click.echo(f"{r['job_id']:>8}  {r['name'][:20]:20} {r['state'][:11]:11} {r['runs']:>4} "
+                   f"{r['preemptions']:>7} {r['failures']:>6} {code:>4}  "
+                   f"{r['node'][:8] or '-':8} {age:>8}  {r['reason'] or '-'}")
+
+
+def _accounting(slurm: Any, since: float, until: float | None,
+                partition: str) -> tuple[list[Any], str | None]:
+    """Every run in the window from sacct, or ([], why not) when accounting cannot answer."""
+    from slurm_idle.errors import SlurmIdleError
+
+    try:
+        return slurm.accounting(since, until, partition), None
+    except SlurmIdleError as exc:
+        return [], f"no job history from accounting ({exc})"
+
+
+def _me() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
 
 
 @main.group()
@@ -205,14 +263,15 @@ def pipeline_run(ctx: Context, file: str, params: tuple[str, ...], dry_run: bool
                                      step_options(pipe, pipe.step(st["name"]), opts)))
         return
     slurm = _slurm(cfg)
+    cluster = _cluster(slurm)
     for st in pipe.steps:
         _make_log_dir(st.spec.log)
     ids = submit_pipeline(pipe, slurm, opts)
     now = time.time()
     for st in pipe.steps:
-        record_job(state_dir(), ids[st.name], st.spec, now, st.job_name)
+        record_job(state_dir(), ids[st.name], st.spec, now, st.job_name, cluster=cluster)
     path = record_pipeline(state_dir(), pipe, ids, now, source=str(Path(file).resolve()),
-                           opts=opts)
+                           opts=opts, cluster=cluster)
     if as_json:
         echo_json({"pipeline": pipe.name, "state_file": str(path),
                    "steps": [{"name": s.name, "job_id": ids[s.name],
@@ -228,11 +287,23 @@ def _max_steps(cfg: Config | None) -> int:
     return cfg.pipeline.max_steps if cfg is not None else DEFAULT_MAX_STEPS
 
 
-def _record_for(target: str, cfg: Config | None) -> dict[str, Any]:
-    """A pipeline file or a pipeline name -> its submission record."""
+def _record_for(target: str, cfg: Config | None, cluster: str) -> dict[str, Any]:
+    """A pipeline file or a pipeline name -> its submission record on this cluster."""
     name = (load_pipeline(target, max_steps=_max_steps(cfg)).name if os.path.isfile(target)
             else target)
-    return read_pipeline_record(state_dir(), name)
+    return read_pipeline_record(state_dir(), name, cluster)
+
+
+def _cluster(slurm: Any) -> str:
+    """Slurm's ClusterName, which keys this user's records (pipeline.records_dir); "" (the
+    records of no cluster) when Slurm cannot be asked: the command's own Slurm call then
+    says why, and a pipeline name nothing was submitted as is still bad input (exit 2)."""
+    from slurm_idle.errors import SlurmIdleError
+
+    try:
+        return str(slurm.cluster_name())
+    except SlurmIdleError:
+        return ""
 
 
 @pipeline.command("status")
@@ -243,8 +314,9 @@ def pipeline_status_cmd(ctx: Context, target: str, as_json: bool) -> None:
     """State of every step of the last run of a pipeline (squeue, then sacct for finished ones),
     drawn as its DAG stage by stage (JSON: the rows, each with its upstreams)."""
     cfg = _config(ctx)
-    record = _record_for(target, cfg)
-    rows = live_status(record, _slurm(cfg))
+    slurm = _slurm(cfg)
+    record = _record_for(target, cfg, _cluster(slurm))
+    rows = live_status(record, slurm)
     if as_json:
         echo_json({"pipeline": record["pipeline"], "steps": [
             {"name": r.name, "job_id": r.job_id, "state": r.state, "depends_on": list(r.depends_on),
@@ -267,11 +339,13 @@ def pipeline_retry_cmd(ctx: Context, target: str, dry_run: bool, as_json: bool) 
     {step: job_id}, "kept": [step]}.
     """
     cfg = _config(ctx)
-    record = _record_for(target, cfg)
     slurm = _slurm(cfg)
+    cluster = _cluster(slurm)
+    record = _record_for(target, cfg, cluster)
     rows = live_status(record, slurm)
     root = state_dir()
-    done = frozenset(r.name for r in rows if r.state == "UNKNOWN" and _ledger_completed(root, r.job_id))
+    done = frozenset(r.name for r in rows
+                     if r.state == "UNKNOWN" and _ledger_completed(root, r.job_id, cluster))
     plan = plan_retry(rows, done)
     if dry_run:
         doc = {"pipeline": record["pipeline"], "attempt": record.get("attempt", 1),
@@ -282,7 +356,7 @@ def pipeline_retry_cmd(ctx: Context, target: str, dry_run: bool, as_json: bool) 
             click.echo(f"would resubmit {', '.join(plan.redo)}; keep {', '.join(plan.kept) or '-'}")
         return
     new = retry_pipeline(record, rows, slurm, plan, time.time())
-    write_record(root / "pipelines" / f"{record['pipeline']}.json", new)
+    write_record(pipeline_path(root, record["pipeline"], cluster), new)
     ids = {s["name"]: s["job_id"] for s in new["steps"] if s["name"] in plan.redo}
     if as_json:
         echo_json({"pipeline": record["pipeline"], "attempt": new["attempt"],
@@ -293,8 +367,8 @@ def pipeline_retry_cmd(ctx: Context, target: str, dry_run: bool, as_json: bool) 
     click.echo(f"kept: {', '.join(plan.kept) or '-'}")
 
 
-def _ledger_completed(root: Path, job_id: int) -> bool:
-    last = runlog.summarize(runlog.read(root, job_id)).last_end
+def _ledger_completed(root: Path, job_id: int, cluster: str) -> bool:
+    last = runlog.summarize(runlog.read(root, job_id, cluster)).last_end
     return bool(last and last.get("why") == "completed")
 
 
@@ -305,8 +379,9 @@ def _ledger_completed(root: Path, job_id: int) -> bool:
 def pipeline_cancel_cmd(ctx: Context, target: str, as_json: bool) -> None:
     """Cancel every step of the last run of a pipeline."""
     cfg = _config(ctx)
-    record = _record_for(target, cfg)
-    ids = cancel_pipeline(record, _slurm(cfg))
+    slurm = _slurm(cfg)
+    record = _record_for(target, cfg, _cluster(slurm))
+    ids = cancel_pipeline(record, slurm)
     if as_json:
         echo_json({"pipeline": record["pipeline"], "cancelled": ids})
     else:

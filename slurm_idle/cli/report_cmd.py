@@ -36,8 +36,8 @@ def report(
     """Report what the idle pool gave: GPU-hours, jobs, preemptions, savings.
 
     Reads `sacct` (jobs of the lend partition, allocated gres/gpu, every run of a requeued job)
-    and the agent's journal. DATE is YYYY-MM-DD or an ISO datetime, in policy.timezone unless
-    it carries an offset. A requeued run is a preemption when the journal shows the agent
+    and the agent's journal. DATE takes sacct's forms (now-1day, now-2hours, today, noon, 08:00),
+    `yesterday`, YYYY-MM-DD or an ISO datetime, in policy.timezone unless it carries an offset. A requeued run is a preemption when the journal shows the agent
     reclaiming its node, or when it ended more than 3 min (120 s USR1 warning + 60 s) before its
     time limit; otherwise the job requeued itself at its limit. Work lost to a preemption is the
     preempted run's tail up to report.checkpoint_interval_s, or the whole run when that is unset
@@ -50,17 +50,17 @@ def report(
         fetch_inference_runs,
         fetch_runs,
         make_report,
-        parse_date,
         write_csv,
         write_plot,
     )
     from slurm_idle.report_model import render_text
+    from slurm_idle.when import parse_when
 
     config = ctx.config()
     tz = config.policy.timezone
     now = time.time()
-    start = parse_date(since, tz) if since else now - WEEK_S
-    end = parse_date(until, tz) if until else now
+    start = parse_when(since, tz, now) if since else now - WEEK_S
+    end = parse_when(until, tz, now) if until else now
     if end <= start:
         raise ConfigError("the report period is empty: --until must be after --since")
     if csv_path:

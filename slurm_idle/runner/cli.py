@@ -92,7 +92,8 @@ def _main(argv: Sequence[str] | None, signals: Signals) -> int:
         if not args.cleanup:  # checked before any engine is reached or started
             spec = decode_spec(args.spec_b64) if args.spec_b64 else load_job_spec(args.spec)
             # The node's policy, not the script's say-so: resolved mounts, this process's uid.
-            check_spec(spec.for_job(os.environ.get("SLURM_JOB_ID") or "none"),
+            check_spec(spec.for_job(os.environ.get("SLURM_JOB_ID") or "none",
+                                    os.environ.get("SLURM_CLUSTER_NAME", "")),
                        policy, os.geteuid(), resolve=True)
         host = args.docker_host
         if host is None and policy.runtime == "podman" and not args.cleanup:

@@ -101,7 +101,7 @@ def _completion_marker(spec: JobSpec, ctx: SlurmContext, environ: Mapping[str, s
     """Where this job's completion is recorded; None outside Slurm (no job id to key it)."""
     if not ctx.job_id:
         return None
-    ck = spec.for_job(ctx.job_id).mounts.checkpoint
+    ck = spec.for_job(ctx.job_id, ctx.cluster).mounts.checkpoint
     return completion.marker_path(
         completion.marker_dir(ck.source if ck else None, environ), ctx.job_id, ctx.cluster
     )
@@ -173,7 +173,7 @@ def _run_once(
 ) -> int:
     import docker.errors
 
-    spec = spec.for_job(ctx.job_id or "none")
+    spec = spec.for_job(ctx.job_id or "none", ctx.cluster)
     container = None
     params_dir = None
     try:

@@ -16,6 +16,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,6 +57,7 @@ class CliBackend:
         self.poll_s = poll_s
         self.calls = 0
         self._version: str | None = None
+        self._cluster: str | None = None
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -124,7 +126,39 @@ class CliBackend:
             if "disabled" in exc.stderr.lower():
                 raise AccountingDisabled(exc.argv, exc.rc, exc.stderr) from None
             raise
-        return parse.parse_accounting(doc)
+        return self._mend_exit_codes(parse.parse_accounting(doc))
+
+    def _mend_exit_codes(self, records: list[AcctJob]) -> list[AcctJob]:
+        """Exit codes of failed runs from sacct's text output: 22.05's `sacct --json` reports
+        every job's `exit_code` as SUCCESS 0 (measured: a job that ran `exit 3` is FAILED
+        with return_code 0 there, `3:0` in `-o ExitCode`). Asked only for failed runs that
+        say 0, so a week of successes costs no second call."""
+        suspect = sorted({r.job_id for r in records
+                          if r.state in parse.EXIT_SUSPECT_STATES and not r.exit_code
+                          and not r.signal})
+        if not suspect:
+            return records
+        out = self._run("sacct", "--noheader", "--parsable2", "--allusers", "--duplicates",
+                        "--allocations", "--format=JobIDRaw,ExitCode",
+                        "--jobs=" + ",".join(map(str, suspect))).stdout
+        codes = parse.parse_exit_codes(out)
+        mended = []
+        for rec in records:
+            queue = codes.get(rec.job_id)
+            if rec.job_id in suspect and queue:
+                code, sig = queue.pop(0)
+                rec = replace(rec, exit_code=code, signal=sig or None)
+            mended.append(rec)
+        return mended
+
+    def cluster_name(self) -> str:
+        from slurm_idle.slurm.text import is_unset, parse_show_config
+
+        if self._cluster is None:
+            name = parse_show_config(self._run("scontrol", "show", "config").stdout).get(
+                "ClusterName")
+            self._cluster = "" if is_unset(name) else str(name)
+        return self._cluster
 
     def version(self) -> str:
         if self._version is None:

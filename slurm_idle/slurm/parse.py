@@ -307,7 +307,56 @@ def _acct_from_record(rec: Mapping[str, Any]) -> AcctJob:
         nodes=tuple(expand_hostlist(nodes_text)) if nodes_text not in _EMPTY else (),
         comment=_acct_comment(rec.get("comment")),
         time_limit_s=None if (limit := number(times.get("limit"))) is None else limit * 60.0,
+        user=text(rec.get("user")),
+        exit_code=_exit_number(rec.get("exit_code"), "return_code"),
+        signal=_exit_signal(rec.get("exit_code")),
+        reason=_reason(state_block.get("reason") if isinstance(state_block, Mapping) else None),
     )
+
+
+#: Run states whose exit code 22.05's JSON may have lost (cli_backend._mend_exit_codes).
+EXIT_SUSPECT_STATES = frozenset({"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"})
+
+
+def parse_exit_codes(text: str) -> dict[int, list[tuple[int, int]]]:
+    """`sacct -P -o JobIDRaw,ExitCode` lines (`12|3:0`) -> {job id: [(code, signal)] per run,
+    in sacct's order}."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for line in text.splitlines():
+        job, _, value = line.strip().partition("|")
+        code, _, sig = value.partition(":")
+        if job.isdigit() and code.isdigit() and (not sig or sig.isdigit()):
+            out.setdefault(int(job), []).append((int(code), int(sig or 0)))
+    return out
+
+
+def _exit_number(block: Any, key: str) -> int | None:
+    """`exit_code.return_code`: an int (22.05) or a `{set, number}` object (24.11)."""
+    if not isinstance(block, Mapping):
+        return None
+    value = number(block.get(key))
+    return None if value is None else int(value)
+
+
+def _exit_signal(block: Any) -> int | None:
+    """The signal that ended a run: `exit_code.signal.id` (24.11); 22.05 says only `status`
+    SIGNALED and puts the signal number in `return_code`."""
+    if not isinstance(block, Mapping):
+        return None
+    sig = block.get("signal")
+    if isinstance(sig, Mapping) and (value := number(sig.get("id"))) is not None:
+        return int(value)
+    status = block.get("status")
+    statuses = status if isinstance(status, list) else [status]
+    if "SIGNALED" in statuses:
+        return _exit_number(block, "return_code")
+    return None
+
+
+def _reason(value: Any) -> str:
+    """Slurm's state reason, "" for its placeholder "None"."""
+    reason = text(value)
+    return "" if reason in ("None", "none") else reason
 
 
 def parse_accounting(doc: Mapping[str, Any]) -> list[AcctJob]:

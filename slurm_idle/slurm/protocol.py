@@ -58,6 +58,10 @@ class AcctJob:
     nodes: tuple[str, ...] = ()
     comment: str = ""
     time_limit_s: float | None = None  # the job's time limit; None when unlimited or unknown
+    user: str = ""
+    exit_code: int | None = None  # the run's exit code (its batch script's); None when unknown
+    signal: int | None = None  # the signal that ended the run, when one did
+    reason: str = ""  # Slurm's state reason ("" for its "None")
 
 
 @runtime_checkable
@@ -154,4 +158,9 @@ class SlurmBackend(PoolSlurm, Protocol):
 
     def version(self) -> str:
         """The Slurm release, e.g. "22.05.8"."""
+        ...
+
+    def cluster_name(self) -> str:
+        """Slurm's ClusterName ("" when unset): with a job id, what names a job everywhere
+        (two clusters, or a sandbox beside a cluster, reach the same job ids)."""
         ...

@@ -203,3 +203,6 @@ class PyslurmBackend:
 
     def version(self) -> str:
         return pyslurm_version(self.pyslurm)
+
+    def cluster_name(self) -> str:
+        return self.cli.cluster_name()

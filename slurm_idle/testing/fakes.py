@@ -58,6 +58,7 @@ class FakeSlurm:
     submitted: list[tuple[int, str, tuple[str, ...]]] = field(default_factory=list)
     next_job_id: int = 1
     slurm_version: str = "22.05.8"
+    cluster: str = "fake"  # ClusterName
     _powering: dict[str, int] = field(default_factory=dict)
     scripts: dict[int, str] = field(default_factory=dict)  # job id -> batch script (submit)
     # Whom submit() runs as (the job's user, as slurmctld sets it): this process's user.
@@ -196,6 +197,10 @@ class FakeSlurm:
     def version(self) -> str:
         self._call("version")
         return self.slurm_version
+
+    def cluster_name(self) -> str:
+        self._call("cluster_name")
+        return self.cluster
 
     def workload_steps(self) -> dict[int, int]:
         """Running jobs have one workload step unless `no_steps` lists them."""

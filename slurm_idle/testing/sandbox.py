@@ -174,7 +174,9 @@ class Sandbox:
         return self.capacity.weighted_tokens_per_s(0.1)
 
     def env(self) -> dict[str, str]:
-        """SLURM_CONF, PATH, SLURM_IDLE_CONFIG, DOCKER_HOST pointing at this sandbox."""
+        """SLURM_CONF, PATH, SLURM_IDLE_CONFIG, DOCKER_HOST pointing at this sandbox, and
+        SLURM_IDLE_STATE_DIR in it: a researcher's records of this sandbox stay out of the
+        ones of a real cluster in the same home directory (and go with `down`)."""
         path = [p for p in os.environ.get("PATH", "").split(":") if p]
         pybin = str(Path(self.python).parent)  # where `slurm-idle` of this python lives
         parts = [pybin] + [p for p in path if p != pybin]
@@ -184,6 +186,7 @@ class Sandbox:
             "PATH": ":".join(parts),
             "SLURM_IDLE_CONFIG": str(self.config_path),
             "DOCKER_HOST": self.docker_host,
+            "SLURM_IDLE_STATE_DIR": str(self.root / "state"),
         }
 
     def run(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:

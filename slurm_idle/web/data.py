@@ -30,8 +30,9 @@ from zoneinfo import ZoneInfo
 from slurm_idle import dag
 from slurm_idle.config import Config
 from slurm_idle.errors import SlurmIdleError
-from slurm_idle.jobs import DEFAULT_TAG
-from slurm_idle.jobview import job_rows, log_tail, users
+from slurm_idle.job_history import job_rows
+from slurm_idle.jobs_spec import DEFAULT_PARTITION, DEFAULT_TAG
+from slurm_idle.jobview import log_tail, users
 from slurm_idle.journal import iso
 from slurm_idle.web.outlook import best_time, outlook, timeline
 
@@ -225,8 +226,11 @@ class LiveData:
         errors: list[str] = []
         slurm = make_backend(cfg) if cfg is not None else CliBackend()
         tag = cfg.slurm.tag if cfg is not None else DEFAULT_TAG
+        partition = cfg.slurm.lend_partition if cfg is not None else DEFAULT_PARTITION
         try:
-            all_rows = job_rows(slurm.jobs(), tag, self.state_root, now)
+            cluster = slurm.cluster_name()
+            all_rows = job_rows(slurm.jobs(), (), tag=tag, partition=partition,
+                                root=self.state_root, now=now, cluster=cluster)
         except SlurmIdleError as exc:
             return {"generated_at": iso(now), "user": user, "users": [], "jobs": [],
                     "pipelines": [], "errors": [f"squeue: {exc}"]}
@@ -239,7 +243,7 @@ class LiveData:
             mine = self._may_see(viewer, {r["user"]})
             r["log_tail"] = log_tail(r.get("log"), LOG_LINES) if mine else []
         pipelines = []
-        for record in pipeline_records(self.state_root):
+        for record in pipeline_records(self.state_root, cluster):
             try:
                 steps = live_status(record, slurm)
             except SlurmIdleError as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from slurm_idle.commands import CompletedResult
 from slurm_idle.config import parse_config
 from slurm_idle.errors import CommandError, ConfigError, SlurmIdleError
 from slurm_idle.journal import Journal
-from slurm_idle.report_io import fetch_runs, make_report, parse_date, write_csv
+from slurm_idle.report_io import fetch_runs, make_report, write_csv
 from slurm_idle.slurm.cli_backend import CliBackend
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sacct" / "22.05"
@@ -42,26 +41,6 @@ class ReplayRunner:
         return CompletedResult(tuple(argv), 0, self.stdout, "")
 
 
-def test_date_only_is_local_midnight_of_the_timezone() -> None:
-    """2026-12-01 in Europe/Paris is 2026-11-30T23:00Z."""
-    assert parse_date("2026-12-01", "Europe/Paris") == datetime(
-        2026, 11, 30, 23, tzinfo=UTC).timestamp()
-
-
-def test_iso_datetime_with_and_without_offset() -> None:
-    """An explicit Z wins over the timezone; a naive datetime is in the timezone."""
-    assert parse_date("2026-12-01T08:00:00Z", "Europe/Paris") == datetime(
-        2026, 12, 1, 8, tzinfo=UTC).timestamp()
-    assert parse_date("2026-12-01T08:00", "Europe/Paris") == datetime(
-        2026, 12, 1, 7, tzinfo=UTC).timestamp()
-
-
-def test_bad_date_is_a_clear_config_error() -> None:
-    """A date that is neither form says which forms are accepted."""
-    with pytest.raises(ConfigError, match="YYYY-MM-DD"):
-        parse_date("last tuesday", "UTC")
-
-
 def slurm(runner: ReplayRunner) -> CliBackend:
     return CliBackend(runner=runner, bin_dir="/opt/slurm/bin")
 
@@ -71,7 +50,10 @@ def test_sacct_call_lists_every_run_of_the_lend_partition() -> None:
     allocations only, every user, the lend partition, the period."""
     runner = ReplayRunner((DATA / "sacct-XD.json").read_text())
     fetch_runs(parse_config(CONFIG), 0, 3600, slurm(runner))
-    (argv,) = runner.calls
+    argv, *mend = runner.calls
+    # Job 6 FAILED with 22.05's JSON exit code 0: its code is asked of the text output, once.
+    assert mend == [["/opt/slurm/bin/sacct", "--noheader", "--parsable2", "--allusers",
+                     "--duplicates", "--allocations", "--format=JobIDRaw,ExitCode", "--jobs=6"]]
     assert argv[0] == "/opt/slurm/bin/sacct"
     for flag in ("--json", "--duplicates", "--allocations", "--allusers", "--partition=idle"):
         assert flag in argv
@@ -86,6 +68,31 @@ def test_fetch_runs_parses_captured_sacct_json() -> None:
     runs = fetch_runs(config, 0, 2e9, slurm(runner))
     assert runner.calls and "--duplicates" in runner.calls[0]
     assert sorted(r.state for r in runs if r.job_id == 2) == ["COMPLETED", "PREEMPTED"]
+
+
+class TwoAnswers(ReplayRunner):
+    """sacct --json first, then its text output."""
+
+    def __init__(self, json_text: str, text: str) -> None:
+        super().__init__(json_text)
+        self.text = text
+
+    def run(self, argv: Sequence[str], input: str | None = None,
+            timeout: float | None = None) -> CompletedResult:
+        done = super().run(argv, input, timeout)
+        return done if len(self.calls) == 1 else CompletedResult(tuple(argv), 0, self.text, "")
+
+
+def test_a_failed_runs_exit_code_comes_from_the_text_when_the_json_lost_it() -> None:
+    """22.05's JSON says SUCCESS 0 for a job that exited 3 (measured on the sandbox); the text
+    output's `3:0` is used, run by run; a signal is kept apart; successes are not asked for."""
+    runner = TwoAnswers((DATA / "sacct-XD.json").read_text(), "6|3:0\n")
+    runs = {r.job_id: r for r in slurm(runner).accounting(0, 2e9)}
+    assert (runs[6].state, runs[6].exit_code, runs[6].signal) == ("FAILED", 3, None)
+    assert runs[7].exit_code == 0 and len(runner.calls) == 2
+    runner = TwoAnswers((DATA / "sacct-XD.json").read_text(), "6|0:9\n")
+    runs = {r.job_id: r for r in slurm(runner).accounting(0, 2e9)}
+    assert (runs[6].exit_code, runs[6].signal) == (0, 9)
 
 
 def test_disabled_accounting_says_what_to_configure() -> None:

@@ -364,3 +364,19 @@ def test_a_jobs_own_signal_is_read_from_its_batch_script() -> None:
     assert signal_from_script("#!/bin/bash\necho\n#SBATCH --signal=USR2@90\n") is None
     assert parse_signal_option("R:10@60") == JobSignal("10")
     assert parse_signal_option("USR2;rm -rf") is None
+
+
+@pytest.mark.parametrize("release", ["22.05", "24.11"])
+def test_accounting_carries_user_exit_code_and_no_none_reason(release: str) -> None:
+    """Each run's user and exit code (22.05: a plain int; 24.11: a {set, number} object) are
+    read; Slurm's reason "None" is "" (never the string "None" in `jobs --json`)."""
+    runs = parse.parse_accounting(load(f"{release}/sacct-preempted.json"))
+    assert runs and all(r.user == "root" and r.exit_code == 0 for r in runs)
+    assert {r.reason for r in runs} == {"", "BeginTime"}  # the pending run waited for its begin
+    assert all(r.signal in (None, 0) for r in runs)
+
+
+def test_exit_codes_from_sacct_text_per_run_in_order() -> None:
+    """`JobIDRaw|ExitCode` lines: code and signal apart, one per run, junk skipped."""
+    text = "12|0:0\n12|3:0\n13|0:9\nbatch|1:0\n14|\n"
+    assert parse.parse_exit_codes(text) == {12: [(0, 0), (3, 0)], 13: [(0, 9)]}

@@ -26,6 +26,9 @@ class NoSlurm:
     def jobs(self) -> list[Any]:
         return []
 
+    def cluster_name(self) -> str:
+        return "c1"
+
 
 def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, show_all: bool = False) -> LiveData:
     """LiveData over alice's job (a 0600 log with a secret) and bob's, no real Slurm."""
@@ -34,7 +37,7 @@ def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, show_all: bool = False
     log.chmod(0o600)
     rows = [{"job_id": 1, "user": "alice", "log": str(log)},
             {"job_id": 2, "user": "bob", "log": None}]
-    monkeypatch.setattr(web_data, "job_rows", lambda *a: [dict(r) for r in rows])
+    monkeypatch.setattr(web_data, "job_rows", lambda *a, **k: [dict(r) for r in rows])
     monkeypatch.setattr(slurm_pkg, "make_backend", lambda cfg: NoSlurm())
     monkeypatch.setattr(LiveData, "_usage", lambda self, cfg, now, errors: {})
     cfg = parse_config(CONFIG + f"web: {{show_all_users: {str(show_all).lower()}}}\n")
@@ -104,7 +107,7 @@ def test_another_users_pipeline_parameters_are_not_shown(
     step = SimpleNamespace(name="train", job_id=1, state="RUNNING", depends_on=(), restarts=0,
                            node="gpu1", reason="")
     monkeypatch.setattr(pipeline, "pipeline_records",
-                        lambda root: [{"pipeline": "p", "params": {"token": "SECRET"}}])
+                        lambda root, cluster: [{"pipeline": "p", "params": {"token": "SECRET"}}])
     monkeypatch.setattr(pipeline, "live_status", lambda record, slurm: [step])
     monkeypatch.setattr(dag, "render_svg", lambda steps: "<svg></svg>")
     data = live(tmp_path, monkeypatch)
