@@ -42,8 +42,10 @@ def test_examples_validate(example: str) -> None:
 
 
 @pytest.mark.parametrize("example", ["demo-job", "train-job"])
-def test_rendered_script_matches_golden_file(example: str) -> None:
-    """The batch script of each example equals its reviewed golden file (UPDATE_GOLDEN=1 rewrites)."""
+def test_rendered_script_matches_golden_file(example: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch script of each example equals its reviewed golden file (UPDATE_GOLDEN=1 rewrites);
+    `~` in an example is the submitting user's home (here a fixed one)."""
+    monkeypatch.setenv("HOME", "/home/ada")
     script = render_script(load_job_spec(EXAMPLES / f"{example}.yaml"), FIXED)
     golden = GOLDEN / f"{example}.sbatch"
     if os.environ.get("UPDATE_GOLDEN"):

@@ -33,7 +33,9 @@ def site_config(tmp_path: Path) -> Path:
 
 
 def cli(*args: str, config: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "SLURM_IDLE_CONFIG"}
+    # HOME under /tmp: the demo example writes under `~`, and the site policy allows /tmp.
+    env = {**{k: v for k, v in os.environ.items() if k != "SLURM_IDLE_CONFIG"},
+           "HOME": "/tmp/slurm-idle-test-home"}
     argv = [sys.executable, "-m", "slurm_idle.cli"]
     if config:
         argv += ["--config", str(config)]
