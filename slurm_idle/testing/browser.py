@@ -63,7 +63,9 @@ def set_headers(driver: Any, headers: Mapping[str, str]) -> None:
 
 @contextmanager
 def served(app: Any) -> Iterator[str]:
-    """`app` (WSGI) on 127.0.0.1 at a port the kernel picks as it binds: its base URL."""
+    """`app` (WSGI) on 127.0.0.1 at a port the kernel picks as it binds: its base URL. The
+    socket is bound once and kept, so no lease is needed (docs/ci-health.md: the race is a
+    port found free, closed, then bound by another process)."""
     from werkzeug.serving import make_server
 
     server = make_server("127.0.0.1", 0, app, threaded=True)

@@ -13,6 +13,7 @@ from today and yesterday. bob's log holds BOB_SECRET: no viewer but bob may see 
 from __future__ import annotations
 
 import json
+import math
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -147,7 +148,8 @@ def pool_doc(now: float = NOW) -> dict[str, Any]:
         "lent_gpu_hours": {"today": 21.3, "week": 188.0},
         "gpu_hours_used": {"today": 17.9, "week": 160.2},
         "timeline": {"t": ts, "serving_gpus": [16 - v for v in lent], "lent_gpus": lent,
-                     "demand_tokens_per_s": [2000.0 + 900 * ((i % 72) / 72) for i in range(145)]},
+                     "demand_tokens_per_s": [2200.0 + 700 * math.sin(2 * math.pi * (t / 86400.0))
+                                             for t in ts]},
         "outlook": outlook, "outlook_note": unknown_note(outlook),
         "best_time_to_submit": iso(best) if best is not None else None,
         "best_time_note": best_time_note(outlook),

@@ -66,16 +66,21 @@ def load(driver: Any, url: str, user: str | None) -> str:
 
 
 def shot(driver: Any, name: str) -> None:
-    """Save the viewport as docs/img's web-<name>.png when SLURM_IDLE_DOCS_SCREENSHOTS is set."""
+    """Save the whole page as web-<name>.png in $SLURM_IDLE_DOCS_SCREENSHOTS, when set."""
     where = os.environ.get("SLURM_IDLE_DOCS_SCREENSHOTS")
     if not where:
         return
     from PIL import Image
 
     path = Path(where) / f"web-{name}.png"
-    driver.save_screenshot(str(path))
+    height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+    br.set_viewport(driver, WIDTH, height)  # the whole page, still 1280 px wide
+    try:
+        driver.save_screenshot(str(path))
+    finally:
+        br.set_viewport(driver, WIDTH, HEIGHT)
     with Image.open(path) as img:
-        small = img.convert("RGB").quantize(colors=64)
+        small = img.convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT)
     small.save(path, optimize=True)
 
 
@@ -117,7 +122,7 @@ def test_times_are_local_and_readable_and_the_log_file_is_untouched(
     url, driver, root = site
     load(driver, url + "/jobs", "alice")
     text = driver.find_element(By.TAG_NAME, "body").text
-    assert "times in Europe/Berlin (CET)" in text and "made 17:30" in text
+    assert "times in Europe/Berlin (CET)" in text and "as of 17:30" in text
     assert re.search(r"t=\d{10}", text) is None, "an epoch stamp left on the page"
     stamps = {t.text: t.get_attribute("title") for t in driver.find_elements(By.CSS_SELECTOR,
                                                                             "pre.log time")}
