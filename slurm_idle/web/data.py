@@ -101,6 +101,7 @@ class LiveData:
         cfg = self.config
         if cfg is None:
             doc["errors"].append("no config: the pool view needs the agent's config (--config)")
+            doc["best_time_note"] = "no forecast without the agent's config"
             return doc
         self._nodes(cfg, doc)
         report = self._report(cfg, now, doc["errors"])
@@ -206,9 +207,12 @@ class LiveData:
                 return out, (f"metrics.source is {cfg.metrics.source}: only Prometheus keeps "
                              "the demand history the outlook reads")
             prom, q = got
+            # A subquery's points sit on whole hours inside (end - range, end]: 7 hours read
+            # from 1 h before the first to 1 h after the last, so the hour each is rounded to
+            # is there at any minute (a [6h:1h] ending at +6 h has 6 points, one hour short).
             for off in (DAY_S, WEEK_S):
-                end = now - off + 6 * 3600
-                result = prom.custom_query(f"({q.demand()})[6h:1h]",
+                end = now - off + 7 * 3600
+                result = prom.custom_query(f"({q.demand()})[8h:1h]",
                                            params={"time": repr(end)})
                 for series in result or []:
                     model = series.get("metric", {}).get(MODEL_LABEL, "")

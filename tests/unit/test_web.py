@@ -158,6 +158,7 @@ def test_live_data_without_config_says_so() -> None:
     """The pool view without the agent's config is an error line, not a crash."""
     doc = LiveData(None, state_root=__import__("pathlib").Path("/nonexistent")).pool()
     assert doc["nodes"] == [] and "no config" in doc["errors"][0]
+    assert doc["best_time_to_submit"] is None and "config" in doc["best_time_note"]
 
 
 def test_load_history_lands_on_the_timeline_samples() -> None:
