@@ -9,8 +9,9 @@ A part that fails (Prometheus down, accounting off) becomes a line in `errors`, 
 Who sees what: every job is listed (as `squeue` lists them), but a job's log tail and a
 pipeline's parameters are shown only to their owner, the `viewer` the app identified (see
 app.viewer), unless the site sets `web.show_all_users: true`. An unidentified viewer sees no
-one's. The viewer's own jobs come first (the order is otherwise Slurm's). The answers are cached per (`?user=`, viewer) in a bounded LRU: unique `?user=` values
-cannot grow the process without limit.
+one's. The viewer's own jobs come first (the order is otherwise Slurm's). The answers are
+cached per (`?user=`, viewer) in a bounded LRU: unique `?user=` values cannot grow the
+process without limit.
 
 `PoolData` is the Protocol the Flask app needs: the real `LiveData` here, a fake in tests.
 """
@@ -235,7 +236,8 @@ class LiveData:
         now = self.clock()
         cfg = self.config
         errors: list[str] = []
-        slurm = self.slurm or (make_backend(cfg) if cfg is not None else CliBackend())
+        slurm = (self.slurm if self.slurm is not None
+                 else make_backend(cfg) if cfg is not None else CliBackend())
         tag = cfg.slurm.tag if cfg is not None else DEFAULT_TAG
         try:
             all_rows = job_rows(slurm.jobs(), tag, self.state_root, now)
