@@ -61,6 +61,32 @@ def set_headers(driver: Any, headers: Mapping[str, str]) -> None:
     driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": dict(headers)})
 
 
+# Every element that sticks out of the viewport, and every cell, log or note whose content
+# is wider than its box (spilling over its neighbour or cut off).
+OVERFLOWS = """
+const vw = window.innerWidth, out = [];
+const name = el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '') + ' "'
+  + (el.textContent || '').trim().slice(0, 40) + '"';
+if (document.documentElement.scrollWidth > vw)
+  out.push('document scrollWidth ' + document.documentElement.scrollWidth);
+for (const el of document.querySelectorAll('body *')) {
+  const r = el.getBoundingClientRect();
+  if (r.width > 0 && r.right > vw + 0.5) out.push(name(el) + ' ends at ' + Math.round(r.right));
+}
+for (const el of document.querySelectorAll('td, th, pre, summary, p, li')) {
+  if (el.scrollWidth > el.clientWidth + 1)
+    out.push(name(el) + ' content ' + el.scrollWidth + ' > box ' + el.clientWidth);
+}
+return [vw, out];
+"""
+
+
+def overflows(driver: Any) -> tuple[int, list[str]]:
+    """(the viewport's width, what overflows on the page loaded): [] when the page fits."""
+    width, found = driver.execute_script(OVERFLOWS)
+    return int(width), [str(f) for f in found]
+
+
 @contextmanager
 def served(app: Any) -> Iterator[str]:
     """`app` (WSGI) on 127.0.0.1 at a port the kernel picks as it binds: its base URL. The

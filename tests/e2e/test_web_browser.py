@@ -2,7 +2,9 @@
 
 With the sandbox up and gpu1 lent: the pool view shows every node and its phase, the jobs
 view shows a running demo job and a pipeline's DAG; `slurm-idle reclaim gpu1` then shows
-the job requeued with preemptions 1, failures 0, in the page and in /api/jobs. Screenshots
+the job requeued with preemptions 1, failures 0, in the page and in /api/jobs. Both pages fit
+a 1280 px viewport with no cell overflowing (the live pages, after the made-up ones of
+test_web_layout.py). Screenshots
 go to the test's tmp_path. The layout at 1280 px, times, who sees what and the README's
 screenshots: test_web_layout.py, over made-up data.
 """
@@ -78,6 +80,18 @@ def web(sandbox: Any, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         proc.wait(10)
 
 
+def fits_1280(browser: Any, url: str) -> list[str]:
+    """What overflows the page at `url` at a 1280 px viewport (the live pages, real data)."""
+    br.set_viewport(browser, 1280, 1100)
+    try:
+        browser.get(url)
+        width, found = br.overflows(browser)
+        assert width == 1280
+        return found
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
 def get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=60) as r:
         return json.loads(r.read())
@@ -134,6 +148,7 @@ def test_pool_jobs_and_a_reclaim_in_the_browser(
                           "gpu4": "serving"}, phases
         assert browser.find_element(By.ID, "plot-24h").get_attribute("naturalWidth") != "0"
         browser.save_screenshot(str(tmp_path / "pool.png"))
+        assert fits_1280(browser, url + "/") == []
 
         browser.get(url + "/jobs")
         row = browser.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job="{job_id}"]')
@@ -145,6 +160,7 @@ def test_pool_jobs_and_a_reclaim_in_the_browser(
         assert set(steps) == {"prep", "train-0", "train-1", "eval"}, steps
         assert steps["prep"] in {"RUNNING", "PENDING"} and steps["eval"] == "PENDING"
         browser.save_screenshot(str(tmp_path / "jobs.png"))
+        assert fits_1280(browser, url + "/jobs") == []
 
         cli(sb, env, "reclaim", "gpu1", "--json")
 

@@ -24,26 +24,6 @@ from slurm_idle.testing.webview import BOB_SECRET, LONG_NAME, TIMEZONE, SampleDa
 WIDTH, HEIGHT = 1280, 860
 HEADER = "X-Remote-User"
 
-# Every element that sticks out of the viewport, and every cell, log or summary whose content
-# is wider than its box (spilling over its neighbour or cut off): [] when the page fits.
-OVERFLOWS = """
-const vw = window.innerWidth, out = [];
-const name = el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '') + ' "'
-  + (el.textContent || '').trim().slice(0, 40) + '"';
-if (document.documentElement.scrollWidth > vw)
-  out.push('document scrollWidth ' + document.documentElement.scrollWidth);
-for (const el of document.querySelectorAll('body *')) {
-  const r = el.getBoundingClientRect();
-  if (r.width > 0 && r.right > vw + 0.5) out.push(name(el) + ' ends at ' + Math.round(r.right));
-}
-for (const el of document.querySelectorAll('td, th, pre, summary, p, li')) {
-  if (el.scrollWidth > el.clientWidth + 1)
-    out.push(name(el) + ' content ' + el.scrollWidth + ' > box ' + el.clientWidth);
-}
-return [vw, out];
-"""
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Path]]:
     """The view over the made-up cluster, and a browser at 1280 px: (url, driver, state dir)."""
@@ -94,7 +74,7 @@ def test_every_page_fits_1280_px_with_no_clipped_cell(
     scale); the jobs page still shows every column of every job."""
     url, driver, _ = site
     load(driver, url + page, user)
-    width, overflows = driver.execute_script(OVERFLOWS)
+    width, overflows = br.overflows(driver)
     assert width == WIDTH
     assert overflows == [], overflows
     if page == "/jobs" and user:
