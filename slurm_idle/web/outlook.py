@@ -108,12 +108,14 @@ def unknown_note(rows: Sequence[Mapping[str, Any]], cause: str | None = None) ->
 def best_time_note(rows: Sequence[Mapping[str, Any]], cause: str | None = None) -> str:
     """What the best time offers, or why there is none ("-"), in one line."""
     known = [int(r["lendable_gpus"]) for r in rows if r.get("lendable_gpus") is not None]
-    span = f"the next {max(len(rows) - 1, 0)} hours"
+    ahead = max(len(rows) - 1, 0)
+    span = "the next hour" if ahead == 1 else f"the next {ahead} hours"
     if not known:
         return f"no forecast for {span}: " + (cause or "less than 24 hours of demand history")
     most = max(known)
     if most == 0:
-        return f"no GPU expected lendable in {span}: the demand back then needed every replica"
+        return (f"no GPU expected lendable in {span}: the demand then a day or a week ago, "
+                "or the serving floors, keep every GPU serving")
     return f"{most} GPU{'s' if most != 1 else ''} expected lendable then"
 
 

@@ -70,7 +70,9 @@ def test_the_best_time_says_what_it_offers_or_why_there_is_none() -> None:
     assert best_time_note(rows(None, None, None)) == \
         "no forecast for the next 2 hours: less than 24 hours of demand history"
     assert best_time_note(rows(None), "Prometheus did not answer (x)").endswith("(x)")
-    assert best_time_note(rows(0, 0)).startswith("no GPU expected lendable in the next 1 hours")
+    assert best_time_note(rows(0, 0)) == ("no GPU expected lendable in the next hour: the demand "
+                                          "then a day or a week ago, or the serving floors, keep "
+                                          "every GPU serving")
 
 
 CONFIG = """
