@@ -65,9 +65,11 @@ def render_svg(steps: Sequence[StepStatus]) -> str:
             pos[s.name] = (PAD + c * (BOX_W + GAP_X), PAD + r * (BOX_H + GAP_Y))
     width = PAD * 2 + len(cols) * BOX_W + max(len(cols) - 1, 0) * GAP_X
     height = PAD * 2 + max((len(st) for st in cols), default=0) * (BOX_H + GAP_Y) - GAP_Y
+    height = max(height, BOX_H + 2 * PAD)
     parts = [
+        # The viewBox lets a page scale a wide DAG down to its width instead of clipping it.
         (f'<svg xmlns="http://www.w3.org/2000/svg" class="dag" width="{width}" '
-        f'height="{max(height, BOX_H + 2 * PAD)}" role="img">'),
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img">'),
         ('<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
         'markerHeight="7" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>'),
     ]

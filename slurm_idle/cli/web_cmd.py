@@ -28,10 +28,13 @@ def web(ctx: Context, host: str, port: int, cache_s: float) -> None:
     and pipelines are those recorded in this user's state dir ($SLURM_IDLE_STATE_DIR).
     Needs `pip install 'slurm-idle[web]'`.
 
-    Every job is listed, but log tails and pipeline parameters are shown only to their owner:
-    the user the site's proxy names in the header `web.user_header` (config), else the user
-    this view runs as (not root). Run as root without web.user_header, it shows no one's.
-    `web.show_all_users: true` shows everyone's to everyone. ?user= only filters the list.
+    Who sees what is the site's choice. Every job is listed, but log tails and pipeline
+    parameters are shown only to their owner: the user the site's proxy names in the header
+    `web.user_header` (config), else the user this view runs as (not root). Run as root
+    without web.user_header, it shows no one's. `web.show_all_users: true` shows everyone's
+    to everyone. ?user= only filters the list; the viewer's own jobs come first, and the
+    jobs page says who it takes the viewer to be. Times are in policy.timezone (log lines'
+    t=<epoch> stamps too, on the page only: the log files are not changed).
     """
     from slurm_idle.cli.jobs_cmd import _config
     from slurm_idle.pipeline import state_dir

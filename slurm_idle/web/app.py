@@ -5,6 +5,7 @@ from __future__ import annotations
 import flask
 
 from slurm_idle.web import data as d
+from slurm_idle.web import display
 from slurm_idle.web.plots import pool_24h_png
 
 
@@ -20,8 +21,12 @@ def viewer(user_header: str | None, local_user: str | None) -> str | None:
 def make_app(data: d.PoolData, timezone: str = "UTC", user_header: str | None = None,
              local_user: str | None = None) -> flask.Flask:
     app = flask.Flask("slurm_idle.web")
-    app.jinja_env.filters["localtime"] = lambda v: d.local_time(v, timezone)
-    app.jinja_env.filters["age"] = d.age
+    # Times in the site's zone, "18:30" on the page's own day (the document's generated_at).
+    app.jinja_env.filters["localtime"] = lambda v, now=None: display.human_time(v, timezone, now)
+    app.jinja_env.filters["logpieces"] = lambda line, now=None: display.log_pieces(
+        line, timezone, now)
+    app.jinja_env.filters["zone"] = lambda now: display.zone_name(timezone, now)
+    app.jinja_env.filters["age"] = display.age
 
     @app.get("/")
     def pool_view() -> str:

@@ -9,8 +9,9 @@ A part that fails (Prometheus down, accounting off) becomes a line in `errors`, 
 Who sees what: every job is listed (as `squeue` lists them), but a job's log tail and a
 pipeline's parameters are shown only to their owner, the `viewer` the app identified (see
 app.viewer), unless the site sets `web.show_all_users: true`. An unidentified viewer sees no
-one's. The answers are cached per (`?user=`, viewer) in a bounded LRU: unique `?user=` values
-cannot grow the process without limit.
+one's. The viewer's own jobs come first (the order is otherwise Slurm's). The answers are
+cached per (`?user=`, viewer) in a bounded LRU: unique `?user=` values cannot grow the
+process without limit.
 
 `PoolData` is the Protocol the Flask app needs: the real `LiveData` here, a fake in tests.
 """
@@ -25,7 +26,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
-from zoneinfo import ZoneInfo
 
 from slurm_idle import dag
 from slurm_idle.config import Config
@@ -34,7 +34,7 @@ from slurm_idle.job_history import job_rows
 from slurm_idle.jobs_spec import DEFAULT_PARTITION, DEFAULT_TAG
 from slurm_idle.jobview import log_tail, users
 from slurm_idle.journal import iso
-from slurm_idle.web.outlook import best_time, outlook, timeline
+from slurm_idle.web.outlook import best_time, best_time_note, outlook, timeline, unknown_note
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,10 @@ class LiveData:
 
     def __init__(self, config: Config | None, state_root: Path,
                  clock: Callable[[], float] = time.time, ttl_s: float = 15.0,
-                 max_cached: int = MAX_CACHED) -> None:
+                 max_cached: int = MAX_CACHED, slurm: Any = None) -> None:
         self.config = config
+        # The Slurm backend (slurm.SlurmBackend) the jobs are read from; None: the config's.
+        self.slurm = slurm
         self.state_root = state_root
         self.clock = clock
         self.ttl_s = ttl_s
@@ -96,10 +98,12 @@ class LiveData:
                                "gpu_hours_used": {"today": None, "week": None},
                                "timeline": {"t": [], "serving_gpus": [], "lent_gpus": [],
                                             "demand_tokens_per_s": []},
-                               "outlook": [], "best_time_to_submit": None}
+                               "outlook": [], "outlook_note": None,
+                               "best_time_to_submit": None, "best_time_note": None}
         cfg = self.config
         if cfg is None:
             doc["errors"].append("no config: the pool view needs the agent's config (--config)")
+            doc["best_time_note"] = "no forecast without the agent's config"
             return doc
         self._nodes(cfg, doc)
         report = self._report(cfg, now, doc["errors"])
@@ -154,11 +158,13 @@ class LiveData:
         demand = self._demand_series(cfg, now, doc["errors"])
         line["demand_tokens_per_s"] = demand[:len(line["t"])]
         doc["timeline"] = line
-        history = self._demand_history(cfg, now)
+        history, cause = self._demand_history(cfg, now)
         rows = outlook(cfg, now, lambda t: history.get(round(t / 3600)))
         doc["outlook"] = [{**r, "time": iso(r["t"])} for r in rows]
+        doc["outlook_note"] = unknown_note(rows, cause)
         best = best_time(rows)
         doc["best_time_to_submit"] = iso(best) if best is not None else None
+        doc["best_time_note"] = best_time_note(rows, cause)
 
     # Prometheus: two subqueries (24 h of demand; the next hours a day and a week ago).
     def _prom(self, cfg: Config) -> Any:
@@ -190,27 +196,34 @@ class LiveData:
                     out[i] = float(v)
         return out
 
-    def _demand_history(self, cfg: Config, now: float) -> dict[int, dict[str, float]]:
-        """{hour index: {model: demand}} for the hours 1 day and 1 week before the outlook's."""
+    def _demand_history(self, cfg: Config, now: float) -> tuple[dict[int, dict[str, float]],
+                                                                 str | None]:
+        """{hour index: {model: demand}} for the hours 1 day and 1 week before the outlook's,
+        and why none could be read (None: Prometheus answered, with whatever it has)."""
         from slurm_idle.metrics.names import MODEL_LABEL
 
         out: dict[int, dict[str, float]] = {}
         try:
             got = self._prom(cfg)
             if got is None:
-                return out
+                return out, (f"metrics.source is {cfg.metrics.source}: only Prometheus keeps "
+                             "the demand history the outlook reads")
             prom, q = got
+            # A subquery's points sit on whole hours inside (end - range, end]: 7 hours read
+            # from 1 h before the first to 1 h after the last, so the hour each is rounded to
+            # is there at any minute (a [6h:1h] ending at +6 h has 6 points, one hour short).
             for off in (DAY_S, WEEK_S):
-                end = now - off + 6 * 3600
-                result = prom.custom_query(f"({q.demand()})[6h:1h]",
+                end = now - off + 7 * 3600
+                result = prom.custom_query(f"({q.demand()})[8h:1h]",
                                            params={"time": repr(end)})
                 for series in result or []:
                     model = series.get("metric", {}).get(MODEL_LABEL, "")
                     for t, v in series.get("values", []):
                         out.setdefault(round(float(t) / 3600), {})[model] = float(v)
-        except Exception as exc:  # noqa: BLE001 - no history: the outlook says unknown
+        except Exception as exc:  # noqa: BLE001 - no history: the outlook says unknown, and why
             log.debug("demand history: %s", exc)
-        return out
+            return out, f"Prometheus did not answer the demand-history query ({exc})"
+        return out, None
 
     # ------------------------------------------------------------ jobs
 
@@ -224,7 +237,8 @@ class LiveData:
         now = self.clock()
         cfg = self.config
         errors: list[str] = []
-        slurm = make_backend(cfg) if cfg is not None else CliBackend()
+        slurm = (self.slurm if self.slurm is not None
+                 else make_backend(cfg) if cfg is not None else CliBackend())
         tag = cfg.slurm.tag if cfg is not None else DEFAULT_TAG
         partition = cfg.slurm.lend_partition if cfg is not None else DEFAULT_PARTITION
         try:
@@ -232,10 +246,12 @@ class LiveData:
             all_rows = job_rows(slurm.jobs(), (), tag=tag, partition=partition,
                                 root=self.state_root, now=now, cluster=cluster)
         except SlurmIdleError as exc:
-            return {"generated_at": iso(now), "user": user, "users": [], "jobs": [],
-                    "pipelines": [], "errors": [f"squeue: {exc}"]}
+            return {"generated_at": iso(now), "user": user, "viewer": viewer,
+                    "logs_shown_to": "everyone" if self.show_all_users else "owner",
+                    "users": [], "jobs": [], "pipelines": [], "errors": [f"squeue: {exc}"]}
         usage = self._usage(cfg, now, errors)
         rows = [r for r in all_rows if not user or r["user"] == user]
+        rows.sort(key=lambda r: viewer is None or r["user"] != viewer)  # stable: the viewer's first
         for r in rows:
             used = usage.get(r["job_id"], {})
             r["gpu_hours"] = used.get("gpu_hours")
@@ -265,8 +281,9 @@ class LiveData:
                            "node": s.node, "reason": s.reason} for s in steps],
                 "svg": dag.render_svg(steps),
             })
-        return {"generated_at": iso(now), "user": user, "users": users(all_rows), "jobs": rows,
-                "pipelines": pipelines, "errors": errors}
+        return {"generated_at": iso(now), "user": user, "viewer": viewer,
+                "logs_shown_to": "everyone" if self.show_all_users else "owner",
+                "users": users(all_rows), "jobs": rows, "pipelines": pipelines, "errors": errors}
 
     def _usage(self, cfg: Config | None, now: float, errors: list[str]) -> dict[int, dict[str, Any]]:
         """GPU-hours used and lost per job over the last week (report's per-job rows)."""
@@ -291,25 +308,6 @@ def _owner(path: Path) -> str:
 
 def _r(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
-
-
-def local_time(ts_iso: str | None, tz: str) -> str:
-    """An ISO time shown as local HH:MM (templates)."""
-    if not ts_iso:
-        return "-"
-    from datetime import datetime
-
-    return datetime.fromisoformat(ts_iso).astimezone(ZoneInfo(tz)).strftime("%a %H:%M")
-
-
-def age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def gpu_counts(doc: Mapping[str, Any]) -> dict[str, int]:

@@ -7,6 +7,8 @@
   1 week ago. Per model the larger of the two is the demand expected; the replicas it needs
   (capacity.replicas_for at policy.target_utilisation, never below min_serving_replicas) stay
   serving, every other GPU of the pool may be lent. Unknown history gives None, not a guess.
+- `unknown_note`, `best_time_note`: one line each saying why an hour is "unknown" or the best
+  time "-" (a person reading the page cannot see Prometheus), or what the best time offers.
 """
 
 from __future__ import annotations
@@ -85,6 +87,36 @@ def best_time(rows: Sequence[Mapping[str, Any]]) -> float | None:
         return None
     most = max(r["lendable_gpus"] for r in known)
     return float(next(r["t"] for r in known if r["lendable_gpus"] == most))
+
+
+# Why an hour is unknown when Prometheus answered: it has no demand at either moment.
+NO_HISTORY = ("Prometheus has no demand recorded at the same hour 1 day or 1 week earlier: the "
+              "outlook needs 24 hours of demand history (it fills in a day after the replicas "
+              "are first scraped)")
+
+
+def unknown_note(rows: Sequence[Mapping[str, Any]], cause: str | None = None) -> str | None:
+    """Why some hours are unknown, in one line (None when every hour is known). `cause`: why
+    no history could be read at all (metrics.source, Prometheus down); else too little of it."""
+    unknown = sum(1 for r in rows if r.get("lendable_gpus") is None)
+    if not unknown:
+        return None
+    which = "every hour" if unknown == len(rows) else f"{unknown} of {len(rows)} hours"
+    return f"unknown ({which}): {cause or NO_HISTORY}"
+
+
+def best_time_note(rows: Sequence[Mapping[str, Any]], cause: str | None = None) -> str:
+    """What the best time offers, or why there is none ("-"), in one line."""
+    known = [int(r["lendable_gpus"]) for r in rows if r.get("lendable_gpus") is not None]
+    ahead = max(len(rows) - 1, 0)
+    span = "the next hour" if ahead == 1 else f"the next {ahead} hours"
+    if not known:
+        return f"no forecast for {span}: " + (cause or "less than 24 hours of demand history")
+    most = max(known)
+    if most == 0:
+        return (f"no GPU expected lendable in {span}: the demand then a day or a week ago, "
+                "or the serving floors, keep every GPU serving")
+    return f"{most} GPU{'s' if most != 1 else ''} expected lendable then"
 
 
 def finite(value: float | None) -> float | None:

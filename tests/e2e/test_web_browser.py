@@ -2,16 +2,17 @@
 
 With the sandbox up and gpu1 lent: the pool view shows every node and its phase, the jobs
 view shows a running demo job and a pipeline's DAG; `slurm-idle reclaim gpu1` then shows
-the job requeued with preemptions 1, failures 0, in the page and in /api/jobs. Screenshots
-go to the test's tmp_path (and, with SLURM_IDLE_DOCS_SCREENSHOT=PATH, the pool view there:
-that is how docs/img/pool-view.png is made).
+the job requeued with preemptions 1, failures 0, in the page and in /api/jobs. Both pages fit
+a 1280 px viewport with no cell overflowing (the live pages, after the made-up ones of
+test_web_layout.py). Screenshots
+go to the test's tmp_path. The layout at 1280 px, times, who sees what and the README's
+screenshots: test_web_layout.py, over made-up data.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import urllib.request
@@ -23,12 +24,12 @@ import pytest
 import yaml
 
 from slurm_idle.config import load_config
+from slurm_idle.testing import browser as br
 from slurm_idle.testing.demo import DEMO_SPEC, reset_cluster
 from slurm_idle.testing.images import BUSYBOX_IMAGE
 from slurm_idle.testing.waiting import poll
 
 pytestmark = pytest.mark.sandbox
-CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 def free_port() -> int:
@@ -47,21 +48,10 @@ def cli(sb: Any, env: dict[str, str], *args: str) -> Any:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
-    webdriver = pytest.importorskip("selenium.webdriver")
-    if not (os.path.exists(CHROMIUM) and os.path.exists(DRIVER)):
-        pytest.skip("Debian's chromium and chromium-driver are not installed")
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1100",
-                "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium'}"):
-        opts.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    try:
+    if reason := br.missing():
+        pytest.skip(reason)
+    with br.chromium(tmp_path / "chromium") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
@@ -88,6 +78,18 @@ def web(sandbox: Any, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def fits_1280(browser: Any, url: str) -> list[str]:
+    """What overflows the page at `url` at a 1280 px viewport (the live pages, real data)."""
+    br.set_viewport(browser, 1280, 1100)
+    try:
+        browser.get(url)
+        width, found = br.overflows(browser)
+        assert width == 1280
+        return found
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
 def get_json(url: str) -> Any:
@@ -146,8 +148,7 @@ def test_pool_jobs_and_a_reclaim_in_the_browser(
                           "gpu4": "serving"}, phases
         assert browser.find_element(By.ID, "plot-24h").get_attribute("naturalWidth") != "0"
         browser.save_screenshot(str(tmp_path / "pool.png"))
-        if os.environ.get("SLURM_IDLE_DOCS_SCREENSHOT"):
-            shutil.copy(tmp_path / "pool.png", os.environ["SLURM_IDLE_DOCS_SCREENSHOT"])
+        assert fits_1280(browser, url + "/") == []
 
         browser.get(url + "/jobs")
         row = browser.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job="{job_id}"]')
@@ -159,6 +160,7 @@ def test_pool_jobs_and_a_reclaim_in_the_browser(
         assert set(steps) == {"prep", "train-0", "train-1", "eval"}, steps
         assert steps["prep"] in {"RUNNING", "PENDING"} and steps["eval"] == "PENDING"
         browser.save_screenshot(str(tmp_path / "jobs.png"))
+        assert fits_1280(browser, url + "/jobs") == []
 
         cli(sb, env, "reclaim", "gpu1", "--json")
 

@@ -73,6 +73,7 @@ def test_non_slurm_contract_modules_are_the_known_ones() -> None:
         "test_router_real.py",  # HAProxy's runtime API, an nginx reload
         "test_vllm_faults.py",  # a real vLLM's SIGTERM and start faults; Slurm is a fake there
         "test_vllm_real.py",  # a real vLLM on CPU; no Slurm (it runs in the Debian 12 lane)
+        "test_web_outlook_prometheus.py",  # the web outlook's history query, Prometheus only
     ], ("a contract module that neither uses the sandbox nor runs a Slurm command is skipped by "
         "`-m slurm`: list it here with the reason its outcome cannot depend on "
         "the Slurm release, or mark it @pytest.mark.slurm")

@@ -82,6 +82,23 @@ def test_pool_page_lists_nodes_phases_and_lent_hours() -> None:
     assert "http://" not in html and "https://" not in html  # nothing loaded from elsewhere
 
 
+def test_an_unknown_outlook_and_a_missing_best_time_are_explained_on_the_page() -> None:
+    """The pool page prints the document's notes under the outlook and on the best-time card."""
+    unknown = {**POOL, "outlook": [{**POOL["outlook"][0], "lendable_gpus": None,
+                                    "demand_tokens_per_s": None}],
+               "outlook_note": "unknown (every hour): WHY-1", "best_time_to_submit": None,
+               "best_time_note": "no forecast for the next 0 hours: WHY-2"}
+
+    class Unknown(FakeData):
+        def pool(self) -> dict[str, Any]:
+            return unknown
+
+    html = create_app(Unknown()).test_client().get("/").get_data(as_text=True)
+    assert 'id="best-time">-<' in html and ">unknown<" in html
+    assert 'id="outlook-note">unknown (every hour): WHY-1<' in html
+    assert 'id="best-time-note">no forecast for the next 0 hours: WHY-2<' in html
+
+
 def test_jobs_page_escapes_user_strings_and_shows_preemptions_apart() -> None:
     """Job names and log lines are escaped; preemptions and failures are separate columns."""
     c, data = client()
@@ -141,6 +158,7 @@ def test_live_data_without_config_says_so() -> None:
     """The pool view without the agent's config is an error line, not a crash."""
     doc = LiveData(None, state_root=__import__("pathlib").Path("/nonexistent")).pool()
     assert doc["nodes"] == [] and "no config" in doc["errors"][0]
+    assert doc["best_time_to_submit"] is None and "config" in doc["best_time_note"]
 
 
 def test_load_history_lands_on_the_timeline_samples() -> None:

@@ -113,3 +113,12 @@ def test_another_users_pipeline_parameters_are_not_shown(
     data = live(tmp_path, monkeypatch)
     assert data.jobs(None, viewer="bob")["pipelines"][0]["params"] == {}
     assert data.jobs(None, viewer="alice")["pipelines"][0]["params"] == {"token": "SECRET"}
+
+
+def test_who_sees_what_is_stated_in_the_help() -> None:
+    """`slurm-idle web --help` says whose logs a viewer sees and where the viewer comes from."""
+    from slurm_idle.cli.web_cmd import web
+
+    text = " ".join((web.help or "").split())
+    assert "shown only to their owner" in text and "web.user_header" in text
+    assert "web.show_all_users: true" in text and "?user= only filters" in text
