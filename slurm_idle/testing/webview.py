@@ -22,6 +22,7 @@ from typing import Any
 from slurm_idle import runlog
 from slurm_idle.journal import iso
 from slurm_idle.model import SlurmJob
+from slurm_idle.pipeline import pipeline_path, records_dir
 from slurm_idle.slurm.protocol import AcctJob
 from slurm_idle.testing.fakes import FakeSlurm
 from slurm_idle.web.data import LiveData
@@ -33,6 +34,9 @@ BOB_SECRET = "BOB-SECRET-5f2c"
 LONG_NAME = "finetune-llama3-8b-lora-r64-lr3e-4-cosine-warmup-seed1234"
 H = 3600.0
 
+
+#: The made-up cluster's ClusterName: a researcher's records are kept per cluster.
+CLUSTER = "acme"
 
 def _tag(**kv: str) -> str:
     return "slurm-idle:job" + "".join(f",{k}={v}" for k, v in kv.items())
@@ -51,7 +55,7 @@ DEPENDS = {"tokenize": ["prep"], "train-0": ["tokenize"], "train-1": ["tokenize"
 
 
 def slurm() -> FakeSlurm:
-    """bob's and carol's jobs before alice's (Slurm's order), and alice's six-stage pipeline."""
+    """bob's job the oldest, carol's pending, and alice's six-stage pipeline."""
     pipe = {s: 4120 + i for i, s in enumerate(PIPELINE)}
     jobs = [_job(4102, "sweep-b", "bob", "RUNNING", "gpu1"),
             _job(4111, "ablation", "carol", "PENDING", reason="Priority"),
@@ -66,7 +70,7 @@ def slurm() -> FakeSlurm:
     acct = [AcctJob(job_id=pipe[s], name=f"eval-suite.{s}", partition="idle", state="COMPLETED",
                     start=done + i * 600, end=done + (i + 1) * 600, elapsed_s=600.0, gpus=1)
             for i, s in enumerate(("prep", "tokenize"))]
-    return FakeSlurm(job_list=jobs, acct=acct)
+    return FakeSlurm(job_list=jobs, acct=acct, cluster=CLUSTER)
 
 
 def _stamp(t: float) -> str:
@@ -106,8 +110,8 @@ def write_state(root: Path, now: float = NOW) -> None:
     ckpt.mkdir(exist_ok=True)
     (ckpt / "step-000800.pt").write_text("x")
     os.utime(ckpt / "step-000800.pt", (now - 240, now - 240))
-    jobs = root / "jobs"
-    jobs.mkdir(exist_ok=True)
+    jobs = records_dir(root, "jobs", CLUSTER)
+    jobs.mkdir(parents=True, exist_ok=True)
     for job_id, user, check in ((4107, "alice", str(ckpt)), (4102, "bob", None),
                                 (4111, "carol", None)):
         (jobs / f"{job_id}.json").write_text(json.dumps({
@@ -115,11 +119,12 @@ def write_state(root: Path, now: float = NOW) -> None:
             "submitted_at": now - 22 * H}))
     for rec in ({"run": 0, "event": "start"}, {"run": 0, "event": "end", "why": "preempted"},
                 {"run": 1, "event": "start"}):
-        runlog.append(root, 4107, rec)
+        runlog.append(root, 4107, rec, CLUSTER)
     steps = [{"name": s, "job_id": 4120 + i, "depends_on": DEPENDS.get(s, []), "group": s}
              for i, s in enumerate(PIPELINE)]
-    (root / "pipelines").mkdir(exist_ok=True)
-    (root / "pipelines" / "eval-suite.json").write_text(json.dumps({
+    path = pipeline_path(root, "eval-suite", CLUSTER)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
         "pipeline": "eval-suite", "submitted_at": now - 3 * H, "attempt": 1,
         "params": {"model": "llama3-8b", "suite": "full"}, "steps": steps}))
 

@@ -111,15 +111,15 @@ def test_the_history_says_why_it_is_missing() -> None:
     assert live._demand_history(prom, NOW) == ({}, None)
 
 
-def test_the_viewers_jobs_come_first_in_slurms_order(tmp_path: Path) -> None:
-    """Rows keep Slurm's order, the viewer's moved ahead; no viewer: Slurm's order."""
+def test_the_viewers_jobs_come_first_in_job_id_order(tmp_path: Path) -> None:
+    """Rows in job id (submission) order, the viewer's moved ahead; no viewer: id order."""
     from slurm_idle.testing.webview import SampleData
 
     data = SampleData(tmp_path)
     order = [(r["user"], r["job_id"]) for r in data.jobs(None, "alice")["jobs"]]
     assert order[:2] == [("alice", 4107), ("alice", 4122)] and order[-2:] == [("bob", 4102),
                                                                              ("carol", 4111)]
-    assert [r["user"] for r in data.jobs(None, None)["jobs"]][:3] == ["bob", "carol", "alice"]
+    assert [r["user"] for r in data.jobs(None, None)["jobs"]][:3] == ["bob", "alice", "carol"]
     doc = data.jobs("bob", "alice")
     assert (doc["viewer"], doc["logs_shown_to"]) == ("alice", "owner")
     assert [r["log_tail"] for r in doc["jobs"]] == [[]]
