@@ -3,7 +3,8 @@
 The partition and tag come from the config when one is available (--config,
 $SLURM_IDLE_CONFIG or the system path); a researcher without a config gets the defaults
 (`idle`, `slurm-idle`). Submitted ids are recorded under the state dir
-($SLURM_IDLE_STATE_DIR, else ~/.local/state/slurm-idle) for `jobs` and `pipeline status`.
+($SLURM_IDLE_STATE_DIR, else ~/.local/state/slurm-idle), per Slurm ClusterName (job ids restart
+on every cluster), for `jobs` and `pipeline status`.
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ def _me() -> str:
 def pipeline() -> None:
     """Run multi-step pipelines (pre-process -> train -> eval) as dependent idle jobs.
 
-    Each run is recorded in $SLURM_IDLE_STATE_DIR/pipelines/NAME.json (default
+    Each run is recorded in $SLURM_IDLE_STATE_DIR/pipelines/<ClusterName>/NAME.json (default
     ~/.local/state/slurm-idle); `status` and `cancel` take the pipeline file or its name.
     """
 
