@@ -280,6 +280,32 @@ def check_grace_time(facts: SiteFacts, config: Config) -> list[Check]:
                   f"+ KillWait {kill_wait:g} s within the tick budget {budget:g} s")]
 
 
+def preempt_sends_user_signal(slurm_config: Mapping[str, str]) -> bool:
+    """Slurm sends a preempted job its own `--signal` instead of SIGTERM: PreemptParameters=
+    send_user_signal (23.02+), SlurmctldParameters=preempt_send_user_signal (22.05)."""
+    words = {w.strip() for key in ("PreemptParameters", "SlurmctldParameters")
+             for w in slurm_config.get(key, "").split(",")}
+    return bool({"send_user_signal", "preempt_send_user_signal"} & words)
+
+
+def check_preempt_user_signal(facts: SiteFacts, config: Config) -> list[Check]:
+    """`placement: jobs` reclaims by Slurm's preemption, which sends SIGTERM: submitit (USR2)
+    and jobs with their own `--signal` checkpoint only on their signal."""
+    name = "slurm.preempt_user_signal"
+    if not any(m.job is not None for m in config.models):
+        return []  # node placement: the agent's reclaim sends each job its own signal itself
+    if facts.slurm_config is None:
+        return [_unread(name, facts, "slurm_config", "`scontrol show config`")]
+    if preempt_sends_user_signal(facts.slurm_config):
+        return [Check(name, "ok", "a job preempted for a replica job gets its own --signal "
+                      "(submitit: USR2) at once, then GraceTime to checkpoint")]
+    return [Check(name, "warn",
+                  "replica jobs (placement: jobs) preempt idle jobs with SIGTERM only: submitit "
+                  "(checkpoints on USR2) and jobs with their own --signal lose their work since "
+                  "the last checkpoint; set PreemptParameters=send_user_signal in slurm.conf "
+                  "(22.05: SlurmctldParameters=preempt_send_user_signal), scontrol reconfigure")]
+
+
 def check_job_submit(facts: SiteFacts, config: Config) -> list[Check]:
     """job_submit.lua is configured and rejects --no-requeue on the lend partition."""
     name = "slurm.job_submit"
@@ -522,6 +548,7 @@ CHECKS: tuple[Callable[[SiteFacts, Config], list[Check]], ...] = (
     check_replica_job_partitions,
     check_serve_access,
     check_grace_time,
+    check_preempt_user_signal,
     check_job_submit,
     check_power_save,
     check_accounting,

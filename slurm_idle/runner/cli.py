@@ -24,7 +24,7 @@ from slurm_idle.runner.container import (
     slurm_context,
 )
 from slurm_idle.runner.run import EXIT_START_FAILED, run_container
-from slurm_idle.runner.slurmjob import job_is_ending, requeue_if_preempted
+from slurm_idle.runner.slurmjob import job_is_ending, requeue_if_preempted, was_preempted
 from slurm_idle.runner.supervise import Reporter, RunSettings, Signals
 
 
@@ -166,5 +166,6 @@ def _run(
         early_requeue=lambda: requeue_if_preempted(ctx.job_id, slurm),
         # Short (slurmjob.ENDING_CHECK_TIMEOUT_S): it runs inside the grace, maybe inside KillWait.
         job_ending=lambda: job_is_ending(ctx.job_id, slurm),
+        preempted=lambda: was_preempted(ctx.job_id, slurm),
     )
 

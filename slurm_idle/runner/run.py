@@ -46,13 +46,20 @@ def run_container(
     early_requeue: Callable[[], str] | None = None,
     job_ending: Callable[[], bool] | None = None,
     environ: Mapping[str, str] | None = None,
+    preempted: Callable[[], bool] | None = None,
 ) -> int:
     """Run the job's container to its end or to a stop signal; return the runner's exit code.
 
     `early_requeue` runs after a SIGTERM stop once the container is gone (see
     requeue_if_preempted): requeueing earlier could kill the runner before its cleanup.
     `job_ending` is asked once after the first SIGTERM: True when Slurm is already ending the
-    job (see job_is_ending), so there is no grace to wait out.
+    job (see job_is_ending), so there is no grace to wait out. `preempted` is asked once after a
+    stop by SIGUSR1 alone: True when Slurm is preempting this run (see was_preempted). A site
+    with PreemptParameters=send_user_signal (22.05: SlurmctldParameters=
+    preempt_send_user_signal, what submitit's jobs need in `placement: jobs`) sends the job's
+    own `--signal` (USR1) at a preemption instead of SIGTERM: that stop is a preemption (exit
+    143, ledger `preempted`, early requeue), not the time limit, or every nightly preemption
+    would count against max_restarts.
     A job id whose completion is recorded (completion.py) exits 0 before anything starts; a
     run whose container exits 0 records it first. `environ` (default os.environ) locates the
     marker of a spec without a checkpoint dir.
@@ -77,6 +84,12 @@ def run_container(
         ledger.write({"event": "end", "why": "max_restarts", "exit_code": EXIT_MAX_RESTARTS})
         return EXIT_MAX_RESTARTS
     code = _run_once(client, spec, ctx, settings, signals, report, stream_client, job_ending)
+    by_preemption = signals.term.is_set()
+    if (code == EXIT_REQUEUE_ME and not by_preemption and preempted is not None
+            and preempted()):
+        report.say("SIGUSR1 came with Slurm's preemption of this run (send_user_signal): "
+                   "a preemption, not the time limit")
+        code, by_preemption = EXIT_PREEMPTED, True
     why = runlog.end_reason(code, EXIT_PREEMPTED, EXIT_REQUEUE_ME)
     failure = past.failures + 1
     retry = why == "failed" and ledger.known and failure <= spec.retries
@@ -90,7 +103,7 @@ def run_container(
             return EXIT_REQUEUE_ME
         report.say("stop signal during the backoff: leaving the requeue to Slurm")
         code = EXIT_PREEMPTED
-    if code == EXIT_PREEMPTED and signals.term.is_set() and early_requeue is not None:
+    if code == EXIT_PREEMPTED and by_preemption and early_requeue is not None:
         report.say(early_requeue())
     if code == 0 and marker is not None:
         report.say(_record_completion(marker, ctx))

@@ -38,6 +38,16 @@ def job_is_ending(job_id: str, runner: CommandRunner,
     return out is not None and show_job_state(out) in ENDING_STATES
 
 
+def was_preempted(job_id: str, runner: CommandRunner,
+                  timeout_s: float = ENDING_CHECK_TIMEOUT_S) -> bool:
+    """True when Slurm says this run of the job is being preempted (its PreemptTime is set,
+    measured on 22.05 during GraceTime); unknown is False (the stop stays a time-limit one)."""
+    if not job_id:
+        return False
+    out = _show_job(job_id, runner, timeout_s)
+    return out is not None and preempted_in_this_run(out)
+
+
 def requeue_if_preempted(job_id: str, runner: CommandRunner,
                          timeout_s: float = REQUEUE_TIMEOUT_S) -> str:
     """After a clean stop, requeue a preempted job at once instead of idling out GraceTime.

@@ -350,6 +350,14 @@ class Layout:
         return "sb" + hashlib.sha1(str(self.root).encode()).hexdigest()[:8]
 
     @property
+    def preempt_user_signal(self) -> str:
+        """A preempted job gets its own --signal at once (submitit: USR2), as doctor asks of a
+        site with `placement: jobs`; the key moved in 23.02 (22.05 rejects the new one)."""
+        if version_tuple(self.slurm_version) >= (23, 2):
+            return "PreemptParameters=send_user_signal"
+        return "SlurmctldParameters=preempt_send_user_signal"
+
+    @property
     def needs_cgroup_conf(self) -> bool:
         return version_tuple(self.slurm_version) >= (23, 2)
 
@@ -397,6 +405,7 @@ def slurm_conf(lay: Layout) -> str:
         "MailProg=/bin/true",
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
+        lay.preempt_user_signal,
         "JobRequeue=1",
         "KillWait=5",
         "MinJobAge=300",

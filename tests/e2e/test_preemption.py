@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from slurm_idle import runlog
 from slurm_idle.config import load_config
 from slurm_idle.jobs import parse_job_spec
 from slurm_idle.runner import (
@@ -168,6 +169,11 @@ def test_job_preempted_by_inference_resumes_and_finishes_like_an_uninterrupted_r
     node_back_s = time.time() - t_submit
     log = check_resumed(sandbox, docker_client, tmp_path, job_id, expected)
     assert "DUE TO JOB REQUEUE" in log or "DUE TO PREEMPTION" in log
+    # The sandbox sends a preempted job its own --signal (send_user_signal): the runner's
+    # USR1 comes with the preemption, and is taken as one, not as the time limit.
+    assert "a preemption, not the time limit" in log, log
+    ledger = runlog.read(tmp_path / "state", job_id, sandbox.layout.cluster_name)
+    assert [r["why"] for r in ledger if r.get("event") == "end"][:1] == ["preempted"], ledger
     lost = measure(log, "preempted by an inference job")
     print(f"MEASURE inference job running {node_back_s:.1f}s after its submission (upper bound)")
     assert lost["steps_redone"] == 0  # the SIGTERM checkpoint keeps every finished step

@@ -433,6 +433,29 @@ def test_replica_job_partition_checked_only_with_jobs_placement() -> None:
     assert check.status == "fail" and "gpu-serve (replica jobs) does not exist" in check.detail
 
 
+def test_preempt_user_signal_is_checked_with_jobs_placement_in_both_releases_spellings() -> None:
+    """`placement: jobs` reclaims by Slurm's preemption: without send_user_signal a submitit job
+    gets SIGTERM (which it ignores) and loses its work: warn, naming both releases' keys; either
+    spelling is ok; node placement (the agent signals jobs itself) adds no check."""
+    from slurm_idle.doctor.checks import check_preempt_user_signal
+
+    assert check_preempt_user_signal(facts_22(), config()) == []
+    cfg = parse_config(
+        "engine: {kind: command, start_command: 'true', stop_command: 'true'}\n"
+        "models: [{name: j, placement: jobs, job: {replicas: 2, command: serve, port_base: 9000}}]")
+    (check,) = check_preempt_user_signal(facts_22(), cfg)
+    assert check.status == "warn" and "PreemptParameters=send_user_signal" in check.detail
+    assert "SlurmctldParameters=preempt_send_user_signal" in check.detail
+    base = facts_22().slurm_config or {}
+    for extra in ({"SlurmctldParameters": "enable_configless,preempt_send_user_signal"},
+                  {"PreemptParameters": "reclaim_licenses,send_user_signal"}):
+        (check,) = check_preempt_user_signal(facts_22(slurm_config={**base, **extra}), cfg)
+        assert check.status == "ok", (extra, check.detail)
+    cfg_24 = parse_show_config((DIR_24 / "scontrol-show-config.txt").read_text())
+    (check,) = check_preempt_user_signal(facts_22(slurm_config=cfg_24), cfg)
+    assert check.status == "warn"  # PreemptParameters = reclaim_licenses only
+
+
 # --- a dead engine: named by the engine check, not blamed on the scrape config ---------------
 
 

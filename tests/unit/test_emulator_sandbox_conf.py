@@ -14,7 +14,7 @@ from slurm_idle.testing import sandboxconf
 from slurm_idle.testing.engine_model import Capacity
 from slurm_idle.testing.sandboxconf import Layout
 
-REMOVED_IN_24_11 = ("AccountingStoreJobComment", "TaskPluginParam", "MemLimitEnforce", "PreemptParameters")
+REMOVED_IN_24_11 = ("AccountingStoreJobComment", "TaskPluginParam", "MemLimitEnforce")
 
 
 def layout(version: str = "22.05.8", lua: Path | None = None) -> Layout:
@@ -56,6 +56,12 @@ def test_slurm_conf_has_preemption_accounting_and_no_removed_keys(version: str) 
     assert "NodeName=gpu8 " in text and "Port=30036 Gres=gpu:8" in text
     assert not set(REMOVED_IN_24_11) & set(keys)
     assert "JobSubmitPlugins" not in keys
+    # A preempted job gets its own --signal: PreemptParameters is a fatal unknown key on 22.05.
+    if version.startswith("22."):
+        assert "PreemptParameters" not in keys
+        assert keys["SlurmctldParameters"] == "preempt_send_user_signal"
+    else:
+        assert keys["PreemptParameters"] == "send_user_signal"
 
 
 def test_cgroup_conf_only_for_newer_slurm() -> None:

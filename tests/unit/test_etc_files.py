@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from slurm_idle.agent_metrics import METRICS
@@ -118,10 +119,10 @@ SANDBOX_ONLY = ("SchedulerParameters", "KillWait")
 SITE_ATTRS = ("Nodes=", "GraceTime=", "Default=")
 
 
-def sandbox_conf(tmp_path: Path) -> tuple[dict[str, str], dict[str, set[str]]]:
+def sandbox_conf(tmp_path: Path, version: str = "22.05.8") -> tuple[dict[str, str], dict[str, set[str]]]:
     from slurm_idle.testing.sandboxconf import Layout, slurm_conf
 
-    lay = Layout(root=tmp_path, base_port=20000, slurm_version="22.05.8", hostname="h",
+    lay = Layout(root=tmp_path, base_port=20000, slurm_version=version, hostname="h",
                  python="python3", job_submit_lua=tmp_path / "job_submit.lua")
     sandbox = conf_lines(slurm_conf(lay))
     settings = {ln.split("=", 1)[0]: ln.split("=", 1)[1] for ln in sandbox if not ln.startswith("PartitionName")}
@@ -129,12 +130,14 @@ def sandbox_conf(tmp_path: Path) -> tuple[dict[str, str], dict[str, set[str]]]:
     return settings, partitions
 
 
-def test_slurm_conf_snippet_is_what_the_sandbox_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", ["22.05.8", "24.11.5"])
+def test_slurm_conf_snippet_is_what_the_sandbox_runs(tmp_path: Path, version: str) -> None:
     """Every setting the snippet tells a site to add is in the sandbox's generated slurm.conf
     (the one all contract and e2e tests run on), except the site-specific values: node lists,
     the sandbox's shorter GraceTime, the default partition, AuthInfo's other options, and its
-    shorter cred_expire (said so in the snippet)."""
-    settings, partitions = sandbox_conf(tmp_path)
+    shorter cred_expire (said so in the snippet); 22.05 spells send_user_signal its own way
+    (said so in the snippet)."""
+    settings, partitions = sandbox_conf(tmp_path, version)
     snippet = conf_lines((ETC / "slurm.conf.snippet").read_text())
     assert "AccountingStorageType=accounting_storage/slurmdbd" in snippet  # report needs sacct
     for line in snippet:
@@ -153,6 +156,10 @@ def test_slurm_conf_snippet_is_what_the_sandbox_runs(tmp_path: Path) -> None:
                     (ETC / "slurm.conf.snippet").read_text().replace("#", " ").split()), ours[k]
             else:
                 assert ours.get(k) == v, line
+        elif key == "PreemptParameters" and version.startswith("22."):
+            assert settings["SlurmctldParameters"] == "preempt_send_user_signal"
+            assert "SlurmctldParameters=preempt_send_user_signal" in (
+                ETC / "slurm.conf.snippet").read_text()
         else:
             assert settings.get(key) == value, f"{line} vs sandbox {key}={settings.get(key)}"
 

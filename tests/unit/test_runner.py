@@ -14,6 +14,7 @@ from typing import Any
 import docker.errors
 import pytest
 
+from slurm_idle import runlog
 from slurm_idle.commands import ReplayRunner
 from slurm_idle.errors import CommandError
 from slurm_idle.jobs import parse_job_spec
@@ -151,7 +152,8 @@ CTX = SlurmContext(job_id="42", restart_count=1, gpus=("2", "3"), cuda_visible_d
 def run(client: FakeClient, sp: Any, signals: Signals | None = None, ctx: SlurmContext = CTX,
         grace_s: float = 1.0, early: list[str] | None = None,
         job_ending: Callable[[], bool] | None = None,
-        urgent_wait_s: float = 0.2) -> tuple[int, str]:
+        urgent_wait_s: float = 0.2,
+        preempted: Callable[[], bool] | None = None) -> tuple[int, str]:
     out = io.BytesIO()
     calls = early if early is not None else []
     settings = RunSettings(grace_s=grace_s, uid=1000, gid=1000, poll_s=0.01,
@@ -160,7 +162,7 @@ def run(client: FakeClient, sp: Any, signals: Signals | None = None, ctx: SlurmC
         client, sp, ctx, settings,
         signals or Signals(), Reporter(out, clock=lambda: 0.0),
         early_requeue=lambda: calls.append("early") or "requeued early",
-        job_ending=job_ending,
+        job_ending=job_ending, preempted=preempted,
     )
     return code, out.getvalue().decode()
 
@@ -355,6 +357,30 @@ def test_time_limit_warning_checkpoints_and_asks_for_requeue(tmp_path: Path) -> 
     early: list[str] = []
     assert run(client, spec(tmp_path), signals, early=early)[0] == EXIT_REQUEUE_ME
     assert early == []
+
+
+@pytest.mark.parametrize("preempting", [True, False])
+def test_sigusr1_sent_by_a_preemption_is_a_preemption(tmp_path: Path, preempting: bool) -> None:
+    """A site with send_user_signal sends the job's USR1 at a preemption instead of SIGTERM:
+    when Slurm says this run is being preempted, the stop is a preemption (143, ledger
+    `preempted`, early requeue), so it never counts against max_restarts; otherwise it stays
+    the time limit's (75)."""
+    signals = Signals()
+    client = FakeClient(on_start=lambda c: signals.usr1.set())
+    early: list[str] = []
+    buf = io.BytesIO()
+    settings = RunSettings(grace_s=1.0, uid=1000, gid=1000, poll_s=0.01,
+                           ledger_dir=tmp_path / "state")
+    code = run_container(client, spec(tmp_path), CTX, settings, signals,
+                         Reporter(buf, clock=lambda: 0.0),
+                         early_requeue=lambda: early.append("early") or "requeued early",
+                         preempted=lambda: preempting)
+    out = buf.getvalue().decode()
+    ledger = runlog.read(tmp_path / "state", CTX.job_id, CTX.cluster)
+    assert code == (EXIT_PREEMPTED if preempting else EXIT_REQUEUE_ME)
+    assert early == (["early"] if preempting else [])
+    assert ledger[-1]["why"] == ("preempted" if preempting else "time_limit"), ledger
+    assert ("a preemption, not the time limit" in out) is preempting
 
 
 def test_signal_before_start_starts_nothing(tmp_path: Path) -> None:
