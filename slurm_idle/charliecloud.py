@@ -118,6 +118,8 @@ def chrun_argv(kwargs: Mapping[str, Any], path: Path, image: ImageConfig,
     argv += [ch_run, "--private-tmp"]
     for m in kwargs.get("mounts", ()):
         target = str(m["Target"])
+        if ".." in target.split("/"):  # ch-run would join it to the image path as it is
+            raise ChRunError(f"mount target {target} climbs out with '..': name it plainly")
         if not os.path.lexists(path / target.lstrip("/")):
             raise ChRunError(
                 f"mount target {target} is not in the image {path}: ch-run cannot create it in "

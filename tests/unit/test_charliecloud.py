@@ -115,6 +115,15 @@ def test_a_bind_target_missing_from_the_image_is_refused_by_name(tmp_path: Path)
                    tmp_path, ImageConfig())
 
 
+def test_a_bind_target_that_climbs_out_of_the_image_is_refused(tmp_path: Path) -> None:
+    """ch-run joins the target to the image path: `..` would name a place outside the image
+    (which exists, so the check above would pass it)."""
+    (tmp_path / "img").mkdir()
+    with pytest.raises(ChRunError, match="climbs out"):
+        chrun_argv({"mounts": [{"Source": "/data/o", "Target": "/../img"}], "entrypoint": ["x"]},
+                   tmp_path / "img", ImageConfig())
+
+
 def test_the_command_follows_dockers_rules_over_the_images_config() -> None:
     """An entrypoint given drops the image's CMD; args alone keep the image's entrypoint;
     nothing anywhere is an error that says what to write."""
@@ -297,3 +306,11 @@ def test_the_runtime_key_accepts_charliecloud_and_an_absolute_image_dir() -> Non
     assert JobPolicyConfig(runtime="charliecloud").charliecloud_images == "/var/lib/slurm-idle/images"
     with pytest.raises(ValidationError):
         JobPolicyConfig(charliecloud_images="images")
+
+
+def test_a_node_without_ch_run_fails_70_saying_what_to_install(
+        images: Path, tmp_path: Path) -> None:
+    client = CharliecloudClient(str(images), "someone", ch_run=str(tmp_path / "no-ch-run"))
+    code, log = run(client, spec(tmp_path, "true"))
+    assert code == EXIT_START_FAILED and "not found on this node" in log
+    assert "apt-get install charliecloud" in log
