@@ -110,10 +110,10 @@ class RunSettings:
     # to finish a quick checkpoint, then is force-removed. With the removal it must stay well
     # inside Slurm's KillWait (5 s in etc/slurm.conf.snippet).
     urgent_wait_s: float = 2.0
-    # A container that exits with a code reserved for a stop (143, 75) with no stop signal
-    # seen yet: how long to wait for one. Where the workload is a process of the job step
-    # (charliecloud), Slurm's SIGTERM reaches it and the runner within moments of each other,
-    # in either order.
+    # A container that exits with a code a stop gives (143, 75; 138: killed by SIGUSR1) with
+    # no stop signal seen yet: how long to wait for one. Where the workload is a process of
+    # the job step (charliecloud), Slurm's signal reaches it and the runner within moments of
+    # each other, in either order.
     stop_race_s: float = 1.0
     # Where the run ledger lives (runlog.py); None: no ledger, every restart counts.
     ledger_dir: Path | None = None
@@ -268,16 +268,21 @@ def supervise(
     return EXIT_PREEMPTED
 
 
+#: Exit codes a stop gives a workload: its checkpoint exits, and death by Slurm's SIGUSR1
+#: (a workload without a handler for the time-limit warning; SIGTERM's is 143).
+STOP_CODES = (EXIT_PREEMPTED, EXIT_REQUEUE_ME, 128 + signal.SIGUSR1)
+
+
 def ended_by_the_stop(code: int, signals: Signals, settings: RunSettings) -> bool:
     """A container's own non-zero exit is the stop's when a stop signal has come, or comes
-    within `stop_race_s` of an exit with a code reserved for it (143, 75)."""
+    within `stop_race_s` of an exit with a code a stop gives (STOP_CODES)."""
     if code == 0:
         return False
-    if signals.stop_requested():
-        return True
-    if code not in (EXIT_PREEMPTED, EXIT_REQUEUE_ME):
-        return False
-    settings.clock.wait(signals.term, settings.stop_race_s)
+    if code not in STOP_CODES or signals.stop_requested():
+        return signals.stop_requested()
+    deadline = settings.clock.monotonic() + settings.stop_race_s
+    while not signals.stop_requested() and (left := deadline - settings.clock.monotonic()) > 0:
+        settings.clock.wait(signals.term, min(settings.poll_s, left))
     return signals.stop_requested()
 
 

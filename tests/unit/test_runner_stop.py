@@ -325,6 +325,7 @@ def test_a_signal_while_the_runner_is_imported_is_held_and_replayed(
 @pytest.mark.parametrize("code, stop, expected", [
     (EXIT_PREEMPTED, "on_term", EXIT_PREEMPTED),
     (EXIT_REQUEUE_ME, "on_usr1", EXIT_REQUEUE_ME),
+    (128 + signal.SIGUSR1, "on_usr1", EXIT_REQUEUE_ME),  # no handler: killed by the warning
 ])
 def test_a_workload_slurm_signalled_first_is_requeued_not_failed(
         tmp_path: Path, code: int, stop: str, expected: int) -> None:
