@@ -159,3 +159,35 @@ def test_a_reclaimed_charliecloud_job_is_requeued_and_finishes_like_an_uninterru
             cli(sb, "unpin", node)
         if closed:
             sb.run(["scontrol", "update", f"nodename={closed}", "state=RESUME"])
+
+
+@pytest.mark.slow
+def test_the_time_limit_warning_requeues_a_charliecloud_job_instead_of_timing_out(
+    site: dict[str, Any],
+) -> None:
+    """A 1-minute job warned by SIGUSR1 (warn_s): Slurm's warning reaches the runner and, the
+    workload being a process of the step, the workload too; either way the job is requeued
+    (never TIMEOUT or FAILED), resumes from a checkpoint and finishes in a later run."""
+    sb = site["sandbox"]
+    reset_cluster(sb, load_config(sb.config_path).paths.journal)
+    # slurmctld checks warning signals about every 30 s: 40 steps outlast the first check.
+    spec = {**demo_spec(site["work"], steps=40), "time": "1", "warn_s": 55}
+    spec["log"] = str(site["work"] / "limit-%j.out")
+    path = site["work"] / "limit.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    job_id = int(json.loads(cli(sb, "submit", "--json", str(path),
+                                SLURM_IDLE_CONFIG=str(site["config"]),
+                                SLURM_IDLE_STATE_DIR=str(site["work"] / "state")))["job_id"])
+    log = site["work"] / f"limit-{job_id}.out"
+    state = poll(lambda: finished(sb, job_id), 240, f"job {job_id} finishing")
+    text = log.read_text() if log.exists() else ""
+    runs = runs_of(sb, job_id)
+    assert state.startswith("COMPLETED|0:0"), "\n".join([state, *runs, "--- log:", text])
+    assert len(runs) >= 2 and not any(
+        r.split("|")[0] in {"FAILED", "CANCELLED", "TIMEOUT"} for r in runs), runs
+    assert "requeueing job" in text, text
+    print("MEASURE charliecloud time-limit warning:", *[
+        ln for ln in text.splitlines() if "SIGUSR1" in ln or "stop signal came" in ln
+        or "exited with code" in ln or "stopped with code" in ln or "resumed_from" in ln])
+    assert int(re.findall(r"resumed_from=(\d+)", text)[0]) > 0, text
+    assert [x for x in text.splitlines() if x.startswith("done ")] == ["done steps=40 sum=820"]
