@@ -16,7 +16,9 @@ What differs from an engine, and why:
   environment run.py computed (under the image's), plus `USER` (ch-run needs it), never the
   runner's own (DOCKER_HOST, SLURM_IDLE_CONFIG, the step's SLURM_*).
 - ch-run shares the host network: `network: none` runs it inside `unshare --user
-  --map-current-user --net` (a network namespace with a loopback that is down).
+  --map-root-user --net`, whose root brings the loopback up (`ip`) and execs ch-run with the
+  caller's uid and gid (`-u`, `-g`): a network namespace with only a loopback, as an engine's
+  `none`, and files written in the mounts are still the caller's.
 - /tmp is the container's own (`--private-tmp`): the host's /tmp is outside every mount prefix.
 - A bind target must exist in the (read-only) image: a missing one fails the start (exit 70)
   naming it. Binds are read-write in ch-run 0.31: an input is protected by the user's own
@@ -41,8 +43,11 @@ from slurm_idle.errors import SlurmIdleError
 
 #: ch-run's own default PATH is the caller's: a container without one in its image gets this.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Where the runner keeps a network-less container: a network namespace of the user's own.
-UNSHARE_NET = ("unshare", "--user", "--map-current-user", "--net", "--")
+#: Where the runner keeps a network-less container: a network namespace of the user's own,
+#: its loopback up (a node without `ip` keeps it down, said in the job log, and runs anyway).
+LO_UP = ('ip link set lo up 2>/dev/null || echo "slurm-idle-run: the loopback stays down '
+         '(ip link failed)" >&2; exec "$@"')
+UNSHARE_NET = ("unshare", "--user", "--map-root-user", "--net", "--", "/bin/sh", "-c", LO_UP, "sh")
 
 
 class ChRunError(SlurmIdleError):
@@ -116,6 +121,9 @@ def chrun_argv(kwargs: Mapping[str, Any], path: Path, image: ImageConfig,
     but for checking the bind targets exist in the image)."""
     argv = [*unshare_net] if kwargs.get("network_mode", "none") != "host" else []
     argv += [ch_run, "--private-tmp"]
+    if kwargs.get("user"):  # the caller's own: needed where ch-run starts as the userns' root
+        uid, _, gid = str(kwargs["user"]).partition(":")
+        argv += ["-u", uid, "-g", gid or uid]
     for m in kwargs.get("mounts", ()):
         target = str(m["Target"])
         if ".." in target.split("/"):  # ch-run would join it to the image path as it is

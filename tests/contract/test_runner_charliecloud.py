@@ -55,7 +55,7 @@ def site(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     if os.geteuid() != 0 or not all(shutil.which(p) for p in ("ch-run", "setpriv", "unshare")):
         pytest.skip("needs root (to act as uid 65534), ch-run (apt-get install charliecloud), "
                     "setpriv and unshare")
-    userns = subprocess.run(as_user(["unshare", "--user", "--map-current-user", "--net", "true"]),
+    userns = subprocess.run(as_user(["unshare", "--user", "--map-root-user", "--net", "true"]),
                             capture_output=True, text=True, timeout=30, check=False)
     if userns.returncode != 0:
         pytest.skip(f"ch-run cannot run here: no user namespace for uid {UID} "
@@ -105,18 +105,19 @@ def runner(site: dict[str, Any], name: str, grace_s: float = 5, **spec: Any) -> 
 def test_the_workload_runs_as_the_caller_in_a_writable_bind_without_network(
         site: dict[str, Any]) -> None:
     """uid 65534 inside and out (ch-run is unprivileged); the output mount is writable and
-    its file the user's; only a loopback in the network namespace; GPUs by environment;
+    its file the user's; only a loopback, up, in the network namespace; GPUs by environment;
     nothing of the runner's environment (DOCKER_HOST) inside."""
     out = user_dir(site, "out")
     script = ("echo uid=$(id -u) gid=$(id -g); id -u > /checkpoint/uid; "
               "echo nets=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ,); "
+              "ip link show lo | grep -q ',UP' && echo lo=up; "
               "echo cuda=$CUDA_VISIBLE_DEVICES nv=$NVIDIA_VISIBLE_DEVICES host=${DOCKER_HOST:-none}; "
               "exit 5")
     proc = runner(site, "who", image=BUSYBOX_IMAGE, command=["/bin/sh", "-c", script],
                   mounts={"outputs": [{"source": str(out), "target": "/checkpoint"}]})
     log, _ = proc.communicate(timeout=60)
     assert proc.returncode == 5, log
-    assert f"uid={UID} gid={UID}" in log and "nets=lo," in log, log
+    assert f"uid={UID} gid={UID}" in log and "nets=lo," in log and "lo=up" in log, log
     assert "cuda=1 nv=1 host=none" in log, log
     assert (out / "uid").read_text() == f"{UID}\n" and (out / "uid").stat().st_uid == UID
 

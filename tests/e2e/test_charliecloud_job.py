@@ -43,7 +43,7 @@ STEPS = 30
 def site(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     if os.geteuid() != 0 or shutil.which("ch-run") is None:
         pytest.skip("needs root and ch-run (apt-get install charliecloud)")
-    userns = subprocess.run(["unshare", "--user", "--map-current-user", "--net", "true"],
+    userns = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "true"],
                             capture_output=True, text=True, timeout=30, check=False)
     if userns.returncode != 0:
         pytest.skip(f"ch-run cannot run here: no user namespace ({userns.stderr.strip()}; a "

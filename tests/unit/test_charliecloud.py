@@ -99,11 +99,13 @@ def test_a_network_less_container_gets_a_network_namespace_and_a_private_tmp(tmp
     /tmp is always the container's own (the host's /tmp is outside every mount prefix)."""
     (tmp_path / "ck").mkdir()
     kw = {"network_mode": "none", "mounts": [{"Source": "/data/x", "Target": "/ck"}],
-          "entrypoint": ["sh"], "command": ["-c", "true"]}
+          "entrypoint": ["sh"], "command": ["-c", "true"], "user": "1000:100"}
     argv = chrun_argv(kw, tmp_path, ImageConfig(), "ch-run")
     assert argv[:len(UNSHARE_NET)] == list(UNSHARE_NET) and "--net" in argv
-    assert argv[len(UNSHARE_NET):] == ["ch-run", "--private-tmp", "-b", "/data/x:/ck",
-                                       str(tmp_path), "--", "sh", "-c", "true"]
+    assert "ip link set lo up" in argv[len(UNSHARE_NET) - 2]
+    # ch-run starts as the namespace's root there: the caller's ids are passed on.
+    assert argv[len(UNSHARE_NET):] == ["ch-run", "--private-tmp", "-u", "1000", "-g", "100",
+                                       "-b", "/data/x:/ck", str(tmp_path), "--", "sh", "-c", "true"]
     host = chrun_argv({**kw, "network_mode": "host"}, tmp_path, ImageConfig(), "ch-run")
     assert host[0] == "ch-run" and "--private-tmp" in host and "unshare" not in host
 
@@ -133,7 +135,7 @@ def test_the_command_follows_dockers_rules_over_the_images_config() -> None:
     assert command_of({"entrypoint": ["python"]}, img) == ["python"]
     with pytest.raises(ChRunError, match="give `command:`"):
         command_of({}, ImageConfig())
-    argv = chrun_argv({}, Path("/"), img)
+    argv = chrun_argv({"network_mode": "host"}, Path("/"), img)
     assert argv[argv.index("-c") + 1] == "/w"
 
 
