@@ -15,14 +15,15 @@ What differs from an engine, and why:
 - ch-run passes its whole environment through: the child gets exactly the container
   environment run.py computed (under the image's), plus `USER` (ch-run needs it), never the
   runner's own (DOCKER_HOST, SLURM_IDLE_CONFIG, the step's SLURM_*).
-- ch-run shares the host network: `network: none` runs it inside `unshare --user
-  --map-root-user --net`, whose root brings the loopback up (`ip`) and execs ch-run with the
-  caller's uid and gid (`-u`, `-g`): a network namespace with only a loopback, as an engine's
-  `none`, and files written in the mounts are still the caller's.
+- ch-run shares the host network and binds read-write (0.31): ch-run starts inside `unshare
+  --user --map-root-user --mount` (plus `--net` for `network: none`), whose root makes each
+  read-only mount's source read-only in that mount namespace (ch-run's bind inherits it),
+  brings the loopback up, and execs ch-run with the caller's uid and gid (`-u`, `-g`): inputs
+  read-only and a network namespace with only a loopback, as an engine's, and files written in
+  the mounts still the caller's.
 - /tmp is the container's own (`--private-tmp`): the host's /tmp is outside every mount prefix.
 - A bind target must exist in the (read-only) image: a missing one fails the start (exit 70)
-  naming it. Binds are read-write in ch-run 0.31: an input is protected by the user's own
-  file permissions only, as for any process of theirs.
+  naming it.
 - Nothing outlives the job step: the workload is the step's own process, killed with it, so
   there are no leftovers to sweep (`containers.list` is empty).
 """
@@ -43,11 +44,26 @@ from slurm_idle.errors import SlurmIdleError
 
 #: ch-run's own default PATH is the caller's: a container without one in its image gets this.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Where the runner keeps a network-less container: a network namespace of the user's own,
-#: its loopback up (a node without `ip` keeps it down, said in the job log, and runs anyway).
-LO_UP = ('ip link set lo up 2>/dev/null || echo "slurm-idle-run: the loopback stays down '
-         '(ip link failed)" >&2; exec "$@"')
-UNSHARE_NET = ("unshare", "--user", "--map-root-user", "--net", "--", "/bin/sh", "-c", LO_UP, "sh")
+#: Run as root of the caller's own user and mount namespaces before ch-run: `sh -c PREPARE sh
+#: NETWORK RO... -- CH-RUN...`. A source it cannot make read-only stops the start (exit 70); a
+#: node without `ip` keeps the loopback down, said in the job log, and runs anyway.
+PREPARE = '''net=$1; shift
+while [ "$1" != -- ]; do
+  mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" || {
+    echo "slurm-idle-run: cannot make $1 read-only: not starting the container" >&2; exit 70; }
+  shift
+done
+shift
+if [ "$net" = none ]; then ip link set lo up 2>/dev/null ||
+  echo "slurm-idle-run: the loopback stays down (ip link failed)" >&2; fi
+exec "$@"'''
+UNSHARE = ("unshare", "--user", "--map-root-user", "--mount")
+
+
+def namespaces_argv(network: str, read_only: Sequence[str], unshare: str = "unshare") -> list[str]:
+    """The prefix that prepares the namespaces ch-run then runs in (PREPARE)."""
+    return [unshare, *UNSHARE[1:], *(["--net"] if network != "host" else []), "--",
+            "/bin/sh", "-c", PREPARE, "sh", network, *read_only, "--"]
 
 
 class ChRunError(SlurmIdleError):
@@ -116,10 +132,13 @@ def child_env(kwargs: Mapping[str, Any], image: ImageConfig, user: str) -> dict[
 
 
 def chrun_argv(kwargs: Mapping[str, Any], path: Path, image: ImageConfig,
-               ch_run: str = "ch-run", unshare_net: Sequence[str] = UNSHARE_NET) -> list[str]:
+               ch_run: str = "ch-run", unshare: str | None = "unshare") -> list[str]:
     """The command line for docker-style create() `kwargs` over the image at `path` (pure
-    but for checking the bind targets exist in the image)."""
-    argv = [*unshare_net] if kwargs.get("network_mode", "none") != "host" else []
+    but for checking the bind targets exist in the image). `unshare` None: ch-run alone
+    (tests with a fake ch-run: no namespaces, no network or read-only rule)."""
+    read_only = [str(m["Source"]) for m in kwargs.get("mounts", ()) if m.get("ReadOnly")]
+    argv = [] if unshare is None else namespaces_argv(
+        str(kwargs.get("network_mode", "none")), read_only, unshare)
     argv += [ch_run, "--private-tmp"]
     if kwargs.get("user"):  # the caller's own: needed where ch-run starts as the userns' root
         uid, _, gid = str(kwargs["user"]).partition(":")
@@ -259,13 +278,13 @@ class ChContainers:
         path = self.client.images.get(str(kwargs["image"]))
         config = read_image_config(path)
         # Found on the runner's PATH: the child's is the container's.
-        found = [shutil.which(p) for p in (self.client.ch_run, *self.client.unshare_net[:1])]
+        wanted = [self.client.ch_run, *(["unshare"] if self.client.namespaces else [])]
+        found = [shutil.which(p) for p in wanted]
         if None in found:
-            raise ChRunError(f"cannot run the container: {self.client.ch_run} or "
-                             f"{self.client.unshare_net[0]} not found on this node "
-                             "(apt-get install charliecloud util-linux)")
-        unshare = [str(found[-1]), *self.client.unshare_net[1:]] if self.client.unshare_net else []
-        argv = chrun_argv(kwargs, path, config, str(found[0]), unshare)
+            raise ChRunError(f"cannot run the container: {' or '.join(wanted)} not found on "
+                             "this node (apt-get install charliecloud util-linux)")
+        argv = chrun_argv(kwargs, path, config, str(found[0]),
+                          str(found[1]) if self.client.namespaces else None)
         c = ChContainer(str(kwargs["name"]), argv, child_env(kwargs, config, self.client.user))
         self.created[c.id] = c
         return c
@@ -282,12 +301,12 @@ class CharliecloudClient:
     """The docker SDK calls the runner makes, answered with `ch-run` children."""
 
     def __init__(self, images_root: str, user: str, ch_run: str = "ch-run",
-                 unshare_net: Sequence[str] = UNSHARE_NET) -> None:
+                 namespaces: bool = True) -> None:
         self.images = ChImages(images_root)
         self.containers = ChContainers(self)
         self.user = user
         self.ch_run = ch_run
-        self.unshare_net = tuple(unshare_net)
+        self.namespaces = namespaces  # False only for a fake ch-run in tests (chrun_argv)
 
     def info(self) -> dict[str, Any]:
         return {"Runtimes": {}}  # no engine runtimes: GPUs are passed by environment

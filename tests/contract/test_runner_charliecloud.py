@@ -102,23 +102,30 @@ def runner(site: dict[str, Any], name: str, grace_s: float = 5, **spec: Any) -> 
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_the_workload_runs_as_the_caller_in_a_writable_bind_without_network(
+def test_the_workload_runs_as_the_caller_with_writable_outputs_read_only_inputs_no_network(
         site: dict[str, Any]) -> None:
     """uid 65534 inside and out (ch-run is unprivileged); the output mount is writable and
-    its file the user's; only a loopback, up, in the network namespace; GPUs by environment;
+    its file the user's, the input (the user's own, writable outside) is read-only inside;
+    only a loopback, up, in the network namespace; GPUs by environment;
     nothing of the runner's environment (DOCKER_HOST) inside."""
     out = user_dir(site, "out")
+    data = user_dir(site, "data")
+    (data / "f").write_text("input\n")
+    os.chown(data / "f", UID, UID)
     script = ("echo uid=$(id -u) gid=$(id -g); id -u > /checkpoint/uid; "
+              "echo x > /mnt/g 2>/dev/null && echo in=rw || echo in=ro; cat /mnt/f; "
               "echo nets=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ,); "
               "ip link show lo | grep -q ',UP' && echo lo=up; "
               "echo cuda=$CUDA_VISIBLE_DEVICES nv=$NVIDIA_VISIBLE_DEVICES host=${DOCKER_HOST:-none}; "
               "exit 5")
     proc = runner(site, "who", image=BUSYBOX_IMAGE, command=["/bin/sh", "-c", script],
-                  mounts={"outputs": [{"source": str(out), "target": "/checkpoint"}]})
+                  mounts={"outputs": [{"source": str(out), "target": "/checkpoint"}],
+                          "inputs": [{"source": str(data), "target": "/mnt"}]})
     log, _ = proc.communicate(timeout=60)
     assert proc.returncode == 5, log
     assert f"uid={UID} gid={UID}" in log and "nets=lo," in log and "lo=up" in log, log
     assert "cuda=1 nv=1 host=none" in log, log
+    assert "in=ro" in log and "input" in log and not (data / "g").exists(), log
     assert (out / "uid").read_text() == f"{UID}\n" and (out / "uid").stat().st_uid == UID
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import slurm_idle.runner.cli as runner
 from slurm_idle.charliecloud import (
-    UNSHARE_NET,
+    PREPARE,
     CharliecloudClient,
     ChContainer,
     ChRunError,
@@ -62,7 +62,7 @@ def client(images: Path, tmp_path: Path) -> CharliecloudClient:
     fake = tmp_path / "ch-run"
     fake.write_text(FAKE_CH_RUN)
     fake.chmod(0o755)
-    return CharliecloudClient(str(images), "someone", ch_run=str(fake), unshare_net=("env", "--"))
+    return CharliecloudClient(str(images), "someone", ch_run=str(fake), namespaces=False)
 
 
 def spec(tmp_path: Path, script: str, **over: Any) -> Any:
@@ -94,20 +94,26 @@ def test_an_image_is_a_directory_named_as_ch_image_names_its_storage(image: str,
     assert image_name(image) == name
 
 
-def test_a_network_less_container_gets_a_network_namespace_and_a_private_tmp(tmp_path: Path) -> None:
-    """ch-run shares the host network and /tmp: network none runs it under unshare --net, and
-    /tmp is always the container's own (the host's /tmp is outside every mount prefix)."""
+def test_namespaces_keep_the_network_out_inputs_read_only_and_tmp_private(tmp_path: Path) -> None:
+    """ch-run shares the host network and /tmp and binds read-write: network none adds a
+    network namespace, each read-only mount's source is made read-only before ch-run binds it,
+    and /tmp is always the container's own (the host's /tmp is outside every mount prefix)."""
     (tmp_path / "ck").mkdir()
-    kw = {"network_mode": "none", "mounts": [{"Source": "/data/x", "Target": "/ck"}],
-          "entrypoint": ["sh"], "command": ["-c", "true"], "user": "1000:100"}
+    (tmp_path / "in").mkdir()
+    kw = {"network_mode": "none", "entrypoint": ["sh"], "command": ["-c", "true"],
+          "user": "1000:100", "mounts": [{"Source": "/data/x", "Target": "/ck"},
+                                         {"Source": "/data/i", "Target": "/in", "ReadOnly": True}]}
     argv = chrun_argv(kw, tmp_path, ImageConfig(), "ch-run")
-    assert argv[:len(UNSHARE_NET)] == list(UNSHARE_NET) and "--net" in argv
-    assert "ip link set lo up" in argv[len(UNSHARE_NET) - 2]
+    cut = argv.index("ch-run")
+    assert argv[:cut] == ["unshare", "--user", "--map-root-user", "--mount", "--net", "--",
+                          "/bin/sh", "-c", PREPARE, "sh", "none", "/data/i", "--"]
+    assert "remount,bind,ro" in PREPARE and "ip link set lo up" in PREPARE
     # ch-run starts as the namespace's root there: the caller's ids are passed on.
-    assert argv[len(UNSHARE_NET):] == ["ch-run", "--private-tmp", "-u", "1000", "-g", "100",
-                                       "-b", "/data/x:/ck", str(tmp_path), "--", "sh", "-c", "true"]
+    assert argv[cut:] == ["ch-run", "--private-tmp", "-u", "1000", "-g", "100", "-b",
+                          "/data/x:/ck", "-b", "/data/i:/in", str(tmp_path), "--", "sh", "-c", "true"]
     host = chrun_argv({**kw, "network_mode": "host"}, tmp_path, ImageConfig(), "ch-run")
-    assert host[0] == "ch-run" and "--private-tmp" in host and "unshare" not in host
+    assert "--net" not in host[:host.index("ch-run")] and "--mount" in host
+    assert "--private-tmp" in host
 
 
 def test_a_bind_target_missing_from_the_image_is_refused_by_name(tmp_path: Path) -> None:
@@ -135,7 +141,7 @@ def test_the_command_follows_dockers_rules_over_the_images_config() -> None:
     assert command_of({"entrypoint": ["python"]}, img) == ["python"]
     with pytest.raises(ChRunError, match="give `command:`"):
         command_of({}, ImageConfig())
-    argv = chrun_argv({"network_mode": "host"}, Path("/"), img)
+    argv = chrun_argv({}, Path("/"), img, unshare=None)
     assert argv[argv.index("-c") + 1] == "/w"
 
 
