@@ -47,14 +47,14 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Run as root of the caller's own user and mount namespaces before ch-run: `sh -c PREPARE sh
 #: NETWORK RO... -- CH-RUN...`. A source it cannot make read-only stops the start (exit 70); a
 #: node without `ip` keeps the loopback down, said in the job log, and runs anyway.
-PREPARE = '''net=$1; shift
+PREPARE = '''net=$1; shift; p=/usr/sbin:/usr/bin:/sbin:/bin  # its own tools, not the image's PATH
 while [ "$1" != -- ]; do
-  mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" || {
+  PATH=$p mount --bind "$1" "$1" && PATH=$p mount -o remount,bind,ro "$1" || {
     echo "slurm-idle-run: cannot make $1 read-only: not starting the container" >&2; exit 70; }
   shift
 done
 shift
-if [ "$net" = none ]; then ip link set lo up 2>/dev/null ||
+if [ "$net" = none ]; then PATH=$p ip link set lo up 2>/dev/null ||
   echo "slurm-idle-run: the loopback stays down (ip link failed)" >&2; fi
 exec "$@"'''
 UNSHARE = ("unshare", "--user", "--map-root-user", "--mount")
