@@ -322,3 +322,46 @@ def test_a_node_without_ch_run_fails_70_saying_what_to_install(
     code, log = run(client, spec(tmp_path, "true"))
     assert code == EXIT_START_FAILED and "not found on this node" in log
     assert "apt-get install charliecloud" in log
+
+
+class _FakeExport:
+    """An engine's container of a tiny image: `export()` is its flattened tree as tar chunks."""
+
+    def __init__(self) -> None:
+        import tarfile
+
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, data in (("bin/hello", b"#!/bin/sh\necho hi\n"), ("etc/passwd", b"root:x:0:0::/:/bin/sh\n")):
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), 0o755
+                tar.addfile(info, io.BytesIO(data))
+        self.data = buf.getvalue()
+        self.removed = False
+
+    def export(self) -> Any:
+        yield from (self.data[i:i + 1000] for i in range(0, len(self.data), 1000))
+
+    def remove(self, force: bool = False) -> None:
+        self.removed = True
+
+
+def test_an_exported_image_is_a_ready_directory_with_its_config(tmp_path: Path) -> None:
+    """The project's export: the tree, ch-run's mount points, the params-file stand-in and the
+    image config where ch-image keeps it, renamed into place; the container removed."""
+    from types import SimpleNamespace
+
+    from slurm_idle.testing.images import export_image_dir
+
+    made = _FakeExport()
+    attrs = {"Architecture": "amd64", "Config": {"Entrypoint": ["/bin/hello"], "Env": ["A=1"]}}
+    client = SimpleNamespace(containers=SimpleNamespace(create=lambda *a, **k: made),
+                             images=SimpleNamespace(get=lambda tag: SimpleNamespace(attrs=attrs)))
+    path = export_image_dir(client, IMAGE, tmp_path / "images")
+    assert path == tmp_path / "images" / "slurm-idle%demo+latest" and made.removed
+    assert (path / "bin/hello").read_bytes().startswith(b"#!/bin/sh")
+    for d in ("dev", "proc", "sys", "home", "checkpoint", "run/slurm-idle"):
+        assert (path / d).is_dir(), d
+    assert (path / "run/slurm-idle/params.json").is_file()
+    assert read_image_config(path) == ImageConfig(entrypoint=("/bin/hello",), env=(("A", "1"),))
+    assert [p.name for p in (tmp_path / "images").iterdir()] == [path.name]  # no half-made one
