@@ -67,10 +67,13 @@ def site(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="slurm-idle-ch-"))
     work.chmod(0o755)
     client = docker.DockerClient(base_url=sandbox.docker_host, timeout=120)
-    try:
+    try:  # the work dir goes also when the build or the export fails
         build_demo_image(client)
         for tag in (BUSYBOX_IMAGE, DEMO_IMAGE):
             export_image_dir(client, tag, work / "images", force=True)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     finally:
         client.close()
     # A python the user may run with this tree importable (the venv's may live under /root).

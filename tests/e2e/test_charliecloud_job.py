@@ -54,9 +54,12 @@ def site(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="slurm-idle-ch-e2e-"))
     work.chmod(0o755)  # the runner trusts a config only in a directory root alone may write
     client = docker.DockerClient(base_url=sb.docker_host, timeout=120)
-    try:
+    try:  # the work dir goes also when the build or the export fails
         build_demo_image(client)
         export_image_dir(client, DEMO_IMAGE, work / "images", force=True)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     finally:
         client.close()
     doc = yaml.safe_load(Path(sb.config_path).read_text())
