@@ -9,6 +9,8 @@ APT_PACKAGES=(slurmctld slurmd slurm-client munge prometheus mariadb-server slur
               haproxy nginx-light)  # the router in front of the sandbox; nginx for its contract test
 # Rootless container jobs (job_policy.runtime: podman): podman, its subuid helpers, its init.
 APT_PACKAGES+=(podman uidmap catatonit)
+# Unprivileged HPC containers (job_policy.runtime: charliecloud): ch-run over image directories.
+APT_PACKAGES+=(charliecloud)
 # The shipped journal rotation (etc/logrotate.d/slurm-idle), run for real by its contract test.
 APT_PACKAGES+=(logrotate)
 

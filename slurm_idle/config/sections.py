@@ -146,13 +146,25 @@ class JobPolicyConfig(_Strict):
     allow_root: bool = False
     # The container engine the runner uses: rootless podman (a per-user API socket, no daemon
     # that is root on the node) or docker (its socket is root-equivalent: every researcher who
-    # can use it is root on the node; choose it only where the site accepts that).
-    runtime: Literal["podman", "docker"] = "podman"
+    # can use it is root on the node; choose it only where the site accepts that), or
+    # charliecloud (`ch-run`, unprivileged, no daemon, no store: flattened image directories
+    # under `charliecloud_images`, never pulled).
+    runtime: Literal["podman", "docker", "charliecloud"] = "podman"
+    # charliecloud: where the image directories are, one per image, named as ch-image names its
+    # storage (`slurm-idle/demo:latest` -> `slurm-idle%demo+latest`).
+    charliecloud_images: str = "/var/lib/slurm-idle/images"
     # When the runner may ask a registry for a job's image: `missing` (only when it is not on
     # the node), `always` (every run), `never` (the image must be on the node already: no
     # registry is asked, not even its name resolved; a missing image fails the job before any
     # container starts, in one line naming the image, the node and how to load it).
     pull: Literal["never", "missing", "always"] = "missing"
+
+    @field_validator("charliecloud_images")
+    @classmethod
+    def _absolute_dir(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"charliecloud_images {value!r} must be an absolute directory")
+        return value
 
     @field_validator("mount_prefixes")
     @classmethod

@@ -50,8 +50,17 @@ any container starts, in one line naming the image, the node and how to load it 
 `missing` pulls an absent image, `always` every run. One rule (container.ensure_image) for
 docker and rootless podman alike.
 
-The container always runs as the job's uid:gid, unprivileged, with no-new-privileges, never
-with the engine socket mounted, with `init=True`, and is always removed (finally, plus a
+`job_policy.runtime: charliecloud` runs the container with `ch-run` (unprivileged, no daemon,
+no store; charliecloud.py) as a child of the runner behind the same docker-SDK-shaped calls, so
+the supervisor and everything above are unchanged: the signals, the grace, the urgent stop,
+the exit codes, the ledger and the completion marker. Its image is a directory on the node
+(job_policy.charliecloud_images), never pulled: a missing one fails with exit 70 in one line
+naming the image, the node, the directory and how to make it. ch-run execs in place, so the
+runner's SIGTERM goes to the workload itself; the workload is the caller (the job's user);
+GPUs go by environment (as `--gpu-mode env`); only the container's environment reaches it.
+
+An engine's container always runs as the job's uid:gid, unprivileged, with no-new-privileges,
+never with the engine socket mounted, with `init=True`, and is always removed (finally, plus a
 label-based sweep of leftovers of the same job at start and `--cleanup JOBID` for an Epilog).
 
 GPUs: the indexes Slurm allocated (SLURM_STEP_GPUS / SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES)

@@ -1,16 +1,20 @@
 """`slurm-idle-run`'s command line: read the spec, check it against the node's policy, pick the
-container engine (a rootless podman service or docker), then run_container."""
+container runtime (a rootless podman service, docker, or charliecloud's ch-run), then
+run_container."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import pwd
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from slurm_idle.charliecloud import CharliecloudClient
 from slurm_idle.commands import SubprocessRunner
+from slurm_idle.config import JobPolicyConfig
 from slurm_idle.errors import SlurmIdleError
 from slurm_idle.jobpolicy import check_spec, ignored_config_env, site_policy
 from slurm_idle.jobs import JobSpec, decode_spec, load_job_spec
@@ -18,7 +22,7 @@ from slurm_idle.pipeline import state_dir
 from slurm_idle.podman import PodmanService
 from slurm_idle.runner.container import (
     LABEL_JOB,
-    PullPolicy,
+    Engine,
     engine_sockets,
     remove_job_containers,
     slurm_context,
@@ -56,7 +60,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--docker-host", default=None,
         help=("engine URL (default: the site's job_policy.runtime: a rootless podman service "
-              "started for this job; docker: $DOCKER_HOST or the local socket)"),
+              "started for this job; docker: $DOCKER_HOST or the local socket; charliecloud: "
+              "none, ch-run runs the image directory under job_policy.charliecloud_images)"),
     )
     return p.parse_args(argv)
 
@@ -67,6 +72,12 @@ def _client(docker_host: str | None, timeout: int | None = 60) -> Any:
     if docker_host:
         return docker.DockerClient(base_url=docker_host, timeout=timeout)
     return docker.from_env(timeout=timeout)
+
+
+def _charliecloud(policy: JobPolicyConfig) -> CharliecloudClient:
+    """ch-run children as the job's user (ch-run needs $USER, which a job may lack)."""
+    user = os.environ.get("USER") or pwd.getpwuid(os.getuid()).pw_name
+    return CharliecloudClient(policy.charliecloud_images, user)
 
 
 def main(argv: Sequence[str] | None = None, held: Sequence[int] = ()) -> int:
@@ -96,14 +107,19 @@ def _main(argv: Sequence[str] | None, signals: Signals) -> int:
                                     os.environ.get("SLURM_CLUSTER_NAME", "")),
                        policy, os.geteuid(), resolve=True)
         host = args.docker_host
-        if host is None and policy.runtime == "podman" and not args.cleanup:
+        engine: Engine = "docker" if host is not None else policy.runtime
+        if engine == "charliecloud" and args.cleanup:
+            report.say("charliecloud: nothing to remove (a ch-run container ends with its job step)")
+            return 0
+        if host is None and engine == "podman" and not args.cleanup:
             service = PodmanService.for_job(os.environ.get("SLURM_JOB_ID", ""), os.environ,
                                             report.say)
             host = service.start()
             report.say(f"rootless podman service at {host}")
-        elif host is None:
+        elif host is None and engine != "charliecloud":
             host = os.environ.get("DOCKER_HOST")
-        return _run(args, host, spec, service is not None, signals, report, policy.pull)
+            engine = "docker"
+        return _run(args, host, spec, engine, signals, report, policy)
     except SlurmIdleError as exc:
         report.say(f"error: {exc}")
         return EXIT_START_FAILED
@@ -131,11 +147,11 @@ def _sweep_without_api(
 
 
 def _run(
-    args: argparse.Namespace, host: str | None, spec: JobSpec | None, rootless: bool,
-    signals: Signals, report: Reporter, pull: PullPolicy = "missing",
+    args: argparse.Namespace, host: str | None, spec: JobSpec | None, engine: Engine,
+    signals: Signals, report: Reporter, policy: JobPolicyConfig,
 ) -> int:
     try:
-        client = _client(host)
+        client = _charliecloud(policy) if engine == "charliecloud" else _client(host)
         if args.cleanup:
             for name in remove_job_containers(client, args.cleanup):
                 report.say(f"removed container {name}")
@@ -148,16 +164,23 @@ def _run(
         return EXIT_START_FAILED
     assert spec is not None  # only --cleanup runs without one
     grace = args.grace_s if args.grace_s is not None else spec.grace_s
+    gpu_mode = args.gpu_mode
+    if engine == "charliecloud" and gpu_mode == "nvidia":
+        report.say("--gpu-mode nvidia needs an engine runtime; charliecloud passes the GPUs "
+                   "by environment (--gpu-mode env)")
+        gpu_mode = "env"
+    rootless = engine == "podman"
     settings = RunSettings(
-        grace_s=grace, gpu_mode=args.gpu_mode,
-        pull=pull, engine="podman" if rootless else "docker",
+        grace_s=grace, gpu_mode=gpu_mode,
+        # Charliecloud's image is a directory on the node: never pulled, whatever pull says.
+        pull="never" if engine == "charliecloud" else policy.pull, engine=engine,
         engine_sockets=engine_sockets(host),
         # Rootless: the container's root is the job's user outside (its user namespace), so
         # files it writes in the mounts are the user's; a uid inside would be a subuid.
         uid=0 if rootless else os.getuid(), gid=0 if rootless else os.getgid(),
     )
     # Logs and wait block for as long as the container runs: no read timeout on that client.
-    stream_client = _client(host, timeout=None)
+    stream_client = client if engine == "charliecloud" else _client(host, timeout=None)
     ctx = slurm_context(os.environ)
     slurm = SubprocessRunner()
     settings = replace(settings, ledger_dir=state_dir(os.environ))

@@ -28,7 +28,9 @@ PARAMS_TARGET = "/run/slurm-idle/params.json"
 
 GpuMode = Literal["auto", "nvidia", "env", "off"]
 PullPolicy = Literal["never", "missing", "always"]  # the node's job_policy.pull
-Engine = Literal["docker", "podman"]  # what serves the docker API the runner talks to
+# What answers the docker SDK calls the runner makes: an engine's API, or ch-run children
+# (charliecloud.py).
+Engine = Literal["docker", "podman", "charliecloud"]
 
 
 class Say(Protocol):
@@ -247,6 +249,8 @@ class ImageMissing(SlurmIdleError):
 LOAD_HINTS: dict[Engine, str] = {
     "docker": "docker load -i IMAGE.tar on that node",
     "podman": "podman load -i IMAGE.tar as the job's user on that node",
+    "charliecloud": ("ch-convert -i docker IMAGE DIR where docker has the image, or unpack a "
+                     "`docker export` of a container of it into DIR, on that node"),
 }
 
 
@@ -260,7 +264,8 @@ def ensure_image(client: Any, image: str, report: Say, pull: PullPolicy = "missi
     One rule for every engine the runner drives through the docker SDK: docker and Podman's
     compatible API (4.3, measured) both answer an absent image with a 404 saying "No such
     image" (Podman rewrites its own "image not known" for docker-py), which the SDK raises as
-    ImageNotFound. Any other error is the engine's, reported as it is.
+    ImageNotFound. Any other error is the engine's, reported as it is. Charliecloud has no
+    store and no registry: its image is a directory (named in the ImageNotFound), never pulled.
     """
     import docker.errors
 
@@ -268,9 +273,14 @@ def ensure_image(client: Any, image: str, report: Say, pull: PullPolicy = "missi
         try:
             client.images.get(image)
             return
-        except docker.errors.ImageNotFound:
+        except docker.errors.ImageNotFound as exc:
+            where = node or socket.gethostname()
+            if engine == "charliecloud":
+                raise ImageMissing(
+                    f"image {image} is not on node {where}: charliecloud runs it from the "
+                    f"directory {exc.explanation}, which is not there (no registry is asked): "
+                    f"make it there first ({LOAD_HINTS[engine]})") from None
             if pull == "never":
-                where = node or socket.gethostname()
                 raise ImageMissing(
                     f"image {image} is not on node {where} and job_policy.pull is never (no "
                     f"registry is asked): load it there first ({LOAD_HINTS[engine]})") from None

@@ -110,6 +110,11 @@ class RunSettings:
     # to finish a quick checkpoint, then is force-removed. With the removal it must stay well
     # inside Slurm's KillWait (5 s in etc/slurm.conf.snippet).
     urgent_wait_s: float = 2.0
+    # A container that exits with a code a stop gives (143, 75; 138: killed by SIGUSR1) with
+    # no stop signal seen yet: how long to wait for one. Where the workload is a process of
+    # the job step (charliecloud), Slurm's signal reaches it and the runner within moments of
+    # each other, in either order.
+    stop_race_s: float = 1.0
     # Where the run ledger lives (runlog.py); None: no ledger, every restart counts.
     ledger_dir: Path | None = None
     # The supervisor's time (grace, urgent and kill waits, retry backoff): tests inject a fake.
@@ -209,7 +214,17 @@ def supervise(
     # The engine connection broke while a stop was asked for (a podman API service signalled
     # with the step): no exit code came, so this is the stop, not a failed container.
     if done.is_set() and not ("lost" in result and signals.stop_requested()):
-        return own_exit(result["code"], logs, report)
+        code = result["code"]
+        if not ended_by_the_stop(code, signals, settings):
+            return own_exit(code, logs, report)
+        # The workload got the stop first (Slurm signals every process of the step; a ch-run
+        # workload is one) and ended with it: a stop, requeued, never a failure. Exit 0 is
+        # its own (its last step done), as when the container ended as the stop came.
+        logs.join(timeout=settings.kill_wait_s)
+        report.say(f"container exited with code {code} as the stop signal came: "
+                   "taken as stopped")
+        return EXIT_REQUEUE_ME if signals.usr1.is_set() and not signals.term.is_set() \
+            else EXIT_PREEMPTED
     why = "SIGTERM (preemption or requeue)" if signals.term.is_set() else "SIGUSR1 (time limit near)"
     report.say(f"{why}: forwarding SIGTERM to the container, grace {settings.grace_s:g} s")
     t0 = clock.monotonic()
@@ -251,6 +266,24 @@ def supervise(
     if signals.usr1.is_set() and not signals.term.is_set():
         return EXIT_REQUEUE_ME
     return EXIT_PREEMPTED
+
+
+#: Exit codes a stop gives a workload: its checkpoint exits, and death by Slurm's SIGUSR1
+#: (a workload without a handler for the time-limit warning; SIGTERM's is 143).
+STOP_CODES = (EXIT_PREEMPTED, EXIT_REQUEUE_ME, 128 + signal.SIGUSR1)
+
+
+def ended_by_the_stop(code: int, signals: Signals, settings: RunSettings) -> bool:
+    """A container's own non-zero exit is the stop's when a stop signal has come, or comes
+    within `stop_race_s` of an exit with a code a stop gives (STOP_CODES)."""
+    if code == 0:
+        return False
+    if code not in STOP_CODES or signals.stop_requested():
+        return signals.stop_requested()
+    deadline = settings.clock.monotonic() + settings.stop_race_s
+    while not signals.stop_requested() and (left := deadline - settings.clock.monotonic()) > 0:
+        settings.clock.wait(signals.term, min(settings.poll_s, left))
+    return signals.stop_requested()
 
 
 def own_exit(code: int, logs: threading.Thread, report: Reporter) -> int:

@@ -3,20 +3,25 @@
 `slurm-idle/busybox:latest` is imported from a rootfs tar holding Debian's busybox-static and
 one symlink per applet; `slurm-idle/demo:latest` is built on it from a Dockerfile that COPYs
 etc/examples/demo/demo.sh (the checkpointing demo workload). Both are idempotent: an image
-that already exists is kept unless `force=True`.
+that already exists is kept unless `force=True`. For `job_policy.runtime: charliecloud` each is
+also exported into a flattened directory (charliecloud.py reads it): `docker export` of a
+container of the image, unpacked, plus what ch-run needs of it.
 
     python -m slurm_idle.testing.images [--docker-host unix:///path/docker.sock] [--force]
+                                        [--charliecloud-dir /var/lib/slurm-idle/images]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -114,10 +119,62 @@ def build_demo_image(client: Any, tag: str = DEMO_IMAGE, force: bool = False) ->
     return build_image(client, tag, DEMO_DOCKERFILE, files, force=force)
 
 
+#: Made in every exported directory: ch-run's own mount points, and a stand-in for the params
+#: file the runner binds (ch-run cannot create a bind target in a read-only image).
+CH_DIRS = ("dev", "proc", "sys", "home", "mnt", "run/slurm-idle", "checkpoint", "ch")
+CH_FILES = ("etc/passwd", "etc/group", "etc/hosts", "etc/resolv.conf", "run/slurm-idle/params.json")
+
+
+def export_image_dir(client: Any, tag: str, root: str | Path, force: bool = False) -> Path:
+    """Flatten `tag` from the engine into `root`'s image directory for ch-run (no network).
+
+    The image's config goes to `ch/config.pulled.json`, where `ch-image pull` keeps it (the
+    entrypoint, CMD, env and working directory a flattened tree would lose). The directory is
+    made beside its final name and renamed into place: a half-made image is never run.
+    """
+    from slurm_idle.charliecloud import image_dir
+
+    final = image_dir(root, tag)
+    if final.is_dir() and not force:
+        return final
+    Path(root).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".export-", dir=root))
+    # Never started: a command only because the engine wants one for an image without any.
+    container = client.containers.create(tag, command=["/bin/true"], network_mode="none")
+    try:
+        with tempfile.TemporaryFile() as tar:
+            for chunk in container.export():
+                tar.write(chunk)
+            tar.seek(0)
+            with tarfile.open(fileobj=tar) as t:
+                if hasattr(tarfile, "tar_filter"):  # Python 3.11.4+: no member outside `work`
+                    t.extractall(work, filter="tar")
+                else:
+                    t.extractall(work)  # our own engine's export of a local image
+    finally:
+        container.remove(force=True)
+    for d in CH_DIRS:
+        (work / d).mkdir(parents=True, exist_ok=True)
+    for f in CH_FILES:
+        (work / f).touch(exist_ok=True)
+    attrs = client.images.get(tag).attrs
+    config = {"architecture": attrs.get("Architecture", ""), "config": attrs.get("Config") or {},
+              "history": []}
+    (work / "ch" / "config.pulled.json").write_text(json.dumps(config, indent=2) + "\n")
+    work.chmod(0o755)
+    if final.exists():
+        shutil.rmtree(final)
+    work.rename(final)
+    return final
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Build slurm-idle's local test/demo images.")
     p.add_argument("--docker-host", default=os.environ.get("DOCKER_HOST"))
     p.add_argument("--force", action="store_true", help="rebuild even if the images exist")
+    p.add_argument("--charliecloud-dir", metavar="DIR",
+                   help="also export each image into a directory under DIR for ch-run "
+                        "(job_policy.charliecloud_images)")
     args = p.parse_args(argv)
     import docker
     import docker.errors
@@ -125,8 +182,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         client = (docker.DockerClient(base_url=args.docker_host) if args.docker_host
                   else docker.from_env())
-        print(import_busybox(client, force=args.force))
-        print(build_demo_image(client, force=args.force))
+        tags = [import_busybox(client, force=args.force), build_demo_image(client, force=args.force)]
+        for tag in tags:
+            print(tag)
+            if args.charliecloud_dir:
+                print(export_image_dir(client, tag, args.charliecloud_dir, force=args.force))
     except (docker.errors.DockerException, RuntimeError, OSError) as exc:
         # One line with the engine's own message (e.g. dockerd refusing to import the rootfs).
         print(f"images: {' '.join(str(exc).split())}", file=sys.stderr)

@@ -320,3 +320,42 @@ def test_a_signal_while_the_runner_is_imported_is_held_and_replayed(
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, (done.returncode, done.stderr[-400:])
     assert done.stdout.strip() == seen
+
+
+@pytest.mark.parametrize("code, stop, expected", [
+    (EXIT_PREEMPTED, "on_term", EXIT_PREEMPTED),
+    (EXIT_REQUEUE_ME, "on_usr1", EXIT_REQUEUE_ME),
+    (128 + signal.SIGUSR1, "on_usr1", EXIT_REQUEUE_ME),  # no handler: killed by the warning
+])
+def test_a_workload_slurm_signalled_first_is_requeued_not_failed(
+        tmp_path: Path, code: int, stop: str, expected: int) -> None:
+    """Where the workload is a process of the job step (charliecloud's ch-run), Slurm's signal
+    reaches it and the runner in either order: its checkpoint exit coming a moment before
+    the runner's own signal is the stop's (requeued), not a failure (measured on the sandbox:
+    a reclaim made such a job FAILED with 1)."""
+    signals = Signals()
+
+    def on_start(c: FakeContainer) -> None:
+        c.exit(code)
+        threading.Timer(0.2, getattr(signals, stop)).start()
+
+    early: list[str] = []
+    got, log = run(FakeClient(on_start=on_start), spec(tmp_path), signals, early=early)
+    assert got == expected, log
+    assert "as the stop signal came: taken as stopped" in log
+    assert early == (["early"] if stop == "on_term" else [])
+
+
+@pytest.mark.parametrize("code, expected", [(1, EXIT_PREEMPTED), (0, 0)])
+def test_an_exit_as_the_stop_came_is_the_stops_unless_it_is_0(
+        tmp_path: Path, code: int, expected: int) -> None:
+    """The stop already seen when the code comes: any non-zero code is the stop's; exit 0 is
+    the container's own (its last step done: complete, not run again)."""
+    signals = Signals()
+
+    def on_start(c: FakeContainer) -> None:
+        signals.on_term()
+        c.exit(code)
+
+    got, log = run(FakeClient(on_start=on_start, exits_on_term=False), spec(tmp_path), signals)
+    assert got == expected, log
