@@ -19,6 +19,7 @@ Pure but for reading the small state files (jobview.py).
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -58,8 +59,9 @@ def job_rows(
     Keys (stable, `jobs --json`): job_id, name, user, state, restarts, runs, preemptions,
     failures, exit_code, signal, node, gpus, start, end, checkpoint_age_s, pipeline, step,
     reason, log, partition. runs/preemptions/failures are None when neither accounting nor a
-    readable ledger knows the job (`runs` given empty: the web view's queue-only rows). `user` None: everyone's. `states`: keep a job whose state, or the
-    end state of any of its runs, is one of them (so `PREEMPTED` finds jobs preempted once).
+    readable ledger knows the job (`runs` empty: the web view's queue-only rows). `user`
+    None: everyone's. `states`: keep a job whose state, or the end state of any of its runs,
+    is one of them (so `PREEMPTED` finds jobs preempted once).
     """
     by_id: dict[int, list[AcctJob]] = {}
     for run in runs:
@@ -68,59 +70,101 @@ def job_rows(
     wanted = {s.upper() for s in states}
     rows = []
     for job_id in sorted(set(by_id) | set(queued)):
-        job = queued.get(job_id)
-        history = sorted(by_id.get(job_id, ()), key=lambda r: (r.start or float("inf"), r.restarts))
-        latest = history[-1] if history else None
-        comment = job.comment if job is not None else latest.comment if latest else ""
-        tags = parse_job_comment(comment, tag)
-        part = job.partition if job is not None else latest.partition if latest else ""
-        if tags is None and not (partition and partition in part.split(",")):
+        seen = Seen(job_id, queued.get(job_id), tuple(sorted(
+            by_id.get(job_id, ()), key=lambda r: (r.start or float("inf"), r.restarts))))
+        if seen.tags(tag) is None and not (partition and partition in seen.partition.split(",")):
             continue
-        owner = job.user if job is not None else latest.user if latest else ""
-        if user and owner != user:
+        if (user and seen.owner != user) or (wanted and not wanted & seen.states):
             continue
-        state = job.state if job is not None else _state(latest)
-        if wanted and not (wanted & ({state} | {r.state for r in history})):
-            continue
-        rec = job_record(root, job_id, cluster or "") or {}
-        ledger = runlog.read(root, job_id, cluster)
-        summary = runlog.summarize(ledger) if ledger else None
-        ended = [r for r in history if r.state not in UNENDED_STATES and r.end is not None]
-        # The last run's end, once the job has ended (not a requeued job's earlier run's).
-        last = ended[-1] if ended and state not in UNENDED_STATES else None
-        rows.append({
-            "job_id": job_id,
-            "name": job.name if job is not None else latest.name if latest else "",
-            "user": owner,
-            "state": state,
-            "restarts": job.restart_count if job is not None else _restarts(history),
-            "runs": (sum(1 for r in history if r.start is not None) if history
-                     else summary.runs if summary else None),
-            "preemptions": (summary.preemptions if summary
-                            else sum(1 for r in ended if is_preemption(r)) if history else None),
-            "failures": (summary.failures if summary
-                         else sum(1 for r in ended if r.state in FAILURE_STATES) if history
-                         else None),
-            "exit_code": last.exit_code if last else None,
-            "signal": last.signal if last else None,
-            "node": ",".join(job.nodes if job is not None and job.nodes
-                             else latest.nodes if latest else ()),
-            "gpus": job.gpus if job is not None else latest.gpus if latest else 0,
-            "start": iso_utc(min((r.start for r in history if r.start), default=None)
-                          or (job.start_time if job is not None else None)),
-            "end": iso_utc(last.end) if last else None,
-            "checkpoint_age_s": checkpoint_age_s(rec.get("checkpoint"), now),
-            "pipeline": (tags or {}).get("pipeline"),
-            "step": (tags or {}).get("step"),
-            "reason": _reason(job, last, summary),
-            "log": rec.get("log"),
-            "partition": part,
-        })
+        rows.append(_row(seen, tag, root, now, cluster))
     return rows
 
 
-def _state(run: AcctJob | None) -> str:
-    return run.state if run is not None else "UNKNOWN"
+@dataclass(frozen=True)
+class Seen:
+    """One job as the queue (`job`, while Slurm holds it) and accounting (`history`, its runs
+    oldest first) show it; the queue wins where both say something."""
+
+    job_id: int
+    job: SlurmJob | None
+    history: tuple[AcctJob, ...]
+
+    @property
+    def latest(self) -> AcctJob | None:
+        return self.history[-1] if self.history else None
+
+    def pick(self, field: str, default: Any = "") -> Any:
+        """`field` (both records have it) from the queue while Slurm holds the job, else from
+        its latest run."""
+        if self.job is not None:
+            return getattr(self.job, field)
+        return getattr(self.latest, field) if self.latest is not None else default
+
+    def tags(self, tag: str) -> dict[str, str] | None:
+        return parse_job_comment(self.pick("comment"), tag)
+
+    @property
+    def partition(self) -> str:
+        return str(self.pick("partition"))
+
+    @property
+    def owner(self) -> str:
+        return str(self.pick("user"))
+
+    @property
+    def state(self) -> str:
+        return str(self.pick("state", "UNKNOWN"))
+
+    @property
+    def states(self) -> set[str]:
+        """The state now and every run's end state."""
+        return {self.state} | {r.state for r in self.history}
+
+    @property
+    def ended(self) -> list[AcctJob]:
+        return [r for r in self.history if r.state not in UNENDED_STATES and r.end is not None]
+
+    @property
+    def last(self) -> AcctJob | None:
+        """The last run's end, once the job has ended (not a requeued job's earlier run's)."""
+        ended = self.ended
+        return ended[-1] if ended and self.state not in UNENDED_STATES else None
+
+
+def _row(seen: Seen, tag: str, root: Path, now: float, cluster: str | None) -> dict[str, Any]:
+    job, history, last, ended = seen.job, seen.history, seen.last, seen.ended
+    rec = job_record(root, seen.job_id, cluster or "") or {}
+    ledger = runlog.read(root, seen.job_id, cluster)
+    summary = runlog.summarize(ledger) if ledger else None
+    tags = seen.tags(tag) or {}
+    return {
+        "job_id": seen.job_id,
+        "name": seen.pick("name"),
+        "user": seen.owner,
+        "state": seen.state,
+        "restarts": job.restart_count if job is not None else _restarts(history),
+        "runs": (sum(1 for r in history if r.start is not None) if history
+                 else summary.runs if summary else None),
+        "preemptions": (summary.preemptions if summary
+                        else sum(1 for r in ended if is_preemption(r)) if history else None),
+        "failures": (summary.failures if summary
+                     else sum(1 for r in ended if r.state in FAILURE_STATES) if history
+                     else None),
+        "exit_code": last.exit_code if last else None,
+        "signal": last.signal if last else None,
+        "node": ",".join(job.nodes if job is not None and job.nodes
+                         else seen.latest.nodes if seen.latest else ()),
+        "gpus": seen.pick("gpus", 0),
+        "start": iso_utc(min((r.start for r in history if r.start), default=None)
+                         or (job.start_time if job is not None else None)),
+        "end": iso_utc(last.end) if last else None,
+        "checkpoint_age_s": checkpoint_age_s(rec.get("checkpoint"), now),
+        "pipeline": tags.get("pipeline"),
+        "step": tags.get("step"),
+        "reason": _reason(job, last, summary),
+        "log": rec.get("log"),
+        "partition": seen.partition,
+    }
 
 
 def _restarts(history: Sequence[AcctJob]) -> int:
