@@ -201,10 +201,16 @@ def jobs(ctx: Context, user: str | None, all_users: bool, since: str, until: str
                f"{'FAILED':>6} {'EXIT':>4}  {'NODE':8} {'CKPT_AGE':>8}  REASON")
     for r in rows:
         age = "-" if r["checkpoint_age_s"] is None else f"{r['checkpoint_age_s']:.0f}s"
-        code = "-" if r["exit_code"] is None else r["exit_code"]
-        click.echo(f"{r['job_id']:>8}  {r['name'][:20]:20} {r['state'][:11]:11} {r['runs']:>4} "
-                   f"{r['preemptions']:>7} {r['failures']:>6} {code:>4}  "
+        runs, pre, fail, code = (_dash(r[k]) for k in ("runs", "preemptions", "failures",
+                                                        "exit_code"))
+        click.echo(f"{r['job_id']:>8}  {r['name'][:20]:20} {r['state'][:11]:11} {runs:>4} "
+                   f"{pre:>7} {fail:>6} {code:>4}  "
                    f"{r['node'][:8] or '-':8} {age:>8}  {r['reason'] or '-'}")
+
+
+def _dash(value: Any) -> str:
+    """A count or code for the table; unknown (None: no accounting, no ledger) is `-`."""
+    return "-" if value is None else str(value)
 
 
 def _accounting(slurm: Any, since: float, until: float | None,

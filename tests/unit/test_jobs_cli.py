@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "etc" / "examples"
 
@@ -117,3 +119,35 @@ def test_web_without_the_extra_or_with_help() -> None:
     """`web --help` documents the safe default bind and the missing-login caveat."""
     r = cli("web", "--help")
     assert r.returncode == 0 and "127.0.0.1" in r.stdout and "SSO" in r.stdout
+
+
+def test_jobs_without_accounting_lists_the_queue_and_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sacct failing (no slurmdbd): the queue's jobs are listed, unknown counts as `-` (text)
+    and null (JSON), a warning says why, exit 0; -u and --all filter by user."""
+    from click.testing import CliRunner
+
+    from slurm_idle.cli import jobs_cmd
+    from slurm_idle.cli import main as cli_main
+    from slurm_idle.model import SlurmJob
+    from slurm_idle.testing.fakes import FakeSlurm
+
+    me = jobs_cmd._me()
+    fake = FakeSlurm(job_list=[
+        SlurmJob(job_id=5, name="mine", partition="idle", state="PENDING", user=me,
+                 state_reason="Resources"),
+        SlurmJob(job_id=6, name="theirs", partition="idle", state="RUNNING", user="zed")],
+        fail_on={"accounting"})
+    monkeypatch.setattr(jobs_cmd, "_slurm", lambda cfg: fake)
+    monkeypatch.setenv("SLURM_IDLE_STATE_DIR", str(tmp_path / "state"))
+    cfg = site_config(tmp_path)
+    res = CliRunner().invoke(cli_main, ["--config", str(cfg), "jobs"])
+    assert res.exit_code == 0, res.output
+    assert "listing the queue only" in res.stderr
+    assert "mine" in res.stdout and "theirs" not in res.stdout and "Resources" in res.stdout
+    res = CliRunner().invoke(cli_main, ["--config", str(cfg), "jobs", "--all", "--json"])
+    doc = json.loads(res.stdout)
+    rows = {r["job_id"]: r for r in doc["jobs"]}
+    assert sorted(rows) == [5, 6] and doc["accounting"].startswith("no job history")
+    assert rows[5]["runs"] is None and rows[5]["preemptions"] is None
+    assert rows[6]["reason"] is None and doc["until"] is None
