@@ -29,9 +29,23 @@ models: [{name: m, nodes: "gpu[1-2]", tokens_per_s_per_replica: 1000}]
 """
 
 
-@pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[str]:
-    """A Prometheus on loopback that scrapes nothing: its URL."""
+def ready(url: str) -> bool:
+    """Prometheus answers 503 to queries until its TSDB is open: wait for /-/ready, not the port
+    (seen in the 24.11 lane: a query right after the port opened got 503s)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Prometheus on loopback that scrapes nothing, ready for queries: its URL."""
+    tmp_path = tmp_path_factory.mktemp("prometheus")
     if not shutil.which("prometheus"):
         pytest.fail("prometheus is not installed (Debian package `prometheus`)")
     (tmp_path / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n")
@@ -42,8 +56,9 @@ def prometheus(tmp_path: Path) -> Iterator[str]:
         tmp_path / "prometheus.log", {**os.environ, procs.MARKER: str(tmp_path)},
         procs.PidFile(tmp_path / "prom.pid"))]
     try:
-        procs.wait_for(lambda: procs.port_open(port), 30, "prometheus")
-        yield f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        procs.wait_for(lambda: ready(url), 60, "prometheus ready")
+        yield url
     finally:
         assert not procs.terminate(pids), "had to SIGKILL prometheus"
 

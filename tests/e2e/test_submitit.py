@@ -161,6 +161,13 @@ def test_a_submitit_checkpointable_survives_slurms_preemption_in_jobs_placement(
         sb.load_jobs(0.5)  # lent again: the requeued job resumes there
         tick_until(sb, ["lent", "serving"])
         poll(job.done, 240, f"submitit job {job.job_id} to finish", interval_s=1.0)
+        # Before the cleanup below cancels what is left on gpu8 (on 24.11 the job may be
+        # queued for a run more: see check_resumed).
+        states = sb.run(["sacct", "-j", str(job.job_id), "-X", "-D", "-n", "-o", "State"]
+                        ).stdout.split()
+        assert {"PREEMPTED", "REQUEUED"} & set(states), states
+        assert not {"FAILED", "CANCELLED"} & set(states), states
+        check_resumed(job, progress, sb)
     finally:
         ids = sb.run(["squeue", "-h", "-w", sandboxconf.JOBS_NODE, "-o", "%A"]).stdout.split()
         ids += sb.run(["squeue", "-h", "-p", sandboxconf.JOBS_PARTITION, "-o", "%A"]).stdout.split()
@@ -168,7 +175,3 @@ def test_a_submitit_checkpointable_survives_slurms_preemption_in_jobs_placement(
             sb.run(["scancel", *sorted(set(ids))])
         sb.load_jobs(0.0)
         sb.jobs_node(False)
-    states = sb.run(["sacct", "-j", str(job.job_id), "-X", "-D", "-n", "-o", "State"]).stdout.split()
-    assert {"PREEMPTED", "REQUEUED"} & set(states), states
-    assert not {"FAILED", "CANCELLED"} & set(states), states
-    check_resumed(job, progress, sb)
