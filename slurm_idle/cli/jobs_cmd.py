@@ -201,9 +201,9 @@ def jobs(ctx: Context, user: str | None, all_users: bool, since: str, until: str
                f"{'FAILED':>6} {'EXIT':>4}  {'NODE':8} {'CKPT_AGE':>8}  REASON")
     for r in rows:
         age = "-" if r["checkpoint_age_s"] is None else f"{r['checkpoint_age_s']:.0f}s"
-        runs, pre, fail, code = (_dash(r[k]) for k in ("runs", "preemptions", "failures",
-                                                        "exit_code"))
-        click.echo(f"{r['job_id']:>8}  {r['name'][:20]:20} {r['state'][:11]:11} {runs:>4} "
+        n_runs, pre, fail, code = (_dash(r[k]) for k in ("runs", "preemptions", "failures",
+                                                          "exit_code"))
+        click.echo(f"{r['job_id']:>8}  {r['name'][:20]:20} {r['state'][:11]:11} {n_runs:>4} "
                    f"{pre:>7} {fail:>6} {code:>4}  "
                    f"{r['node'][:8] or '-':8} {age:>8}  {r['reason'] or '-'}")
 
