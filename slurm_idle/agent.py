@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from slurm_idle import filesd
 from slurm_idle.config import Config, ReplicaConfig
@@ -32,6 +32,7 @@ from slurm_idle.journal import (
     StepOutcome,
     TickRecord,
 )
+from slurm_idle.leadership import ENGINE_WRITES, SLURM_WRITES, Fenced, Leadership
 from slurm_idle.lock import Holder, inspect, try_lock
 from slurm_idle.logs import get_logger
 from slurm_idle.model import (
@@ -91,6 +92,11 @@ class TickResult:
     started: float = 0.0  # unix seconds the tick began
     router_changes: list[dict[str, Any]] = field(default_factory=list)  # the tick's reconcile
     router_errors: int = 0  # failed router calls (reconcile and transitions)
+    # Under a lease (ha.enabled): set when another agent leads, so this one only watched.
+    standby: str | None = None
+    leader: dict[str, Any] | None = None  # the lease as last read (status, textfile)
+    leads: bool | None = None  # this agent held the lease for the pass (None: ha off)
+    instance: str | None = None
 
     @property
     def errors(self) -> int:
@@ -99,6 +105,8 @@ class TickResult:
 
     def as_json(self) -> dict[str, Any]:
         return {
+            "standby": self.standby,
+            "leads": self.leads,
             "locked_out": self.locked_out,
             "lock_problem": self.lock_problem,
             "duration_s": round(self.duration_s, 3),
@@ -152,12 +160,34 @@ class Agent:
     trust: ReplicaTrust | None = None
     # The nodes' GPU memory (metrics/gpus.py); None: not observed (NodeView.gpus stays None).
     gpus: GpuSource | None = None
+    # Several agents, one actor (leadership.py): None acts alone under its lock, as before.
+    leadership: Leadership | None = None
 
     def __post_init__(self) -> None:
         if self.journal is None:
             self.journal = Journal(Path(self.config.paths.journal))
+        if self.leadership is not None and not isinstance(self.slurm, Fenced):
+            self._lead_under(self.leadership)
         if self.trust is None:
             self.trust = trust_for(self.config, create=True, now=self.clock())
+
+    def _lead_under(self, leadership: Leadership) -> None:
+        """Journal records carry the epoch; Slurm and engine writes are fenced by the lease."""
+        assert self.journal is not None
+        self.journal = replace(self.journal, stamp=leadership.stamp)
+        if leadership.on_event is None:
+            leadership.on_event = self.journal.record
+        self.slurm = cast(PoolSlurm, Fenced(self.slurm, SLURM_WRITES, leadership.fence))
+        engine_for = self.engine_for
+        engines: dict[str, Engine] = {}
+
+        def fenced_engine(model: str) -> Engine:
+            if model not in engines:
+                engines[model] = cast("Engine", Fenced(engine_for(model), ENGINE_WRITES,
+                                                        leadership.fence))
+            return engines[model]
+
+        self.engine_for = fenced_engine
 
     def observe(self, budget_s: float | None = None) -> Observation:
         obs = observe(self.config, self.slurm, self.metrics, self.clock(),
@@ -176,10 +206,36 @@ class Agent:
         """
         if dry_run:
             return self._tick_locked(dry_run)
+        if self.leadership is not None and not self.leadership.step():
+            return self._standby(self.leadership)
         with try_lock(self.config.paths.lock, self.clock()) as locked:
             if not locked:
                 return self._locked_out()
-            return self._tick_locked(dry_run)
+            result = self._tick_locked(dry_run)
+        self._note_leadership(result)
+        return result
+
+    def _note_leadership(self, result: TickResult) -> None:
+        lease = self.leadership
+        if lease is None:
+            return
+        result.instance = lease.instance
+        result.leads = lease.valid()
+        result.leader = lease.last.as_json(self.clock()) if lease.last is not None else None
+
+    def _standby(self, leadership: Leadership) -> TickResult:
+        """Another agent leads (or none yet, and this one is still watching): observe nothing,
+        act on nothing; the textfile says who leads and how old the lease is."""
+        now = self.clock()
+        lease = leadership.last
+        who = (f"{lease.instance} on {lease.host} leads (epoch {lease.epoch}, renewed "
+               f"{lease.age_s(now):.0f} s ago)" if lease is not None and lease.instance
+               else "no agent leads yet")
+        result = TickResult(None, started=now, standby=f"standby: {who}")
+        self._note_leadership(result)
+        if self.on_tick is not None and self.journal_empty:
+            self.on_tick(result)
+        return result
 
     def _locked_out(self) -> TickResult:
         now = self.clock()

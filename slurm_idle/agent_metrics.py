@@ -62,6 +62,16 @@ METRICS: dict[str, tuple[str, str]] = {
         ("1 per GPU of a node handed to the admin because someone else held its memory past "
          "timeouts.gpu_free_s, by node, gpu and holder (MiB held as label mib)."),
     ),
+    "slurm_idle_leader": (
+        "gauge",
+        ("1 while this agent holds the leadership lease (ha.enabled), 0 while it stands by, "
+         "by instance; no sample without ha."),
+    ),
+    "slurm_idle_lease_age_seconds": (
+        "gauge",
+        ("Seconds since the leadership lease was last renewed, as this agent read it (ha.enabled); "
+         "no sample without ha or before any lease exists."),
+    ),
     "slurm_idle_wake_failed": (
         "gauge",
         ("1 per node handed to the admin because its replica's starts or wakes kept failing, "
@@ -173,6 +183,8 @@ def render(
                                   "mib": str(g.used_mib)}, 1) for g in gpu_held],
         "slurm_idle_wake_failed": [({"node": w.node, "replica": w.replica, "error": w.error[:120]}, 1)
                                    for w in wake_failed],
+        "slurm_idle_leader": [],
+        "slurm_idle_lease_age_seconds": [],
     }
     # HELP/TYPE even without samples: every family is declared in every file.
     lines = [line for name in METRICS for line in _family_lines(name, samples[name])]
@@ -221,6 +233,18 @@ def set_lock_blocked(path: str | os.PathLike[str], seconds: float, pid: int | No
     """
     labels = {"pid": str(pid or ""), "command": command[:80]}
     _replace_family(Path(path), "slurm_idle_lock_blocked_seconds", [(labels, round(seconds, 1))])
+
+
+def set_leadership(path: str | os.PathLike[str], instance: str, leads: bool,
+                   lease_age_s: float | None) -> None:
+    """Who leads, as this agent sees it (leadership.py): its own gauge and the lease's age.
+
+    Written after every full pass, the standby's too (whose other gauges are left as they were:
+    a standby observes nothing)."""
+    target = Path(path)
+    _replace_family(target, "slurm_idle_leader", [({"instance": instance}, float(leads))])
+    _replace_family(target, "slurm_idle_lease_age_seconds",
+                    [] if lease_age_s is None else [({}, round(lease_age_s, 1))])
 
 
 def _replace_family(target: Path, name: str, samples: list[tuple[dict[str, str], float]]) -> None:

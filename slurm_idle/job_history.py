@@ -27,6 +27,7 @@ from typing import Any
 from slurm_idle import runlog
 from slurm_idle.jobs import parse_job_comment
 from slurm_idle.jobview import checkpoint_age_s
+from slurm_idle.leadership import LEASE_JOB_NAME
 from slurm_idle.model import SlurmJob
 from slurm_idle.pipeline import job_record
 from slurm_idle.report import is_preemption
@@ -73,6 +74,8 @@ def job_rows(
         seen = Seen(job_id, queued.get(job_id), tuple(sorted(
             by_id.get(job_id, ()), key=lambda r: (r.start or float("inf"), r.restarts))))
         if seen.tags(tag) is None and not (partition and partition in seen.partition.split(",")):
+            continue
+        if seen.pick("name") == LEASE_JOB_NAME:  # the agents' leadership lease, not a job
             continue
         if (user and seen.owner != user) or (wanted and not wanted & seen.states):
             continue

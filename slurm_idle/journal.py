@@ -57,7 +57,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -84,11 +84,15 @@ class Journal:
     """Append-only JSON-lines file."""
 
     path: Path
+    # What every record gets besides its own keys (the leader's epoch and instance, leadership.py).
+    stamp: Callable[[], Mapping[str, Any]] | None = field(default=None, compare=False)
 
     def append(self, record: JournalRecord | dict[str, Any]) -> None:
         """Append one record; `time` is derived from `ts` if missing."""
         if not isinstance(record, dict):
             record = record.to_json()
+        if self.stamp is not None:
+            record = {**record, **{k: v for k, v in self.stamp().items() if k not in record}}
         if "ts" in record and "time" not in record:
             record = {"time": iso(float(record["ts"])), **record}
         line = json.dumps(record, sort_keys=False, default=str) + "\n"

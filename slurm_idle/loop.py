@@ -59,6 +59,19 @@ def run_loop(
     # fast checks journal only when they act, and leave the textfile to the full ticks
     fast_agent = replace(agent, planner=fast_plan, journal_empty=False, on_tick=None)
     stats = LoopStats()
+    args = (agent, fast_agent, stop, clock, on_pass, max_passes, pause, stats, tick_s, fast_s)
+    if agent.leadership is None:
+        _passes(*args)
+        return stats
+    with agent.leadership.renewing():
+        _passes(*args)
+    return stats
+
+
+def _passes(agent: Agent, fast_agent: Agent, stop: threading.Event, clock: Callable[[], float],
+            on_pass: Callable[[str, TickResult], None] | None, max_passes: int | None,
+            pause: Callable[[float], object], stats: LoopStats, tick_s: float,
+            fast_s: float) -> None:
     next_tick = clock()
     passes = 0
     while not stop.is_set() and (max_passes is None or passes < max_passes):
@@ -87,4 +100,3 @@ def run_loop(
             delay = fast_s
         if delay > 0 and not stop.is_set():
             pause(delay)
-    return stats

@@ -6,6 +6,7 @@ Kept apart from the CLI so that scripts (demo, benchmarks) and tests build agent
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -95,7 +96,18 @@ def _textfile_writer(config: Config) -> Callable[[TickResult], None]:
     from slurm_idle.agent_metrics import set_lock_blocked, write_textfile
 
     def write(result: TickResult) -> None:
+        _write(result)
+        if result.instance is not None:  # under a lease: who leads, also from a standby
+            from slurm_idle.agent_metrics import set_leadership
+
+            assert config.paths.textfile is not None
+            age = result.leader["age_s"] if result.leader else None
+            set_leadership(config.paths.textfile, result.instance, bool(result.leads), age)
+
+    def _write(result: TickResult) -> None:
         assert config.paths.textfile is not None
+        if result.standby is not None:  # observed nothing: the other gauges stay as they were
+            return
         if result.lock_holder is not None:  # locked out by a stranger: only that gauge
             holder = result.lock_holder
             set_lock_blocked(config.paths.textfile, holder.held_s or 0.0, holder.pid,
@@ -205,3 +217,21 @@ def serving_after(result: TickResult, config: Config | None = None) -> dict[str,
         if takes_traffic(final.get(view.name, view.phase)) and not asleep:
             counts[view.model] = counts.get(view.model, 0) + 1
     return counts
+
+
+def under_lease(agent: Agent, instance: str | None = None) -> Agent:
+    """The agent acting only while it holds the leadership lease (ha.enabled; leadership.py),
+    or itself unchanged when ha is off. `instance` names it (default: the short host name)."""
+    import socket
+
+    from slurm_idle.leadership import Leadership, SlurmLeaseStore
+
+    config = agent.config
+    if not config.ha.enabled:
+        return agent
+    host = socket.gethostname().split(".")[0]
+    store = SlurmLeaseStore(agent.slurm,  # type: ignore[arg-type]  # the backend, unfenced
+                            config.ha.partition or config.slurm.lend_partition)
+    leadership = Leadership(store, instance or host, host, lease_s=config.ha.lease_s,
+                            settle_s=config.ha.settle_s)
+    return replace(agent, leadership=leadership)

@@ -67,7 +67,7 @@ COMMAND_MODULES = {
     "explain": "tick_cmd", "jobs": "jobs_cmd", "lend": "tick_cmd", "metrics": "metrics_cmd",
     "pin": "tick_cmd", "pipeline": "jobs_cmd", "reclaim": "tick_cmd", "report": "report_cmd",
     "simulate": "simulate_cmd", "status": "tick_cmd", "submit": "jobs_cmd", "tick": "tick_cmd",
-    "unpin": "tick_cmd", "web": "web_cmd",
+    "unpin": "tick_cmd", "watchdog": "watchdog_cmd", "web": "web_cmd",
 }
 
 

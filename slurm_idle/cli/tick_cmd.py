@@ -38,8 +38,11 @@ log = get_logger(__name__)
 @main.command()
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the actions and steps taken as JSON.")
+@click.option("--instance", metavar="NAME", default=None,
+              help="This tick's name in the leadership lease (ha.enabled), default: the short "
+                   "host name.")
 @pass_ctx
-def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
+def tick(ctx: Context, dry_run: bool, as_json: bool, instance: str | None) -> None:
     """One reconcile pass: lock, observe, plan, act, journal.
 
     Run it from cron every minute. It prints one line per transition made (stdout) and
@@ -50,9 +53,23 @@ def tick(ctx: Context, dry_run: bool, as_json: bool) -> None:
     line on stderr and makes the tick exit 1; the next tick retries it. Transitions that need longer than the tick budget (engine cold
     start, jobs leaving a node) are left in their phase, written in Slurm, and carried on by
     the next tick.
+
+    With ha.enabled the tick acts only if it can take the leadership lease (free, handed back,
+    or not renewed for 2 x ha.lease_s) and hands it back when done; while an agent leads it
+    only says so (-v).
     """
+    from slurm_idle.wiring import under_lease
+
     agent = ctx.agent(read_only=dry_run)
-    result = agent.tick(dry_run=dry_run)
+    if not dry_run:
+        agent = under_lease(agent, instance)
+    if agent.leadership is None:
+        result = agent.tick(dry_run=dry_run)
+    else:
+        with agent.leadership.renewing():
+            result = agent.tick()
+    if result.standby:
+        log.info("%s; nothing to do", result.standby)
     if as_json:
         echo_json(result.as_json() | {"dry_run": dry_run})
     elif result.locked_out:
@@ -123,14 +140,59 @@ def status(ctx: Context, as_json: bool) -> None:
     router_line = _add_router_states(agent, nodes)
     replicas = replica_rows(obs, agent.config, probe_serving(obs, agent.config, agent.engine_for))
     annotate(replicas, read(since_path(agent.config.paths.journal)))
+    leader, ha_events = _leadership(agent, obs.now)
     if as_json:
         echo_json({"nodes": nodes, "models": models, "errors": errors,
                    "replicas": replicas, "groups": group_rows(obs, agent.config),
-                   "attention": attention(replicas)})
+                   "attention": attention(replicas), "leader": leader, "ha_events": ha_events})
     else:
         click.echo(render_status(nodes, models, errors, replicas, now=obs.now))
         if router_line:
             click.echo(router_line)
+        if agent.config.ha.enabled:
+            click.echo(_leader_line(leader, agent.config.ha.lease_s))
+            for event in ha_events:
+                click.echo(f"  {event.get('time', '')} {_ha_event_line(event)}")
+
+
+#: How far back `status` lists leadership changes and watchdog actions.
+HA_EVENTS_S = 86400.0
+
+
+def _leadership(agent: Agent, now: float) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The lease in Slurm (ha.enabled) and the last day's leadership and watchdog records."""
+    if not agent.config.ha.enabled:
+        return None, []
+    from slurm_idle.leadership import SlurmLeaseStore
+
+    config = agent.config
+    try:
+        lease = SlurmLeaseStore(agent.slurm,  # type: ignore[arg-type]  # the backend
+                                config.ha.partition or config.slurm.lend_partition).read()
+    except SlurmIdleError as exc:
+        log.warning("cannot read the leadership lease: %s", exc)
+        lease = None
+    events = [r for r in Journal(Path(config.paths.journal)).records(since=now - HA_EVENTS_S)
+              if r.get("event") in ("leadership", "watchdog") and float(r.get("ts", 0)) >= now - HA_EVENTS_S]
+    leader = lease.as_json(now) if lease is not None and lease.instance else None
+    return leader, events[-20:]
+
+
+def _leader_line(leader: dict[str, Any] | None, lease_s: float) -> str:
+    if leader is None:
+        return "leader: none (no agent has taken the leadership lease)"
+    state = ("handed back" if leader["released"] else
+             "STALE" if leader["age_s"] > lease_s else "renewed")
+    return (f"leader: {leader['instance']} on {leader['host']}, epoch {leader['epoch']} since "
+            f"{iso(leader['since'])} ({state} {leader['age_s']:.0f} s ago)")
+
+
+def _ha_event_line(event: dict[str, Any]) -> str:
+    if event.get("event") == "watchdog":
+        nodes = ", ".join(event.get("nodes") or []) or "-"
+        return f"watchdog {event.get('verdict')} {nodes}: {event.get('why', '')}"
+    return (f"leadership {event.get('change')}: {event.get('instance')} "
+            f"(epoch {event.get('epoch') or event.get('lost_epoch')}): {event.get('why', '')}")
 
 
 def _add_router_states(agent: Agent, nodes: list[dict[str, Any]]) -> str | None:

@@ -56,6 +56,7 @@ from slurm_idle.config.problems import (
     significant_errors,
 )
 from slurm_idle.config.sections import (
+    HaConfig,
     JobPolicyConfig,
     PathsConfig,
     PipelineConfig,
@@ -67,7 +68,7 @@ from slurm_idle.config.sections import (
 from slurm_idle.errors import ConfigError
 from slurm_idle.yamlfile import Positions, parse_yaml_located, read_text
 
-__all__ = ['CONFIG_ENV', 'DEFAULT_CONFIG_PATH', 'DEFAULT_REPLICA_URL', 'FILE_CONTEXT', 'LABEL_NAME_RE', 'LABEL_VALUE_RE', 'METRIC_NAME_RE', 'NODE_NAME_RE', 'SLURM_NAME_RE', 'Config', 'ConfigInvalid', 'ConfigProblem', 'EngineConfig', 'GpuConfig', 'JobPolicyConfig', 'MetricsConfig', 'ModelConfig', 'PathsConfig', 'PipelineConfig', 'PolicyConfig', 'ReplicaConfig', 'ReplicaJobConfig', 'ReportConfig', 'RouterConfig', 'SlurmConfig', 'TimeoutsConfig', 'WebConfig', 'describe_validation_error', 'load_config', 'load_config_located', 'parse_config', 'parse_config_located', 'resolve_config_path']
+__all__ = ['CONFIG_ENV', 'DEFAULT_CONFIG_PATH', 'DEFAULT_REPLICA_URL', 'FILE_CONTEXT', 'LABEL_NAME_RE', 'LABEL_VALUE_RE', 'METRIC_NAME_RE', 'NODE_NAME_RE', 'SLURM_NAME_RE', 'Config', 'ConfigInvalid', 'ConfigProblem', 'EngineConfig', 'GpuConfig', 'HaConfig', 'JobPolicyConfig', 'MetricsConfig', 'ModelConfig', 'PathsConfig', 'PipelineConfig', 'PolicyConfig', 'ReplicaConfig', 'ReplicaJobConfig', 'ReportConfig', 'RouterConfig', 'SlurmConfig', 'TimeoutsConfig', 'WebConfig', 'describe_validation_error', 'load_config', 'load_config_located', 'parse_config', 'parse_config_located', 'resolve_config_path']
 
 
 class Config(_Strict):
@@ -86,6 +87,7 @@ class Config(_Strict):
     job_policy: JobPolicyConfig = Field(default_factory=JobPolicyConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     web: WebConfig = Field(default_factory=WebConfig)
+    ha: HaConfig = Field(default_factory=HaConfig)
     # Derived once per Config (topology.lend_groups): the fleet's lend groups and node index.
     _groups: Any = PrivateAttr(default=None)
     _group_of: Any = PrivateAttr(default=None)

@@ -176,3 +176,19 @@ class JobPolicyConfig(_Strict):
                     "than / (e.g. /scratch)"
                 )
         return value
+
+
+class HaConfig(_Strict):
+    """Several agents, one actor (leadership.py), and what happens when none renews the lease
+    (watchdog.py). Off by default: one agent with its lock, as before."""
+
+    enabled: bool = False
+    # A standby takes over this long after the actor stopped renewing (renewed every third of it).
+    lease_s: float = Field(30.0, ge=5)
+    # Fischer's wait between a claim and its check; a claim slower than half of it is given up.
+    settle_s: float = Field(2.0, gt=0)
+    # No renewal for this long: the node-local watchdog acts (on_dead).
+    dead_after_s: float = Field(120.0, gt=0)
+    # safe: the watchdog gives lent nodes back to serving; frozen: keeps them lent and alerts.
+    on_dead: Literal["safe", "frozen"] = "safe"
+    partition: str | None = None  # the lease job's partition (default: slurm.lend_partition)

@@ -230,7 +230,7 @@ def test_show_lists_the_keys_of_every_section_with_their_defaults(
     assert doc["engine.kind"] == {"value": "command", "source": "file:1"}
     sections = {key.split(".")[0] for key in doc}
     assert sections == {"slurm", "metrics", "gpu", "engine", "models", "policy", "timeouts", "paths",
-                        "report", "router", "job_policy", "pipeline", "web"}
+                        "report", "router", "job_policy", "pipeline", "web", "ha"}
 
 
 def test_the_config_group_offers_what_its_help_promises(
