@@ -211,9 +211,7 @@ class Agent:
         with try_lock(self.config.paths.lock, self.clock()) as locked:
             if not locked:
                 return self._locked_out()
-            result = self._tick_locked(dry_run)
-        self._note_leadership(result)
-        return result
+            return self._tick_locked(dry_run)
 
     def _note_leadership(self, result: TickResult) -> None:
         lease = self.leadership
@@ -307,6 +305,7 @@ class Agent:
     def _tick_locked(self, dry_run: bool) -> TickResult:
         started = self.clock()
         result = TickResult(None, started=started)
+        self._note_leadership(result)  # before on_tick: the textfile says who leads
         try:
             # One budget for the whole tick: observe may use part of it, acting has the rest.
             budget_s = self.config.timeouts.tick_budget_s

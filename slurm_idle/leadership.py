@@ -131,8 +131,9 @@ class SlurmLeaseStore:
     job_id: int | None = None
 
     def lease_jobs(self) -> list[SlurmJob]:
-        return sorted((j for j in self.slurm.jobs()
-                       if j.name == LEASE_JOB_NAME and j.state == "PENDING"),
+        named = getattr(self.slurm, "jobs_named", None)  # the CLI backend: one short squeue
+        jobs: list[SlurmJob] = named(LEASE_JOB_NAME) if callable(named) else self.slurm.jobs()
+        return sorted((j for j in jobs if j.name == LEASE_JOB_NAME and j.state == "PENDING"),
                       key=lambda j: j.job_id)
 
     def read(self) -> Lease | None:

@@ -101,6 +101,11 @@ class CliBackend:
     def jobs(self) -> list[SlurmJob]:
         return parse.parse_jobs(self._json("squeue", "--json", "--all"))
 
+    def jobs_named(self, name: str) -> list[SlurmJob]:
+        """The jobs of that name (the leadership lease's read: not the whole queue every few
+        seconds). A release whose `--json` ignores the filter returns more: callers filter too."""
+        return parse.parse_jobs(self._json("squeue", "--json", "--all", f"--name={name}"))
+
     def accounting(
         self,
         since: float | None,

@@ -282,3 +282,24 @@ def test_watchdog_command_json_and_exit_codes(tmp_path: Path) -> None:
     assert code == 1
     doc = json.loads(out[out.index("{"):])
     assert doc["verdict"] == "frozen" and doc["lease"]["instance"] == "a"
+
+
+def test_each_agents_textfile_says_whether_it_leads(tmp_path: Path) -> None:
+    """The leader's full tick writes slurm_idle_leader 1 with the rest; the standby's writes 0
+    and the lease's age, and nothing it did not observe."""
+    from slurm_idle.wiring import _textfile_writer
+
+    a, b, _, clock = make_pair(tmp_path)
+    for agent, name in ((a, "a"), (b, "b")):
+        agent.config = agent.config.model_copy(update={"paths": agent.config.paths.model_copy(
+            update={"textfile": str(tmp_path / f"{name}.prom")})})
+        agent.on_tick = _textfile_writer(agent.config)
+    a.tick()
+    clock.t += 5
+    b.tick()
+    lead, standby = (tmp_path / "a.prom").read_text(), (tmp_path / "b.prom").read_text()
+    assert 'slurm_idle_leader{instance="a"} 1' in lead and "slurm_idle_ticks_total 1" in lead
+    assert 'slurm_idle_leader{instance="b"} 0' in standby
+    age = next(line for line in standby.splitlines() if line.startswith("slurm_idle_lease_age"))
+    assert float(age.split()[1]) >= 5  # since a's claim, before its pass and b's 5 s
+    assert "slurm_idle_ticks_total" not in standby
