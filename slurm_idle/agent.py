@@ -32,7 +32,13 @@ from slurm_idle.journal import (
     StepOutcome,
     TickRecord,
 )
-from slurm_idle.leadership import ENGINE_WRITES, SLURM_WRITES, Fenced, Leadership
+from slurm_idle.leadership import (
+    ENGINE_WRITES,
+    ROUTER_WRITES,
+    SLURM_WRITES,
+    Fenced,
+    Leadership,
+)
 from slurm_idle.lock import Holder, inspect, try_lock
 from slurm_idle.logs import get_logger
 from slurm_idle.model import (
@@ -178,6 +184,8 @@ class Agent:
         if leadership.on_event is None:
             leadership.on_event = self.journal.record
         self.slurm = cast(PoolSlurm, Fenced(self.slurm, SLURM_WRITES, leadership.fence))
+        if self.router is not None and not isinstance(self.router, Fenced):
+            self.router = cast("PoolRouters", Fenced(self.router, ROUTER_WRITES, leadership.fence))
         engine_for = self.engine_for
         engines: dict[str, Engine] = {}
 
@@ -229,7 +237,9 @@ class Agent:
         who = (f"{lease.instance} on {lease.host} leads (epoch {lease.epoch}, renewed "
                f"{lease.age_s(now):.0f} s ago)" if lease is not None and lease.instance
                else "no agent leads yet")
-        result = TickResult(None, started=now, standby=f"standby: {who}")
+        result = TickResult(None, started=now, standby=f"standby: {who}", error=leadership.error)
+        if leadership.error:  # Slurm unreachable is not "another agent leads": exit 1, alert
+            log.error("%s", leadership.error)
         self._note_leadership(result)
         if self.on_tick is not None and self.journal_empty:
             self.on_tick(result)
@@ -264,7 +274,7 @@ class Agent:
 
     def run_actions(
         self, actions: Sequence[Action], observation: Observation, deadline: float | None = None,
-        on_step: Callable[[StepResult], None] | None = None,
+        on_step: Callable[[StepResult], None] | None = None, cancel_duplicates: bool = True,
     ) -> list[StepResult]:
         """Apply actions (admin commands use this too), a thread per node up to `max_workers`,
         by `deadline` (default: the tick budget from now). `on_step` sees each step once it is
@@ -291,8 +301,9 @@ class Agent:
             jobs = JobDriver(self.config, self.slurm, self.engine_for, self.clock, self.sleep,
                              on_step=journal_step, router=self.router, trust=self.trust,
                              gpu_readings=self._gpu_reader())
-            for record in jobs.cancel_duplicates(observation.replica_jobs):
-                self._journal_event(record)
+            if cancel_duplicates:  # the watchdog never cancels a job
+                for record in jobs.cancel_duplicates(observation.replica_jobs):
+                    self._journal_event(record)
             todo += [(jobs.drive, replica_jobs[a.node], a) for a in actions if a.node in replica_jobs]
         if not todo:
             return []

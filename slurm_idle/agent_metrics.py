@@ -235,8 +235,14 @@ def set_lock_blocked(path: str | os.PathLike[str], seconds: float, pid: int | No
     _replace_family(Path(path), "slurm_idle_lock_blocked_seconds", [(labels, round(seconds, 1))])
 
 
+#: The families only the acting agent can fill: a standby's textfile has no samples of them.
+STANDBY_EMPTY = ("slurm_idle_nodes", "slurm_idle_needed_replicas", "slurm_idle_serving_replicas",
+                 "slurm_idle_min_serving_replicas", "slurm_idle_replicas", "slurm_idle_groups",
+                 "slurm_idle_metrics_source", "slurm_idle_gpu_held", "slurm_idle_wake_failed")
+
+
 def set_leadership(path: str | os.PathLike[str], instance: str, leads: bool,
-                   lease_age_s: float | None) -> None:
+                   lease_age_s: float | None, now: float | None = None) -> None:
     """Who leads, as this agent sees it (leadership.py): its own gauge and the lease's age.
 
     Written after every full pass, the standby's too (whose other gauges are left as they were:
@@ -245,6 +251,12 @@ def set_leadership(path: str | os.PathLike[str], instance: str, leads: bool,
     _replace_family(target, "slurm_idle_leader", [({"instance": instance}, float(leads))])
     _replace_family(target, "slurm_idle_lease_age_seconds",
                     [] if lease_age_s is None else [({}, round(lease_age_s, 1))])
+    if not leads and now is not None:
+        # A standby is alive (its heartbeat stays fresh for SlurmIdleTickStale) and speaks for
+        # nothing it did not observe: what it wrote when it last led would be counted twice.
+        _replace_family(target, "slurm_idle_last_tick_timestamp_seconds", [({}, float(now))])
+        for name in STANDBY_EMPTY:
+            _replace_family(target, name, [])
 
 
 def _replace_family(target: Path, name: str, samples: list[tuple[dict[str, str], float]]) -> None:

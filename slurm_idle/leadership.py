@@ -26,6 +26,7 @@ its successor's; the journal's records carry the epoch they were written under.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -74,10 +75,12 @@ class Lease:
             return None
         try:
             body = json.loads(text[len(LEASE_PREFIX):])
-            return cls(str(body["instance"]), str(body.get("host", "")), int(body["epoch"]),
-                       float(body["since"]), float(body["renewed"]), bool(body.get("released")))
+            lease = cls(str(body["instance"]), str(body.get("host", "")), int(body["epoch"]),
+                        float(body["since"]), float(body["renewed"]), bool(body.get("released")))
         except (ValueError, KeyError, TypeError):
             return None
+        # NaN never equals itself (a watcher would never see it unchanged), infinity never ages.
+        return lease if math.isfinite(lease.since) and math.isfinite(lease.renewed) else None
 
     def age_s(self, now: float) -> float:
         """Seconds since its last renewal, by the reader's wall clock."""
@@ -129,6 +132,7 @@ class SlurmLeaseStore:
     slurm: LeaseSlurm
     partition: str
     job_id: int | None = None
+    tidy: bool = True  # cancel extra lease jobs (the agents; `status` and watchdogs only read)
 
     def lease_jobs(self) -> list[SlurmJob]:
         named = getattr(self.slurm, "jobs_named", None)  # the CLI backend: one short squeue
@@ -142,7 +146,7 @@ class SlurmLeaseStore:
             self.job_id = None
             return None
         self.job_id = jobs[0].job_id
-        if len(jobs) > 1:
+        if len(jobs) > 1 and self.tidy:
             extra = [j.job_id for j in jobs[1:]]
             log.info("leadership: cancelling extra lease job(s) %s (the lease is job %d)",
                      extra, self.job_id)
@@ -183,6 +187,8 @@ class Leadership:
     since: float | None = None
     last: Lease | None = None  # the lease as last read
     highest: int = 0  # the highest epoch seen: a new lease job never goes back
+    error: str | None = None  # why the last step could not read or write the lease
+    on_gain: Callable[[], None] | None = None  # e.g. forget what the last leader here knew
     _valid_until: float = 0.0
     _renewed_at: float = float("-inf")
     _seen: Lease | None = None
@@ -210,11 +216,14 @@ class Leadership:
         return {"epoch": self.epoch, "instance": self.instance} if self.epoch is not None else {}
 
     def step(self) -> bool:
-        """Renew, claim or watch: whether this agent leads now. Slurm errors: not leading."""
+        """Renew, claim or watch: whether this agent leads now. A Slurm error: leading only
+        while the lease is still surely held, and `error` says why (the pass reports it)."""
         with self._lock:
+            self.error = None
             try:
                 return self._step()
             except SlurmIdleError as exc:
+                self.error = f"cannot read or write the leadership lease: {exc}"
                 log.warning("leadership: %s", exc)
                 return self.valid()
 
@@ -319,7 +328,9 @@ class Leadership:
                f"{previous.instance} stopped renewing ({previous.age_s(now):.0f} s)")
         log.warning("leadership: %s leads from now on, epoch %d (%s)", self.instance, claim.epoch, why)
         self._event("leader", why, previous)
-        return True
+        if self.on_gain is not None:
+            self.on_gain()
+        return self.valid()
 
     def _lose(self, lease: Lease | None) -> None:
         why = ("the lease is gone" if lease is None else
@@ -339,7 +350,10 @@ class Leadership:
 
         def renew() -> None:
             while not done.wait(self.lease_s / 3):
-                self.renew()
+                try:
+                    self.renew()
+                except Exception:  # the thread must not die quietly: the lease would lapse
+                    log.exception("leadership: renewal failed unexpectedly")
 
         thread = threading.Thread(target=renew, name="lease-renewal", daemon=True)
         thread.start()
@@ -385,6 +399,8 @@ class Leadership:
 SLURM_WRITES = frozenset({"drain", "resume", "power_up", "set_comment", "requeue", "signal",
                           "cancel", "submit", "set_job_comment"})
 ENGINE_WRITES = frozenset({"start", "stop", "cold_restart"})
+ROUTER_WRITES = frozenset({"call_target", "remove", "add", "warm_up", "warm_up_target",
+                           "reconcile"})
 
 
 class Fenced:

@@ -19,17 +19,34 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from slurm_idle.agent import FAILED_OUTCOMES, Agent
 from slurm_idle.config import Config, ModelConfig, ReplicaConfig
-from slurm_idle.leadership import Lease, SlurmLeaseStore
+from slurm_idle.leadership import (
+    ENGINE_WRITES,
+    ROUTER_WRITES,
+    SLURM_WRITES,
+    Deposed,
+    Fenced,
+    Lease,
+    SlurmLeaseStore,
+)
+from slurm_idle.lifecycle import arriving_phases
 from slurm_idle.logs import get_logger
 from slurm_idle.model import Action, ActionKind, ModelLoad, Observation, ReplicaLoad
+from slurm_idle.slurm.protocol import PoolSlurm
 from slurm_idle.steps import StepResult
 from slurm_idle.topology import group_views
 
+if TYPE_CHECKING:
+    from slurm_idle.engine import Engine
+    from slurm_idle.router import PoolRouters
+
 log = get_logger(__name__)
+
+#: How often the watchdog's fence reads the lease again while it reclaims.
+FENCE_READ_S = 5.0
 
 #: What a watchdog pass found, in `--json` and the journal.
 ALIVE, NO_LEASE, FROZEN, NOTHING_LENT, RECLAIMED = (
@@ -85,7 +102,7 @@ def read_lease(agent: Agent) -> Lease | None:
     """The lease in Slurm (None: no agent ever led under ha)."""
     config = agent.config
     lease = SlurmLeaseStore(agent.slurm,  # type: ignore[arg-type]  # the backend
-                            config.ha.partition or config.slurm.lend_partition).read()
+                            config.ha.partition or config.slurm.lend_partition, tidy=False).read()
     return lease if lease is not None and lease.instance else None
 
 
@@ -107,11 +124,21 @@ def watch(agent: Agent, nodes: Sequence[str] = (), dry_run: bool = False) -> Wat
     why = (f"no agent renewed the lease for {age:.0f} s (ha.dead_after_s {dead_after:g}; last "
            f"{lease.instance} on {lease.host}, epoch {lease.epoch}"
            f"{', handed back' if lease.released else ''})")
-    safe_agent = replace(agent, config=fail_safe_config(config), metrics=UnknownLoad(),
-                         journal_empty=False, on_tick=None)
+    fence = StillDead(agent, lease)
+    engine_for = agent.engine_for
+    safe_agent = replace(
+        agent, config=fail_safe_config(config), metrics=UnknownLoad(), journal_empty=False,
+        on_tick=None,
+        slurm=cast(PoolSlurm, Fenced(agent.slurm, SLURM_WRITES, fence)),
+        engine_for=lambda model: cast("Engine", Fenced(engine_for(model), ENGINE_WRITES, fence)),
+        router=None if agent.router is None else cast(
+            "PoolRouters", Fenced(agent.router, ROUTER_WRITES, fence)))
     obs = safe_agent.observe()
+    # Only what brings capacity back (the fast check's rule): a reclaim, a lend undone, the
+    # carry-on of an arrival. Never a lend's carry-on, which would cancel a replica job.
     planned = [a for a in safe_agent.planner(obs, safe_agent.config, obs.now)
-               if a.kind in (ActionKind.RECLAIM, ActionKind.CONTINUE, ActionKind.ABORT_LEND)]
+               if a.kind in (ActionKind.RECLAIM, ActionKind.ABORT_LEND)
+               or (a.kind is ActionKind.CONTINUE and a.from_phase in arriving_phases())]
     if scope:
         planned = [a for a in planned if _touches(a, obs, config, scope)]
     actions = [replace(a, reason=f"watchdog: {why}; {a.reason}") for a in planned]
@@ -130,18 +157,42 @@ def watch(agent: Agent, nodes: Sequence[str] = (), dry_run: bool = False) -> Wat
     log.warning("watchdog: %s: reclaiming %s", why, ", ".join(a.node for a in actions))
     if not dry_run:
         _journal(agent, result, now)
-        result.steps = safe_agent.run_actions(actions, obs)
+        result.steps = safe_agent.run_actions(actions, obs, cancel_duplicates=False)
     return result
 
 
 def _touches(action: Action, obs: Observation, config: Config, scope: Sequence[str]) -> bool:
-    """Whether the action's lend group (or replica job) has a node in `scope`. A lent replica
-    job has no node (its job was cancelled): only a watchdog for the whole pool takes it back."""
+    """Whether the action is for this scope: its lend group's first node (sorted) is in it, so
+    one watchdog drives a group of several nodes, not each of them at once; a replica job with
+    a node in it. A lent replica job has no node (its job was cancelled): only a watchdog for
+    the whole pool (`--all`) takes it back."""
     wanted = set(scope)
     for group in group_views(obs, config):
-        if group.name == action.node:
-            return bool(wanted & {v.name for v in group.nodes})
+        if group.name == action.node:  # a group of several nodes: its first node's watchdog
+            return min(v.name for v in group.nodes) in wanted
     return any(r.name == action.node and bool(wanted & set(r.nodes)) for r in obs.replica_jobs)
+
+
+class StillDead:
+    """The watchdog's fence: a write goes through only while no agent has renewed the lease
+    since the watchdog found it dead (read again at most every FENCE_READ_S). An agent that
+    comes back takes over; the watchdog's next write is refused and it stops."""
+
+    def __init__(self, agent: Agent, seen: Lease) -> None:
+        self.agent = agent
+        self.seen = seen
+        self.checked = agent.clock()
+
+    def __call__(self) -> None:
+        now = self.agent.clock()
+        if now - self.checked < FENCE_READ_S:
+            return
+        lease = read_lease(self.agent)
+        self.checked = now
+        if lease is not None and not lease.released and (
+                lease.epoch != self.seen.epoch or lease.renewed != self.seen.renewed):
+            raise Deposed(f"{lease.instance} on {lease.host} leads again (epoch {lease.epoch}): "
+                          "the watchdog stops, the agent carries on")
 
 
 def _journal(agent: Agent, result: WatchdogResult, now: float) -> None:

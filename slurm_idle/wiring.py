@@ -102,7 +102,8 @@ def _textfile_writer(config: Config) -> Callable[[TickResult], None]:
 
             assert config.paths.textfile is not None
             age = result.leader["age_s"] if result.leader else None
-            set_leadership(config.paths.textfile, result.instance, bool(result.leads), age)
+            set_leadership(config.paths.textfile, result.instance, bool(result.leads), age,
+                           now=result.started)
 
     def _write(result: TickResult) -> None:
         assert config.paths.textfile is not None
@@ -233,5 +234,22 @@ def under_lease(agent: Agent, instance: str | None = None) -> Agent:
     store = SlurmLeaseStore(agent.slurm,  # type: ignore[arg-type]  # the backend, unfenced
                             config.ha.partition or config.slurm.lend_partition)
     leadership = Leadership(store, instance or host, host, lease_s=config.ha.lease_s,
-                            settle_s=config.ha.settle_s)
+                            settle_s=config.ha.settle_s,
+                            on_gain=lambda: forget_identities(config))
     return replace(agent, leadership=leadership)
+
+
+def forget_identities(config: Config) -> None:
+    """On taking the lead: the engines' secret names this host issued when it last led are
+    stale if another leader restarted engines since (engine/identity.py), and a stale name
+    would make a serving replica look foreign and be restarted. Forgotten, a replica is
+    checked by its model name until this leader starts its engine with a new one."""
+    from slurm_idle.engine import identity_dir
+
+    directory = identity_dir(config.paths.journal)
+    try:
+        names = list(directory.iterdir())
+    except OSError:
+        return
+    for path in names:
+        path.unlink(missing_ok=True)

@@ -155,6 +155,28 @@ def status(ctx: Context, as_json: bool) -> None:
                 click.echo(f"  {event.get('time', '')} {_ha_event_line(event)}")
 
 
+def _on_the_leaders_host(agent: Agent) -> None:
+    """With ha, an admin's change is made on the host whose agent leads (its lock keeps the
+    command and that agent's passes apart); from another host it would race the leader."""
+    config = agent.config
+    if not config.ha.enabled:
+        return
+    import socket
+
+    from slurm_idle.leadership import SlurmLeaseStore
+
+    lease = SlurmLeaseStore(agent.slurm,  # type: ignore[arg-type]  # the backend
+                            config.ha.partition or config.slurm.lend_partition, tidy=False).read()
+    here = socket.gethostname().split(".")[0]
+    if (lease is not None and lease.instance and not lease.released
+            and lease.age_s(agent.clock()) <= config.ha.lease_s and lease.host != here):
+        from slurm_idle.errors import Refused
+
+        raise Refused(f"agent {lease.instance} on {lease.host} leads (epoch {lease.epoch}): run "
+                      f"this command on {lease.host}, where its lock keeps it apart from that "
+                      "agent's passes (or stop that agent first)")
+
+
 #: How far back `status` lists leadership changes and watchdog actions.
 HA_EVENTS_S = 86400.0
 
@@ -168,7 +190,8 @@ def _leadership(agent: Agent, now: float) -> tuple[dict[str, Any] | None, list[d
     config = agent.config
     try:
         lease = SlurmLeaseStore(agent.slurm,  # type: ignore[arg-type]  # the backend
-                                config.ha.partition or config.slurm.lend_partition).read()
+                                config.ha.partition or config.slurm.lend_partition,
+                                tidy=False).read()
     except SlurmIdleError as exc:
         log.warning("cannot read the leadership lease: %s", exc)
         lease = None
@@ -355,6 +378,8 @@ def _admin(ctx: Context, command: str, node: str, dry_run: bool, as_json: bool =
     from slurm_idle import admin
 
     agent = ctx.agent(read_only=dry_run)
+    if not dry_run:
+        _on_the_leaders_host(agent)
     printed: list[StepResult] = []
 
     def on_step(step: StepResult) -> None:

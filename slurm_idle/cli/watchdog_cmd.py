@@ -6,12 +6,17 @@ import signal
 import socket
 import threading
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
 from slurm_idle.cli import main
 from slurm_idle.cli.common import Context, echo_json, pass_ctx
-from slurm_idle.errors import BadInput, ExitCode
+from slurm_idle.errors import BadInput, ExitCode, SlurmIdleError
+
+if TYPE_CHECKING:
+    from slurm_idle.agent import Agent
+    from slurm_idle.watchdog import WatchdogResult
 
 
 @main.command()
@@ -66,23 +71,30 @@ def watchdog(ctx: Context, nodes: tuple[str, ...], whole_pool: bool, every_s: fl
         raise click.exceptions.Exit(ExitCode.FAILED)
 
 
+def _one_pass(agent: Agent, scope: tuple[str, ...], dry_run: bool) -> WatchdogResult | None:
+    from slurm_idle.lock import try_lock
+    from slurm_idle.watchdog import watch
+
+    if dry_run:
+        return watch(agent, scope, dry_run=True)
+    with try_lock(agent.config.paths.lock, agent.clock()) as locked:
+        # a tick or an admin command here holds it: the next pass looks again
+        return watch(agent, scope) if locked else None
+
+
 def _passes(ctx: Context, scope: tuple[str, ...], every_s: float | None, dry_run: bool,
             as_json: bool, stop: threading.Event) -> bool:
-    from slurm_idle.lock import try_lock
-    from slurm_idle.watchdog import RECLAIMED, watch
+    from slurm_idle.watchdog import RECLAIMED
 
     agent = ctx.agent(read_only=dry_run)
     failed = False
     said = ""
     while True:
-        if dry_run:
-            result = watch(agent, scope, dry_run=True)
-        else:
-            with try_lock(agent.config.paths.lock, agent.clock()) as locked:
-                if not locked:  # a tick or an admin command here: next pass
-                    result = None
-                else:
-                    result = watch(agent, scope)
+        try:
+            result = _one_pass(agent, scope, dry_run)
+        except SlurmIdleError as exc:  # slurmctld failing over: say so, try again next pass
+            click.echo(f"watchdog: {exc}", err=True)
+            result, failed = None, True
         if result is not None:
             failed = result.failed
             line = f"watchdog: {result.verdict}: {result.why}"

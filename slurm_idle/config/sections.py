@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import (
     Field,
     field_validator,
+    model_validator,
 )
 
 from slurm_idle.config.base import (
@@ -192,3 +193,14 @@ class HaConfig(_Strict):
     # safe: the watchdog gives lent nodes back to serving; frozen: keeps them lent and alerts.
     on_dead: Literal["safe", "frozen"] = "safe"
     partition: str | None = None  # the lease job's partition (default: slurm.lend_partition)
+
+    @model_validator(mode="after")
+    def _timings_hold(self) -> HaConfig:
+        if self.settle_s > self.lease_s / 5:
+            raise ValueError(f"settle_s ({self.settle_s:g}) must be at most lease_s / 5 "
+                             f"({self.lease_s / 5:g}): a claim must leave the leader time to act")
+        if self.dead_after_s < 2 * self.lease_s:
+            raise ValueError(f"dead_after_s ({self.dead_after_s:g}) must be at least 2 x lease_s "
+                             f"({2 * self.lease_s:g}): the watchdogs must not act while a "
+                             "standby is taking over")
+        return self

@@ -33,7 +33,7 @@ from slurm_idle.wiring import build_agent
 
 pytestmark = pytest.mark.sandbox
 
-TICK_S, FAST_S, LEASE_S, DEAD_AFTER_S = 20, 3, 12, 20
+TICK_S, FAST_S, LEASE_S, DEAD_AFTER_S = 20, 3, 12, 25
 #: How long the two agents run under alternating load (a longer run: SLURM_IDLE_FAILOVER_S).
 ALTERNATE_S = float(os.environ.get("SLURM_IDLE_FAILOVER_S", "150"))
 HALF_PERIOD_S = 40.0  # load up, load down

@@ -303,3 +303,133 @@ def test_each_agents_textfile_says_whether_it_leads(tmp_path: Path) -> None:
     age = next(line for line in standby.splitlines() if line.startswith("slurm_idle_lease_age"))
     assert float(age.split()[1]) >= 5  # since a's claim, before its pass and b's 5 s
     assert "slurm_idle_ticks_total" not in standby
+
+
+def test_the_watchdogs_fence_stops_it_once_an_agent_renews_again(tmp_path: Path) -> None:
+    """StillDead: quiet while the lease stays as found (or within FENCE_READ_S of the last
+    read); Deposed once an agent renewed it."""
+    from slurm_idle.watchdog import FENCE_READ_S, StillDead, read_lease
+
+    agent, slurm, _ = lent_pool(tmp_path, renewed_ago_s=500)
+    seen = read_lease(agent)
+    assert seen is not None
+    fence = StillDead(agent, seen)
+    assert isinstance(agent.clock, Clock)
+    agent.clock.t += FENCE_READ_S + 1
+    fence()  # unchanged: the write goes through
+    back = replace(seen, epoch=seen.epoch + 1, renewed=agent.clock.t)
+    slurm.set_job_comment(99, back.comment())
+    fence()  # read less than FENCE_READ_S ago: not read again yet
+    agent.clock.t += FENCE_READ_S + 1
+    with pytest.raises(Deposed):
+        fence()
+
+
+def test_a_standby_that_cannot_read_the_lease_reports_an_error(tmp_path: Path) -> None:
+    """Slurm unreachable is not "another agent leads": the pass carries the error (exit 1)."""
+    _a, b, slurm, _ = make_pair(tmp_path)
+    slurm.fail_on = {"jobs"}
+    result = b.tick()
+    assert result.standby and result.error and "leadership lease" in result.error
+
+
+def test_a_damaged_lease_is_no_lease() -> None:
+    """NaN never equals itself and infinity never ages: either would stall the election."""
+    good = Lease("a", "h", 1, T0, T0)
+    assert Lease.parse(good.comment()) == good
+    assert Lease.parse(good.comment().replace(str(T0), "NaN", 1)) is None
+    assert Lease.parse(good.comment().replace(str(T0), "Infinity")) is None
+
+
+def test_ha_timings_are_checked() -> None:
+    """settle_s above lease_s / 5, or dead_after_s below 2 x lease_s, is a config error."""
+    from slurm_idle.config import HaConfig
+
+    HaConfig(enabled=True, lease_s=30, settle_s=2, dead_after_s=60)
+    with pytest.raises(ValueError, match="settle_s"):
+        HaConfig(enabled=True, lease_s=30, settle_s=10)
+    with pytest.raises(ValueError, match="dead_after_s"):
+        HaConfig(enabled=True, lease_s=30, dead_after_s=45)
+
+
+def test_an_admin_change_from_a_host_that_does_not_lead_is_refused(tmp_path: Path) -> None:
+    """With a live lease held on another host, `lend` exits 3 naming that host; changing
+    nothing. `--dry-run` still answers."""
+    agent, slurm, _ = lent_pool(tmp_path, renewed_ago_s=5)  # held by host-a, renewed 5 s ago
+    text = (f"engine: {{kind: command, start_command: 'true', stop_command: 'true'}}\n"
+            f"models:\n  - name: m\n    nodes: gpu[1-3]\n    url: 'http://127.0.0.1:1/{{node}}'\n"
+            f"paths: {{journal: {tmp_path}/j.jsonl, lock: {tmp_path}/l/tick.lock}}\n"
+            "ha: {enabled: true}\n")
+    writes = len([c for c in slurm.log if c[0] in ("drain", "resume", "set_comment")])
+    code, out = run_cli(tmp_path, agent, text, "reclaim", "gpu1")
+    assert code == 3 and "host-a" in out, out
+    assert len([c for c in slurm.log if c[0] in ("drain", "resume", "set_comment")]) == writes
+
+
+def test_a_group_of_several_nodes_is_driven_by_its_first_nodes_watchdog(tmp_path: Path) -> None:
+    """A replica spanning gpu6 and gpu7: gpu7's watchdog leaves the group to gpu6's, which
+    reclaims it (two watchdogs driving one group would start its engine twice)."""
+    cfg = parse_config(f"""
+engine: {{kind: command, start_command: "true {{node}}", stop_command: "true {{node}}", drain_timeout_s: 5}}
+models:
+  - name: big
+    gpus_per_node: 8
+    min_serving_replicas: 1
+    replicas: [{{nodes: "gpu[6-7]", url: "http://127.0.0.1:9000/gpu6"}}]
+paths:
+  journal: {tmp_path}/journal-w.jsonl
+  lock: {tmp_path}/w/tick.lock
+ha: {{enabled: true}}
+""")
+    slurm = FakeSlurm.with_nodes(["gpu6", "gpu7"], gpus=8)
+    for name in ("gpu6", "gpu7"):
+        slurm.node_map[name] = replace(slurm.node_map[name], state="idle",
+                                       comment=format_lent_comment("slurm-idle", T0 - 3600))
+    gone = Lease("a", "host-a", 3, T0 - 7200, T0 - 500)
+    slurm.job_list = [SlurmJob(job_id=99, name=LEASE_JOB_NAME, partition="idle",
+                               state="PENDING", comment=gone.comment())]
+    engine = FakeEngine(up={"gpu6": False, "gpu7": False})
+    clock = Clock()
+    agent = Agent(config=cfg, slurm=slurm, metrics=FakeMetrics(models={}),
+                  engine_for=lambda model: engine, planner=policy.plan,
+                  assessor=lambda obs, cfg, now: [], clock=clock, sleep=clock.sleep)
+    assert watch(agent, ("gpu7",), dry_run=True).verdict == "nothing-lent"
+    assert [a.node for a in watch(agent, ("gpu6",), dry_run=True).actions] != []
+
+
+def test_a_deposed_agents_textfile_keeps_its_heartbeat_and_drops_what_it_no_longer_sees(
+        tmp_path: Path) -> None:
+    """After a failover the old leader's file must not keep its phase gauges (counted twice
+    beside the new leader's) nor an old tick time (SlurmIdleTickStale for a live standby)."""
+    from slurm_idle.wiring import _textfile_writer
+
+    a, b, _, clock = make_pair(tmp_path)
+    a.config = a.config.model_copy(update={"paths": a.config.paths.model_copy(
+        update={"textfile": str(tmp_path / "a.prom")})})
+    a.on_tick = _textfile_writer(a.config)
+    a.tick()
+    assert 'slurm_idle_nodes{phase="serving"}' in (tmp_path / "a.prom").read_text()
+    b.tick()
+    clock.t += LEASE_S + 1
+    assert b.tick().leads
+    clock.t += 7
+    assert a.tick().standby
+    text = (tmp_path / "a.prom").read_text()
+    assert 'slurm_idle_leader{instance="a"} 0' in text
+    assert "slurm_idle_nodes{" not in text
+    stamp = next(line for line in text.splitlines()
+                 if line.startswith("slurm_idle_last_tick_timestamp_seconds"))
+    assert float(stamp.split()[1]) == pytest.approx(clock.t, abs=1)
+
+
+def test_taking_the_lead_forgets_the_engine_names_this_host_issued(tmp_path: Path) -> None:
+    """Names issued when this host last led are stale once another leader restarted engines."""
+    from slurm_idle.engine import IdentityStore, identity_dir
+    from slurm_idle.wiring import forget_identities
+
+    cfg = make_config(tmp_path, "a")
+    store = IdentityStore(identity_dir(cfg.paths.journal))
+    store.issue("gpu1")
+    assert store.current("gpu1") is not None
+    forget_identities(cfg)
+    assert store.current("gpu1") is None
