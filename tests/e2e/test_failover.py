@@ -35,8 +35,9 @@ pytestmark = pytest.mark.sandbox
 
 TICK_S, FAST_S, LEASE_S, DEAD_AFTER_S = 20, 3, 12, 25
 #: How long the two agents run under alternating load (a longer run: SLURM_IDLE_FAILOVER_S).
-ALTERNATE_S = float(os.environ.get("SLURM_IDLE_FAILOVER_S", "150"))
-HALF_PERIOD_S = 40.0  # load up, load down
+ALTERNATE_S = float(os.environ.get("SLURM_IDLE_FAILOVER_S", "160"))
+HALF_PERIOD_S = 75.0  # load up, load down: long enough for a lend at 0 and a reclaim at HIGH_RPS
+HIGH_RPS = 40.0  # more than the pinned node serves: every lent node comes back
 
 
 def write_config(sb: Any, tmp_path: Path, name: str, ha: dict[str, Any] | None = None) -> Path:
@@ -176,15 +177,19 @@ def test_two_agents_one_actor_and_the_standby_finishes_a_dead_leaders_reclaim(
             with agent(sb, conf_b, "b", tmp_path / "agent-b.log"):
                 # Alternating load: lends and reclaims, only ever by one of them.
                 end = time.monotonic() + ALTERNATE_S
-                high = True
+                high = False  # at rest first: a lend, then the load brings it back
                 while time.monotonic() < end:
-                    sb.load(500.0 if high else 0.0)
+                    sb.load(HIGH_RPS if high else 0.0)
                     high = not high
                     time.sleep(min(HALF_PERIOD_S, max(0.0, end - time.monotonic())))
                 moves = [r for r in records(*journals, since=started) if r.get("event") == "transition"]
                 owners = check_one_actor(moves)
                 assert owners and set(owners.values()) == {"a"}, owners  # b never acted
-                print(f"\nalternating {ALTERNATE_S:.0f} s: {len(moves)} transitions, epochs {owners}")
+                lends = sum(r.get("to") == "lent" for r in moves)
+                reclaims = sum(r.get("from") == "lent" for r in moves)
+                print(f"\nalternating {ALTERNATE_S:.0f} s: {len(moves)} transitions ({lends} lent, "
+                      f"{reclaims} reclaimed), epochs {owners}")
+                assert lends >= 1 and reclaims >= 1, moves  # the load did move nodes
                 # Lent nodes with idle jobs on them, then a surge: kill -9 a mid-reclaim.
                 sb.load(0.0)
                 poll(lambda: sum(p is Phase.LENT for p in phases(conf_a).values()) >= 2, 240,
