@@ -224,6 +224,19 @@ class Lifecycle:
         # LENT): the replicas it brings back count as supply until it is stuck.
         self.arriving: frozenset[Phase] = frozenset(
             p for p in self.forward if self._reaches_traffic(p))
+        # The lent side: the timed phases whose forward steps settle outside traffic (RETIRING,
+        # LENDING) and the phase they settle in (LENT). policy.max_lent_fraction counts the
+        # replicas in these phases.
+        settles = {p: self._settles_in(p) for p in self.forward}
+        leaving = {p for p, end in settles.items() if end not in self.traffic}
+        self.lent: frozenset[Phase] = frozenset(leaving | {settles[p] for p in leaving})
+
+    def _settles_in(self, phase: Phase) -> Phase:
+        seen: set[Phase] = set()
+        while phase in self.forward and phase not in seen:
+            seen.add(phase)
+            phase = self.forward[phase].to_phase
+        return phase
 
     def _reaches_traffic(self, phase: Phase) -> bool:
         seen: set[Phase] = set()
@@ -309,6 +322,17 @@ def arriving_phases() -> frozenset[Phase]:
 def job_arriving_phases() -> frozenset[Phase]:
     """`placement: jobs`: the replica job phases on their way back to serving."""
     return JOB_LIFECYCLE.arriving
+
+
+def lent_phases() -> frozenset[Phase]:
+    """The phases of a lend under way or done (RETIRING, LENDING, LENT): what
+    policy.max_lent_fraction counts."""
+    return LIFECYCLE.lent
+
+
+def job_lent_phases() -> frozenset[Phase]:
+    """`placement: jobs`: the replica job phases of a lend under way or done."""
+    return JOB_LIFECYCLE.lent
 
 
 def job_overdue(phase: Phase, since: float | None, config: Config, now: float) -> bool:

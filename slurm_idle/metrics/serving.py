@@ -11,25 +11,13 @@ checked finite and non-negative first), raised to the present where they are its
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from slurm_idle.config import ReplicaConfig
 from slurm_idle.model import ModelLoad, ReplicaLoad
 from slurm_idle.policy.capacity import demand_tokens_per_s
-
-
-def _ok(value: float) -> bool:
-    return 0 <= value < math.inf
-
-
-def usable(load: ReplicaLoad | None) -> bool:
-    """A replica load fit to count: known, ours, and every figure finite and non-negative."""
-    if load is None or not load.known or load.foreign:
-        return False
-    return all(_ok(v) for v in (load.running, load.waiting, load.kv_cache_usage,
-                                load.prompt_tokens_per_s, load.generation_tokens_per_s))
+from slurm_idle.policy.service import finite_non_negative, usable
 
 
 def serving_model_load(
@@ -49,7 +37,7 @@ def serving_model_load(
     prompt = sum(r.prompt_tokens_per_s for r in counted)
     waiting = sum(r.waiting for r in counted)
     demand = demand_tokens_per_s(gen, prompt, prompt_token_weight)
-    ttfts = [r.ttft_p95_s for r in counted if r.ttft_p95_s is not None and _ok(r.ttft_p95_s)]
+    ttfts = [r.ttft_p95_s for r in counted if r.ttft_p95_s is not None and finite_non_negative(r.ttft_p95_s)]
     return replace(
         load,
         known=True,

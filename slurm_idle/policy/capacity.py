@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from slurm_idle.config import Config, ModelConfig, PolicyConfig
 from slurm_idle.model import ModelLoad, ReplicaLoad
+from slurm_idle.policy.rules import floor as floor_of
 
 #: A reclaim decided now starts at the next tick at the latest (cron runs `tick` every minute).
 TICK_S = 60.0
@@ -272,7 +273,7 @@ def assess_need(
                 down = later
                 parts.append(f"forecast over the window {coming:.0f} tok/s needs {later}")
 
-    floor = min(model.min_serving_replicas, total)
+    floor = floor_of(model, total)
 
     def clamp(n: int) -> int:
         return min(max(n + policy.headroom_replicas, floor), total)

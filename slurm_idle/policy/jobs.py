@@ -20,14 +20,21 @@ lent and what serves or is on its way back is held (or everything comes back wit
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from slurm_idle.config import Config, ModelConfig
-from slurm_idle.lifecycle import job_arriving_phases, job_next_phase, job_overdue, takes_traffic
-from slurm_idle.metrics.serving import usable
+from slurm_idle.lifecycle import (
+    job_arriving_phases,
+    job_lent_phases,
+    job_next_phase,
+    job_overdue,
+    takes_traffic,
+)
 from slurm_idle.model import Action, ActionKind, JobReplica, ModelPlan, Observation, Phase
 from slurm_idle.policy.capacity import assess_need, default_forecast_lead_s
 from slurm_idle.policy.reclaim_order import reclaim_rank
+from slurm_idle.policy.rules import floor as floor_of
+from slurm_idle.policy.rules import lend_evidence, may_lend, stop_lend
 from slurm_idle.policy.service import out_of_service
 from slurm_idle.policy.windows import in_windows
 from slurm_idle.replicajobs import partition_of
@@ -45,40 +52,49 @@ def _act(kind: ActionKind, r: JobReplica, to: Phase, reason: str) -> Action:
                   {"index": r.index, **({"job_id": r.job_id} if r.job_id is not None else {})})
 
 
-def _verdict(obs: Observation, config: Config, model: ModelConfig,
-             mine: list[JobReplica]) -> tuple[int, int | None, str]:
-    """(replicas needed now, replicas the window allows down to or None: lend nothing, why)."""
+@dataclass(frozen=True)
+class _Verdict:
+    """One model's verdict this tick: what supply must reach, what it may go down to (None:
+    lend nothing), whether the evidence allows a lend (rules.lend_evidence), and why."""
+
+    needed: int
+    down: int | None
+    known: bool
+    reason: str
+
+
+def _verdict(obs: Observation, config: Config, model: ModelConfig, mine: list[JobReplica]) -> _Verdict:
     assert model.job is not None
     total = model.job.replicas
-    floor = min(model.min_serving_replicas, total)
-    taking = [r for r in mine if takes_traffic(r.phase) and not out_of_service(r.load)]
-    gone = [r.name for r in mine if takes_traffic(r.phase) and out_of_service(r.load)]
+    serving = [r for r in mine if takes_traffic(r.phase)]
+    taking = [r for r in serving if not out_of_service(r.load)]
     supply = len(taking) + len(_arriving(config, mine, obs.now))
     policy = config.policy
     load = obs.model_load(model.name)
     window_ok = in_windows(obs.now, policy.lending_windows, policy.timezone)
-    blind = [r.name for r in taking if not usable(r.load)]
-    if load is None or not load.known or blind:
-        why = ("model load metrics missing or stale" if load is None or not load.known
-               else f"metrics unknown for serving replica(s) {', '.join(blind)}")
+    known, why = lend_evidence(load, ((r.name, r.load) for r in serving))
+    if load is None or not load.known:
         if not window_ok or policy.reclaim_on_unknown_metrics:
-            return total, None, f"{why}: reclaiming everything"
-        held = max(floor, min(supply, total))
-        return held, None, f"{why}: holding {held} (nothing lent on unknown load)"
+            return _Verdict(total, None, False, f"{why}: reclaiming everything")
+        held = max(floor_of(model, total), min(supply, total))
+        return _Verdict(held, None, False, f"{why}: holding {held} (nothing lent on unknown load)")
     loads = [r.load for r in taking if r.load is not None]
     need = assess_need(model, policy, load, loads, len(taking), total,
                        default_forecast_lead_s(config, model.name))
     if not window_ok:
-        return total, None, f"{need.reason}; outside lending windows"
-    if gone:
-        return need.up, None, (f"{need.reason}; serving replica(s) {', '.join(gone)} out of "
-                               "service (not counted): nothing lent")
-    return need.up, need.down, need.reason
+        return _Verdict(total, None, known, f"{need.reason}; outside lending windows")
+    if not known:
+        return _Verdict(need.up, None, False, f"{need.reason}; {why}: nothing lent")
+    return _Verdict(need.up, need.down, True, need.reason)
 
 
-def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[list[Action], ModelPlan]:
+def _plan_model(obs: Observation, config: Config, model: ModelConfig,
+                budget: int) -> tuple[list[Action], ModelPlan]:
+    """The model's actions and verdict; at most `budget` lends (the pool's, rules)."""
+    assert model.job is not None
     mine = [r for r in obs.replica_jobs if r.model == model.name]
-    needed, down, reason = _verdict(obs, config, model, mine)
+    verdict = _verdict(obs, config, model, mine)
+    needed, down, reason = verdict.needed, verdict.down, verdict.reason
     by = {p: [r for r in mine if r.phase is p] for p in Phase}
     live = {p: [r for r in by[p] if not out_of_service(r.load)] for p in (Phase.SERVING, Phase.RETIRING)}
     serving = len(live[Phase.SERVING])
@@ -102,10 +118,19 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[l
                                 f"engine of serving replica {r.name} gone or not ours: "
                                 f"cancelling job {r.job_id}, submitted again when needed"))
             touched.add(r.name)
+    # A lend under way stops while its job can still serve (RETIRING; a LENDING job is being
+    # cancelled) when the replica is pinned or the evidence is not good enough to lend on.
+    for r in by[Phase.RETIRING]:
+        why = stop_lend(r.pinned, verdict.known, reason)
+        if why:
+            actions.append(_act(ActionKind.ABORT_LEND, r, Phase.SERVING, why))
+            touched.add(r.name)
+            supply += 0 if out_of_service(r.load) else 1
     deficit = needed - supply
     if deficit > 0:
         why = f"{reason}; {supply} serving or coming back: needs {needed}"
-        candidates = ([(ActionKind.ABORT_LEND, r, Phase.SERVING) for r in live[Phase.RETIRING]]
+        candidates = ([(ActionKind.ABORT_LEND, r, Phase.SERVING)
+                       for r in live[Phase.RETIRING] if r.name not in touched]
                       + [(ActionKind.RECLAIM, r, Phase.RECLAIMING) for r in by[Phase.LENT]])
         taken: dict[str, int] = {}
         for kind, r, to in candidates[:deficit]:
@@ -120,10 +145,15 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig) -> tuple[l
             touched.add(r.name)
     elif (down is not None and not any(by[p] for p in job_arriving_phases())
           and serving > down):
-        budget = config.policy.max_transitions_per_tick
-        spare = sorted((r for r in live[Phase.SERVING] if not r.pinned),  # an admin's pin
+        spare = sorted((r for r in live[Phase.SERVING]
+                        if stop_lend(r.pinned, verdict.known, reason) is None and r.name not in touched),
                        key=lambda r: (r.load.running if r.load else 0.0, -r.index))
-        for r in spare[:min(budget, serving - down)]:
+        after = {r.name: r.phase for r in mine} | {a.node: a.to_phase for a in actions}
+        out = sum(1 for p in after.values() if p in job_lent_phases())
+        lends = spare[:min(budget, serving - down)]
+        while lends and not may_lend(config.policy, model.job.replicas, out, len(lends)):
+            lends.pop()
+        for r in lends:
             actions.append(_act(ActionKind.LEND, r, Phase.RETIRING,
                                 f"{reason}; {serving} serving, needs {down} over the window: lending"))
             touched.add(r.name)
@@ -169,11 +199,21 @@ def _jobs_models(config: Config) -> list[ModelConfig]:
     return [m for m in config.models if m.placement == "jobs" and m.job is not None]
 
 
-def plan_jobs(observation: Observation, config: Config, now: float) -> list[Action]:
-    """The actions on replica jobs this tick, in model then replica order."""
-    return [a for m in _jobs_models(config) for a in _plan_model(observation, config, m)[0]]
+def plan_jobs(observation: Observation, config: Config, now: float,
+              budget: int | None = None) -> list[Action]:
+    """The actions on replica jobs this tick, in model then replica order. `budget`: the lends
+    the pool has left this tick (plan() passes what the node models left; default the whole
+    `policy.max_transitions_per_tick`), shared by every jobs model."""
+    left = config.policy.max_transitions_per_tick if budget is None else budget
+    actions: list[Action] = []
+    for m in _jobs_models(config):
+        mine = _plan_model(observation, config, m, left)[0]
+        left -= sum(1 for a in mine if a.kind is ActionKind.LEND)
+        actions.extend(mine)
+    return actions
 
 
 def assess_jobs(observation: Observation, config: Config, now: float) -> list[ModelPlan]:
     """Per jobs-placement model: replicas needed now, replicas taking traffic, and why."""
-    return [_plan_model(observation, config, m)[1] for m in _jobs_models(config)]
+    budget = config.policy.max_transitions_per_tick
+    return [_plan_model(observation, config, m, budget)[1] for m in _jobs_models(config)]

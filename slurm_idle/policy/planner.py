@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from slurm_idle.config import Config, ModelConfig
-from slurm_idle.lifecycle import arriving_phases, next_phase, overdue, takes_traffic
+from slurm_idle.lifecycle import arriving_phases, lent_phases, next_phase, overdue, takes_traffic
 from slurm_idle.model import (
     Action,
     ActionKind,
@@ -48,6 +48,8 @@ from slurm_idle.model import (
 from slurm_idle.policy.capacity import Need, assess_need, default_forecast_lead_s
 from slurm_idle.policy.jobs import assess_jobs, plan_jobs
 from slurm_idle.policy.reclaim_order import reclaim_rank, young_jobs
+from slurm_idle.policy.rules import floor as floor_of
+from slurm_idle.policy.rules import lend_evidence, may_lend, stop_lend
 from slurm_idle.policy.service import failing, out_of_service
 from slurm_idle.policy.windows import in_windows
 from slurm_idle.topology import group_index, group_views
@@ -141,28 +143,8 @@ class _Model:
 
 
 def _load_known(load: ModelLoad | None, serving: list[_Unit]) -> tuple[bool, str]:
-    if load is None:
-        return False, "no load metrics for the model"
-    if not load.known:
-        return False, "model load metrics missing or stale"
-    foreign = [r.name for u in serving for r, ld in zip(u.replicas, u.loads(), strict=True)
-               if ld is not None and ld.foreign]
-    if foreign:
-        return False, f"serving replica(s) {', '.join(foreign)} not the expected engine (not counted)"
-    down = [r.name for u in serving for r, ld in zip(u.replicas, u.loads(), strict=True)
-            if failing(ld) and ld is not None and not ld.sleeping]  # asleep: said below
-    if down:
-        return False, f"serving replica(s) {', '.join(down)} failing their health check (not counted)"
-    blind = [r.name for u in serving for r, ld in zip(u.replicas, u.loads(), strict=True)
-             if ld is None or not ld.known]
-    if blind:
-        return False, f"metrics unknown for serving replica(s) {', '.join(blind)}"
-    asleep = [r.name for u in serving for r, ld in zip(u.replicas, u.loads(), strict=True)
-              if ld is not None and ld.sleeping]
-    if asleep:
-        names = ", ".join(asleep)
-        return False, f"engine asleep on serving replica(s) {names} (not counted until it wakes)"
-    return True, ""
+    return lend_evidence(load, ((r.name, ld) for u in serving
+                                for r, ld in zip(u.replicas, u.loads(), strict=True)))
 
 
 def _adoptable(group: GroupView) -> bool:
@@ -184,7 +166,7 @@ def _examine(obs: Observation, config: Config, model: ModelConfig, now: float, u
     known, why_unknown = _load_known(load, taking)
     coming = [u for p in arriving_phases() for u in by_phase.get(p, [])]
     supply = awake + sum(u.arriving() for u in coming) + sum(u.arriving() for u in adoptable)
-    floor = min(model.min_serving_replicas, total)
+    floor = floor_of(model, total)
     arriving = sum(1 for u in coming if not _stuck(u.group, config, now))
     # The window rule needs no metrics: outside every window all nodes come back, known load or
     # not (jobs rely on the window's end; a Prometheus outage must not extend their loan).
@@ -297,10 +279,9 @@ def _can_lend(unit: _Unit, tick: _Tick, config: Config, serving: dict[str, int],
             return False
         assert other.need.down is not None
         theirs = _Unit.of(unit.group, tuple(r for r in unit.group.group.replicas if r.model == model))
-        max_lent = int(config.policy.max_lent_fraction * other.total + 1e-9)
         if serving[model] - theirs.capacity() < other.need.down:
             return False
-        if out[model] + len(theirs.replicas) > max_lent:
+        if not may_lend(config.policy, other.total, out[model], len(theirs.replicas)):
             return False
     return True
 
@@ -328,15 +309,18 @@ def _plan_model(m: _Model, tick: _Tick, config: Config, now: float) -> list[Acti
             act(ActionKind.ADOPT, unit, Phase.RECLAIMING,
                 "unmanaged pool node: adopting it into serving (service first)")
 
-    # Pinned groups are never lent: stop their lend, bring them back from the idle partition.
+    # A lend under way stops where it is and comes back when its group is pinned or the
+    # model's evidence is not good enough to lend on (rules.stop_lend).
     for unit in retiring:
-        if unit.group.pinned:
-            act(ActionKind.ABORT_LEND, unit, Phase.SERVING, "pinned: keep serving")
+        why = stop_lend(unit.group.pinned, m.known, m.reason)
+        if why:
+            act(ActionKind.ABORT_LEND, unit, Phase.SERVING, why)
     for unit in lending:
-        if unit.group.pinned:
-            act(ActionKind.RECLAIM, unit, Phase.STARTING, "pinned: back to serving")
+        why = stop_lend(unit.group.pinned, m.known, m.reason)
+        if why:
+            act(ActionKind.RECLAIM, unit, Phase.STARTING, why)
     for unit in lent:
-        if unit.group.pinned:
+        if unit.group.pinned:  # pinned while lent: back from the idle partition
             act(ActionKind.RECLAIM, unit, Phase.RECLAIMING, "pinned: back to serving")
 
     # A serving replica whose endpoint is not its engine (nothing answers, or something
@@ -387,7 +371,8 @@ def _plan_model(m: _Model, tick: _Tick, config: Config, now: float) -> list[Acti
         before = serving[name]
         spare = sorted(
             (u for u in m.units(Phase.SERVING)
-             if not u.group.pinned and u.name not in touched and not _asleep(u)
+             if stop_lend(u.group.pinned, m.known, m.reason) is None
+             and u.name not in touched and not _asleep(u)
              and not any(r.name in tick.refused for r in u.group.group.replicas)),
             key=_lend_order,
         )
@@ -407,14 +392,6 @@ def _plan_model(m: _Model, tick: _Tick, config: Config, now: float) -> list[Acti
                 out[r.model] += 1
                 tick.lent_out[r.model] = tick.lent_out.get(r.model, 0) + 1
 
-    if not m.known:
-        # Never lend on unknown evidence: a lend under way stops where it is and comes back.
-        for unit in retiring:
-            if unit.name not in touched:
-                act(ActionKind.ABORT_LEND, unit, Phase.SERVING, f"{m.reason}: not lending on unknown metrics")
-        for unit in lending:
-            if unit.name not in touched:
-                act(ActionKind.RECLAIM, unit, Phase.STARTING, f"{m.reason}: not lending on unknown metrics")
     return actions
 
 
@@ -423,7 +400,7 @@ def _serving_now(m: _Model, tick: _Tick) -> int:
 
 
 def _out_now(m: _Model, tick: _Tick) -> int:
-    out = sum(len(u.replicas) for u in m.units(Phase.RETIRING, Phase.LENDING, Phase.LENT)
+    out = sum(len(u.replicas) for u in m.units(*sorted(lent_phases()))
               if u.name not in tick.returning)
     return out + tick.lent_out.get(m.config.name, 0)
 
@@ -482,7 +459,7 @@ def plan(observation: Observation, config: Config, now: float) -> list[Action]:
         actions.extend(_plan_model(m, tick, config, now))
     for m in models:
         actions.extend(_carry_on(m, tick))
-    return actions + plan_jobs(observation, config, now)  # `placement: jobs` models
+    return actions + plan_jobs(observation, config, now, tick.budget)  # one budget, both placements
 
 
 def assess(observation: Observation, config: Config, now: float) -> list[ModelPlan]:

@@ -529,8 +529,9 @@ EXPECTED: dict[str, set[str]] = {
     "residue_recorded": {"nodes.lend_residue"},
     "residue_limit": {"nodes.lend_refused"},
     "refused_not_lent_again": {"nodes.refused_not_lent"},
+    # Whether a lend may go on with a replica out of service is rules.lend_evidence's (below).
     "only_live_engine_is_capacity": {"nodes.live_engine", "nodes.fast_check", "jobs.live_engine",
-                                     "jobs.fast_check", "jobs.nothing_lent"},
+                                     "jobs.fast_check"},
     "failing_probe_is_out_of_service": {"nodes.live_engine", "nodes.fast_check", "nodes.nothing_lent",
                                         "jobs.live_engine", "jobs.fast_check", "jobs.nothing_lent"},
 }
@@ -584,10 +585,6 @@ TWICE: dict[str, Twice] = {
         "planner_hands_over", "jobs.held_handed_over",
         "a HAND_OVER loop in policy/planner.py _plan_model and another in policy/jobs.py "
         "_plan_model (taken out by rule jobs_hand_over)"),
-    "nothing is lent while a serving replica is out of service": Twice(
-        "only_live_engine_is_capacity", "nodes.nothing_lent",
-        "policy/planner.py _load_known reads failing(), foreign and sleeping itself; "
-        "policy/jobs.py _verdict asks out_of_service()"),
 }
 
 

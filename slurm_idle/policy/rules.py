@@ -1,0 +1,80 @@
+"""The safety rules every lend must pass, written once for both placements. Pure.
+
+`placement: nodes` lends lend groups (planner.py) and `placement: jobs` lends replica jobs
+(jobs.py); both ask these functions, so a rule removed here fails its test in both
+placements (tests/unit/test_rules_both_placements.py):
+- the floor: a model keeps `min_serving_replicas` serving whatever the load (all it has, if
+  it has fewer);
+- the lent cap: at most `policy.max_lent_fraction` of a model's replicas are lent or on their
+  way to be (the lifecycle's lent side: RETIRING, LENDING, LENT);
+- the evidence: nothing is lent unless the model's load is known and every replica taking
+  traffic is seen, healthy, awake and ours; a lend under way on bad evidence stops;
+- pins: a pinned replica is never lent, and a lend of it under way stops;
+- the budget: at most `policy.max_transitions_per_tick` lends per tick for the whole pool,
+  both placements together (plan() hands what the node models left to the jobs models).
+Stuck reclaims stop counting as supply by the lifecycle's own timeouts (lifecycle.overdue and
+job_overdue), and the need itself is capacity.assess_need's, for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from slurm_idle.config import ModelConfig, PolicyConfig
+from slurm_idle.model import ModelLoad, ReplicaLoad
+from slurm_idle.policy.service import failing, usable
+
+
+def floor(model: ModelConfig, total: int) -> int:
+    """The fewest replicas of `model` that serve whatever the load: `min_serving_replicas`, or
+    every one of its `total` if it has fewer."""
+    return min(model.min_serving_replicas, total)
+
+
+def lent_cap(policy: PolicyConfig, total: int) -> int:
+    """The most of a model's `total` replicas that may be lent or on their way to be: the
+    fraction rounded down (0.75 of 2 is 1), so the cap is never exceeded by rounding."""
+    return int(policy.max_lent_fraction * total + 1e-9)
+
+
+def may_lend(policy: PolicyConfig, total: int, out: int, more: int) -> bool:
+    """Whether `more` replicas may join the `out` already on the lent side (the cap)."""
+    return out + more <= lent_cap(policy, total)
+
+
+def lend_evidence(load: ModelLoad | None,
+                  serving: Iterable[tuple[str, ReplicaLoad | None]]) -> tuple[bool, str]:
+    """(good enough to lend on, why not): the model's load known and every replica taking
+    traffic (`serving`: its name and load) seen, ours, healthy and awake. A replica that is none
+    of these serves nothing the metrics can vouch for, and a lend on top of it could leave the
+    model short without anyone seeing it."""
+    if load is None:
+        return False, "no load metrics for the model"
+    if not load.known:
+        return False, "model load metrics missing or stale"
+    replicas = list(serving)
+    foreign = [name for name, ld in replicas if ld is not None and ld.foreign]
+    if foreign:
+        return False, f"serving replica(s) {', '.join(foreign)} not the expected engine (not counted)"
+    down = [name for name, ld in replicas
+            if failing(ld) and ld is not None and not ld.sleeping]  # asleep: said below
+    if down:
+        return False, f"serving replica(s) {', '.join(down)} failing their health check (not counted)"
+    blind = [name for name, ld in replicas if not usable(ld)]  # unread, stale or not finite
+    if blind:
+        return False, f"metrics unknown for serving replica(s) {', '.join(blind)}"
+    asleep = [name for name, ld in replicas if ld is not None and ld.sleeping]
+    if asleep:
+        return False, (f"engine asleep on serving replica(s) {', '.join(asleep)} "
+                       "(not counted until it wakes)")
+    return True, ""
+
+
+def stop_lend(pinned: bool, known: bool, why_unknown: str) -> str | None:
+    """Why a lend under way (RETIRING, or LENDING where it can still come back) must stop and
+    the replica serve again, None if it may go on: pinned by an admin, or the evidence gone."""
+    if pinned:
+        return "pinned: keep serving"
+    if not known:
+        return f"{why_unknown}: not lending on unknown metrics"
+    return None
