@@ -19,11 +19,13 @@ from typing import TypeVar
 
 from slurm_idle import admin_jobs
 from slurm_idle.agent import Agent
-from slurm_idle.errors import BadInput, Refused, SlurmIdleError
+from slurm_idle.errors import BadInput, OverLimit, Refused, SlurmIdleError
 from slurm_idle.journal import AdminRecord, StepOutcome
 from slurm_idle.lifecycle import DRAINED_PHASES, format_reason
 from slurm_idle.lock import lock_holder, try_lock
 from slurm_idle.model import Action, ActionKind, GroupView, NodeView, Observation, Phase
+from slurm_idle.policy.rules import lend_refusal
+from slurm_idle.policy.service import out_of_service
 from slurm_idle.powersave import powered_only
 from slurm_idle.topology import group_views
 from slurm_idle.transitions import StepResult, action_for_admin
@@ -131,16 +133,37 @@ def _count_transitions(agent: Agent, steps: list[StepResult]) -> None:
 
 
 def force(agent: Agent, node: str, kind: ActionKind, dry_run: bool = False,
-          on_step: OnStep | None = None, notify: Callable[[str], None] | None = None
-          ) -> AdminResult:
+          on_step: OnStep | None = None, notify: Callable[[str], None] | None = None,
+          override: bool = False) -> AdminResult:
     """`lend NODE` (serving -> lent) or `reclaim NODE` (lent or unknown -> serving) through the
     normal transition path, for the node's whole lend group. Refuses an admin's node, a pinned
     node (lend), and a group in another phase (Refused, exit 3); an unknown node is BadInput
-    (exit 2). A failed step is AdminFailed (exit 1).
+    (exit 2); a lend that would leave a model under its floor or over its max_lent_fraction
+    is OverLimit (exit 2, dry run too) unless `override` (`--force`: made, and journaled as
+    an `admin` record naming the rule). A failed step is AdminFailed (exit 1).
 
     `on_step` gets each step as it ends; `notify` a line before a wait the admin would
     otherwise sit through in silence (a reclaim giving the lent jobs their grace)."""
-    return _under_lock(agent, lambda: _force(agent, node, kind, dry_run, on_step, notify))
+    return _under_lock(agent, lambda: _force(agent, node, kind, dry_run, on_step, notify, override))
+
+
+def check_limits(agent: Agent, obs: Observation, name: str, phase: Phase,
+                 leaving: list[tuple[str, bool]], dry_run: bool, override: bool) -> str:
+    """The rules.lend_refusal of an admin's lend of `name` (its replicas `leaving`): OverLimit
+    without `override`; with it, the rule overridden is journaled (not in a dry run) and
+    returned for the command's message ("" when no rule is broken)."""
+    broken = lend_refusal(obs, agent.config, leaving)
+    if broken is None:
+        return ""
+    if not override:
+        raise OverLimit(f"lend {name} refused: {broken}; `slurm-idle lend --force {name}` "
+                        "lends it anyway (the agent's fast check then takes a replica back)")
+    if not dry_run:
+        assert agent.journal is not None
+        agent.journal.append(AdminRecord(ts=agent.clock(), node=name, command="lend --force",
+                                         phase=phase.value, outcome=StepOutcome.OK,
+                                         detail=f"overrode: {broken}"))
+    return f"--force: {broken}"
 
 
 def grace_wait(agent: Agent, group: GroupView) -> str | None:
@@ -157,9 +180,9 @@ def grace_wait(agent: Agent, group: GroupView) -> str | None:
 
 def _force(agent: Agent, node: str, kind: ActionKind, dry_run: bool,
            on_step: OnStep | None = None,
-           notify: Callable[[str], None] | None = None) -> AdminResult:
+           notify: Callable[[str], None] | None = None, override: bool = False) -> AdminResult:
     if admin_jobs.is_replica_name(node):  # MODEL#INDEX: a placement: jobs replica
-        return admin_jobs.force(agent, node, kind, dry_run, on_step)
+        return admin_jobs.force(agent, node, kind, dry_run, on_step, override)
     obs = agent.observe()
     view = node_view(obs, node)
     if view.phase is Phase.ADMIN:
@@ -177,6 +200,11 @@ def _force(agent: Agent, node: str, kind: ActionKind, dry_run: bool,
             f"{node} is {group.phase.value}, not {wanted.value}; cannot {kind.value} it now"
             " (see `slurm-idle status`)"
         )
+    forced = ""
+    if kind is ActionKind.LEND:
+        forced = check_limits(agent, obs, node, group.phase,
+                              [(r.model, not out_of_service(group.load(r))) for r in group.group.replicas],
+                              dry_run, override)
     # The group moves as one: the action names its key node, from the group's phase.
     action = replace(action_for_admin(replace(view, phase=group.phase), kind,
                                       f"admin: slurm-idle {kind.value} {node}"), node=group.name)
@@ -184,7 +212,7 @@ def _force(agent: Agent, node: str, kind: ActionKind, dry_run: bool,
     if wait is not None and notify is not None:
         notify(wait)
     steps = [] if dry_run else _run(agent, action, obs, on_step)
-    result = AdminResult(kind.value, node, dry_run, action, steps)
+    result = AdminResult(kind.value, node, dry_run, action, steps, message=forced)
     failed = [s for s in steps if s.outcome is StepOutcome.ERROR]
     if failed:
         raise AdminFailed(f"{kind.value} {node} failed: {steps[-1].error}", result)

@@ -19,6 +19,7 @@ from slurm_idle.errors import BadInput, Refused, SlurmIdleError
 from slurm_idle.journal import AdminRecord, StepOutcome
 from slurm_idle.lifecycle import job_edge_for
 from slurm_idle.model import Action, ActionKind, JobReplica, Observation, Phase
+from slurm_idle.policy.service import out_of_service
 from slurm_idle.replicajobs import format_comment
 
 if TYPE_CHECKING:  # admin.py imports this module
@@ -51,10 +52,10 @@ def _action(r: JobReplica, kind: ActionKind, reason: str) -> Action:
 
 
 def force(agent: Agent, name: str, kind: ActionKind, dry_run: bool,
-          on_step: OnStep | None = None) -> AdminResult:
-    """`lend MODEL#INDEX` (serving, not pinned) or `reclaim MODEL#INDEX` (lent); `on_step`
-    gets each step as it ends."""
-    from slurm_idle.admin import AdminFailed, AdminResult, _run
+          on_step: OnStep | None = None, override: bool = False) -> AdminResult:
+    """`lend MODEL#INDEX` (serving, not pinned, within the model's floor and max_lent_fraction
+    unless `override`) or `reclaim MODEL#INDEX` (lent); `on_step` gets each step as it ends."""
+    from slurm_idle.admin import AdminFailed, AdminResult, _run, check_limits
 
     obs = agent.observe()
     r = replica_view(obs, name)
@@ -64,9 +65,13 @@ def force(agent: Agent, name: str, kind: ActionKind, dry_run: bool,
     if r.phase is not wanted:
         raise Refused(f"{name} is {r.phase.value}, not {wanted.value}; cannot {kind.value} "
                       "it now (see `slurm-idle status`)")
+    forced = ""
+    if kind is ActionKind.LEND:
+        forced = check_limits(agent, obs, name, r.phase, [(r.model, not out_of_service(r.load))],
+                              dry_run, override)
     action = _action(r, kind, f"admin: slurm-idle {kind.value} {name}")
     steps = [] if dry_run else _run(agent, action, obs, on_step)
-    result = AdminResult(kind.value, name, dry_run, action, steps)
+    result = AdminResult(kind.value, name, dry_run, action, steps, message=forced)
     if any(s.outcome is StepOutcome.ERROR for s in steps):
         raise AdminFailed(f"{kind.value} {name} failed: {steps[-1].error}", result)
     return result

@@ -25,7 +25,8 @@ EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
     ExitCode.FAILED: ("an action or a check failed (Slurm, an engine, the router, a tick's step, "
                       "a doctor check; an admin command finding the tick lock held)"),
     ExitCode.BAD_INPUT: ("bad input, usage or config (unknown node, missing file, bad flag, "
-                         "port in use)"),
+                         "port in use; an admin's lend the config's floor or max_lent_fraction "
+                         "forbids: --force overrides)"),
     ExitCode.REFUSED: "refused by a safety rule (admin-drained, pinned, wrong phase), or not built",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
@@ -52,6 +53,14 @@ class ConfigError(SlurmIdleError):
 class BadInput(SlurmIdleError):
     """What the user typed names nothing there is (an unknown node or replica, a missing
     file) or cannot be used (a port in use): the command, not the pool, must change."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class OverLimit(SlurmIdleError):
+    """An admin's change would break a limit the config sets (a model's floor,
+    policy.max_lent_fraction): exit 2 like any request the config forbids; `--force` makes it
+    anyway, journaled. Nothing was changed."""
 
     exit_code = ExitCode.BAD_INPUT
 

@@ -356,8 +356,11 @@ def _print_result(result: AdminResult, as_json: bool, streamed: bool = False) ->
     if as_json:
         echo_json({"dry_run": dry_run, "action": {"kind": action.kind.value, "node": action.node,
                    "from": action.from_phase.value, "to": action.to_phase.value,
-                   "reason": action.reason}, "steps": [s.record() for s in steps]})
+                   "reason": action.reason}, "steps": [s.record() for s in steps],
+                   "forced": result.message or None})
         return
+    if result.message:  # the rule a --force overrode
+        click.echo(f"slurm-idle: {result.message}", err=True)
     if dry_run:
         click.echo(f"would {action.kind.value} {action.node}: {action.from_phase.value} -> "
                    f"{action.to_phase.value}")
@@ -368,7 +371,8 @@ def _print_result(result: AdminResult, as_json: bool, streamed: bool = False) ->
         click.echo(f"{action.node} is still {steps[-1].from_phase.value}; the next tick carries on")
 
 
-def _admin(ctx: Context, command: str, node: str, dry_run: bool, as_json: bool = False) -> None:
+def _admin(ctx: Context, command: str, node: str, dry_run: bool, as_json: bool = False,
+           override: bool = False) -> None:
     """Run one admin command (slurm_idle.admin) and print what it did; a failed step prints
     the steps taken, then the error line.
 
@@ -397,7 +401,7 @@ def _admin(ctx: Context, command: str, node: str, dry_run: bool, as_json: bool =
             result = admin.unpin(agent, node, dry_run)
         else:
             result = admin.force(agent, node, ActionKind(command), dry_run, on_step=live,
-                                 notify=None if as_json else notify)
+                                 notify=None if as_json else notify, override=override)
     except admin.AdminFailed as exc:
         _print_result(exc.result, as_json, streamed=bool(printed))
         raise
@@ -408,15 +412,22 @@ def _admin(ctx: Context, command: str, node: str, dry_run: bool, as_json: bool =
 @click.argument("node")
 @click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--force", "override", is_flag=True,
+              help="Lend even below a model's floor or over policy.max_lent_fraction (journaled).")
 @pass_ctx
-def lend(ctx: Context, node: str, dry_run: bool, as_json: bool) -> None:
+def lend(ctx: Context, node: str, dry_run: bool, as_json: bool, override: bool) -> None:
     """Force NODE from serving to lent (admin), through the normal transition path.
 
     The replica finishes its in-flight requests, the engine is stopped and the node RESUMEd
     into the idle partition. The planner may take it back at a later tick if load needs it.
     A `placement: jobs` replica is named MODEL#INDEX: its job is cancelled after the drain.
+
+    The lend obeys the planner's limits: one that would leave a model with fewer serving
+    replicas than min_serving_replicas, or more lent than policy.max_lent_fraction, is refused
+    (exit 2, one line naming the rule; --dry-run too). --force lends anyway and journals the
+    rule it overrode; the agent's fast check then brings a replica back to the floor.
     """
-    _admin(ctx, "lend", node, dry_run, as_json)
+    _admin(ctx, "lend", node, dry_run, as_json, override)
 
 
 @main.command()

@@ -6,10 +6,12 @@ the next one. The fast check runs every policy.fast_interval_s on the same obser
 planner, and keeps only the scale-up actions (abort a lend, reclaim) of models whose serving
 replicas show pressure now (a sustained queue, a hot KV cache, TTFT over its SLO, or a
 serving replica gone out of service: failing the probe the fast check's observe makes, asleep
-or not ours, so it is replaced within one fast check): never a lend, nothing on a trend or a
+or not ours, so it is replaced within one fast check; or fewer replicas serving than the
+model's floor, whoever lent them: rules.below_floor): never a lend, nothing on a trend or a
 forecast alone (those wait for the full tick, which sees the same numbers a few seconds later).
-A repair of a dead engine waits for the full tick too: the replacement is what cannot wait. It also carries on reclaims under way (RECLAIMING,
-HELD, STARTING), so a replica serves as soon as its engine is healthy; lends wait for the tick.
+A repair of a dead engine waits for the full tick too: the replacement is what cannot wait.
+It also carries on reclaims under way (RECLAIMING, HELD, STARTING), so a replica serves as
+soon as its engine is healthy; lends wait for the tick.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from slurm_idle.lifecycle import arriving_phases
 from slurm_idle.model import Action, ActionKind, Observation, Phase
 from slurm_idle.policy.capacity import pressure_now
 from slurm_idle.policy.planner import plan
+from slurm_idle.policy.rules import below_floor
 from slurm_idle.policy.service import out_of_service
 
 #: The actions a fast check may start: the scale-up edges.
@@ -27,7 +30,8 @@ SCALE_UP = frozenset({ActionKind.RECLAIM, ActionKind.ABORT_LEND})
 
 def under_pressure(observation: Observation, config: Config) -> dict[str, list[str]]:
     """model -> its pressure signals, for models with known load and at least one signal, or
-    with a serving replica out of service (whatever its load: the capacity is gone now)."""
+    with a serving replica out of service, or fewer serving than its floor (an admin's forced
+    lend; whatever its load: the capacity is gone now)."""
     out: dict[str, list[str]] = {}
     for load in observation.models:
         if load.known:
@@ -36,6 +40,8 @@ def under_pressure(observation: Observation, config: Config) -> dict[str, list[s
                 out[load.model] = signals
     for model, name in out_of_service_replicas(observation):
         out.setdefault(model, []).append(f"replica {name} not serving")
+    for model, why in below_floor(observation, config).items():
+        out.setdefault(model, []).append(why)
     return out
 
 

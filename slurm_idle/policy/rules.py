@@ -2,7 +2,7 @@
 
 `placement: nodes` lends lend groups (planner.py) and `placement: jobs` lends replica jobs
 (jobs.py); both ask these functions, so a rule removed here fails its test in both
-placements (tests/unit/test_rules_both_placements.py):
+placements (tests/unit/test_lend_rules.py):
 - the floor: a model keeps `min_serving_replicas` serving whatever the load (all it has, if
   it has fewer);
 - the lent cap: at most `policy.max_lent_fraction` of a model's replicas are lent or on their
@@ -12,17 +12,23 @@ placements (tests/unit/test_rules_both_placements.py):
 - pins: a pinned replica is never lent, and a lend of it under way stops;
 - the budget: at most `policy.max_transitions_per_tick` lends per tick for the whole pool,
   both placements together (plan() hands what the node models left to the jobs models).
+An admin's `lend` asks `lend_refusal` (the floor and the lent cap, counted on the observation
+by `headcount`), and the fast check `below_floor`, so a floor broken by anyone (an admin's
+`--force`, a dead engine) is restored within one fast check, not the next full tick.
 Stuck reclaims stop counting as supply by the lifecycle's own timeouts (lifecycle.overdue and
 job_overdue), and the need itself is capacity.assess_need's, for both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from slurm_idle.config import ModelConfig, PolicyConfig
-from slurm_idle.model import ModelLoad, ReplicaLoad
-from slurm_idle.policy.service import failing, usable
+from slurm_idle.config import Config, ModelConfig, PolicyConfig
+from slurm_idle.lifecycle import job_lent_phases, lent_phases
+from slurm_idle.model import ModelLoad, Observation, Phase, ReplicaLoad
+from slurm_idle.policy.service import failing, out_of_service, usable
+from slurm_idle.topology import group_views
 
 
 def floor(model: ModelConfig, total: int) -> int:
@@ -78,3 +84,62 @@ def stop_lend(pinned: bool, known: bool, why_unknown: str) -> str | None:
     if not known:
         return f"{why_unknown}: not lending on unknown metrics"
     return None
+
+
+@dataclass(frozen=True)
+class Headcount:
+    """A model's replicas as the floor and the lent cap count them on one observation."""
+
+    total: int  # replicas not held by an admin
+    serving: int  # in SERVING and in service (a RETIRING one is on its way out)
+    lent: int  # on the lent side (RETIRING, LENDING, LENT)
+
+
+def headcount(obs: Observation, config: Config, model: ModelConfig) -> Headcount:
+    """`model`'s Headcount: its replica jobs (`placement: jobs`) or its replicas on the lend
+    groups (`placement: nodes`; a group an admin drained counts for nothing)."""
+    if model.placement == "jobs" and model.job is not None:
+        mine = [r for r in obs.replica_jobs if r.model == model.name]
+        return Headcount(model.job.replicas,
+                         sum(1 for r in mine if r.phase is Phase.SERVING and not out_of_service(r.load)),
+                         sum(1 for r in mine if r.phase in job_lent_phases()))
+    total = serving = lent = 0
+    for g in group_views(obs, config):
+        if g.phase is Phase.ADMIN:
+            continue
+        for r in g.group.replicas:
+            if r.model != model.name:
+                continue
+            total += 1
+            serving += g.phase is Phase.SERVING and not out_of_service(g.load(r))
+            lent += g.phase in lent_phases()
+    return Headcount(total, serving, lent)
+
+
+def lend_refusal(obs: Observation, config: Config, leaving: Sequence[tuple[str, bool]]) -> str | None:
+    """Why lending these replicas now (`leaving`: each one's model and whether it serves)
+    would break a model's floor or its max_lent_fraction; None if it would not."""
+    for name in dict.fromkeys(m for m, _ in leaving):
+        model = config.model(name)
+        count = headcount(obs, config, model)
+        mine = [serves for m, serves in leaving if m == name]
+        left, low = count.serving - sum(mine), floor(model, count.total)
+        if left < low:
+            return (f"{name} would have {left} serving replica(s), under its floor "
+                    f"(min_serving_replicas {model.min_serving_replicas})")
+        if not may_lend(config.policy, count.total, count.lent, len(mine)):
+            return (f"{name} would have {count.lent + len(mine)} of its {count.total} replicas "
+                    f"lent, over policy.max_lent_fraction {config.policy.max_lent_fraction:g} "
+                    f"(at most {lent_cap(config.policy, count.total)})")
+    return None
+
+
+def below_floor(obs: Observation, config: Config) -> dict[str, str]:
+    """model -> why, for every model with fewer replicas serving than its floor."""
+    out: dict[str, str] = {}
+    for model in config.models:
+        count = headcount(obs, config, model)
+        low = floor(model, count.total)
+        if count.serving < low:
+            out[model.name] = f"{count.serving} serving, under its floor {low}"
+    return out
