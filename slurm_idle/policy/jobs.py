@@ -5,10 +5,11 @@ Each replica is one Slurm job (replicajobs.py), so the unit of lending is the re
 from the same capacity model as node mode (capacity.assess_need), and the same rules hold:
 scale up at once and without limit (abort RETIRING replicas first, then submit LENT ones,
 lowest index first); scale down only on known metrics, inside the lending windows, with nothing
-on its way back, never below the need over the window or the floor, at most
-`max_transitions_per_tick` lends per model and tick (highest index, least busy first); carry
-every other transitional replica one step on. A serving replica out of service
-(policy/service.py) is no capacity and nothing is lent meanwhile; one whose endpoint is proved
+on its way back, never below the need over the window or the floor, within max_lent_fraction,
+from the pool's one budget of `max_transitions_per_tick` lends a tick (highest index, least busy
+first), the same rules as node mode (policy/rules.py: a pin or bad evidence also stops a lend
+still RETIRING); carry every other transitional replica one step on. A serving replica out of
+service (policy/service.py) is no capacity and nothing is lent meanwhile; one whose endpoint is proved
 not its engine (the vLLM inside the job is gone) is repaired: its job is cancelled (SERVING ->
 RETIRING -> LENDING -> LENT) and submitted again when the need asks for it. A replica job whose
 script waits for a held GPU (HELD) counts as coming back until timeouts.gpu_free_s, then is
