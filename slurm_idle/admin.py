@@ -24,7 +24,7 @@ from slurm_idle.journal import AdminRecord, StepOutcome
 from slurm_idle.lifecycle import DRAINED_PHASES, format_reason
 from slurm_idle.lock import lock_holder, try_lock
 from slurm_idle.model import Action, ActionKind, GroupView, NodeView, Observation, Phase
-from slurm_idle.policy.rules import lend_refusal
+from slurm_idle.policy.rules import Refusal, lend_refusal
 from slurm_idle.policy.service import out_of_service
 from slurm_idle.powersave import powered_only
 from slurm_idle.topology import group_views
@@ -147,23 +147,33 @@ def force(agent: Agent, node: str, kind: ActionKind, dry_run: bool = False,
     return _under_lock(agent, lambda: _force(agent, node, kind, dry_run, on_step, notify, override))
 
 
-def check_limits(agent: Agent, obs: Observation, name: str, phase: Phase,
-                 leaving: list[tuple[str, bool]], dry_run: bool, override: bool) -> str:
+def check_limits(agent: Agent, obs: Observation, name: str,
+                 leaving: list[tuple[str, bool]], override: bool) -> Refusal | None:
     """The rules.lend_refusal of an admin's lend of `name` (its replicas `leaving`): OverLimit
-    without `override`; with it, the rule overridden is journaled (not in a dry run) and
-    returned for the command's message ("" when no rule is broken)."""
+    without `override`; with it, the rule to override (None when no rule is broken)."""
     broken = lend_refusal(obs, agent.config, leaving)
+    if broken is None or override:
+        return broken
+    after = {"floor": "the agent's fast check then takes a replica back for the floor",
+             "max_lent_fraction": "the planner lends no more of the model until it is within"}
+    raise OverLimit(f"lend {name} refused: {broken.why}; `slurm-idle lend --force {name}` lends "
+                    f"it anyway ({after.get(broken.rule, 'journaled')})")
+
+
+def journal_force(agent: Agent, name: str, phase: Phase, broken: Refusal | None,
+                  steps: list[StepResult]) -> str:
+    """Journal an overridden rule once the forced lend ran (an `admin` record `lend --force`,
+    its outcome the steps'); the line the command prints ("" when nothing was overridden)."""
     if broken is None:
         return ""
-    if not override:
-        raise OverLimit(f"lend {name} refused: {broken}; `slurm-idle lend --force {name}` "
-                        "lends it anyway (the agent's fast check then takes a replica back)")
-    if not dry_run:
+    if steps:
         assert agent.journal is not None
-        agent.journal.append(AdminRecord(ts=agent.clock(), node=name, command="lend --force",
-                                         phase=phase.value, outcome=StepOutcome.OK,
-                                         detail=f"overrode: {broken}"))
-    return f"--force: {broken}"
+        failed = any(s.outcome is StepOutcome.ERROR for s in steps)
+        agent.journal.append(AdminRecord(
+            ts=agent.clock(), node=name, command="lend --force", phase=phase.value,
+            outcome=StepOutcome.ERROR if failed else StepOutcome.OK,
+            detail=f"overrode {broken.rule}: {broken.why}"))
+    return f"--force: {broken.why}"
 
 
 def grace_wait(agent: Agent, group: GroupView) -> str | None:
@@ -200,11 +210,10 @@ def _force(agent: Agent, node: str, kind: ActionKind, dry_run: bool,
             f"{node} is {group.phase.value}, not {wanted.value}; cannot {kind.value} it now"
             " (see `slurm-idle status`)"
         )
-    forced = ""
+    broken = None
     if kind is ActionKind.LEND:
-        forced = check_limits(agent, obs, node, group.phase,
-                              [(r.model, not out_of_service(group.load(r))) for r in group.group.replicas],
-                              dry_run, override)
+        broken = check_limits(agent, obs, node, [(r.model, not out_of_service(group.load(r)))
+                                                 for r in group.group.replicas], override)
     # The group moves as one: the action names its key node, from the group's phase.
     action = replace(action_for_admin(replace(view, phase=group.phase), kind,
                                       f"admin: slurm-idle {kind.value} {node}"), node=group.name)
@@ -212,6 +221,7 @@ def _force(agent: Agent, node: str, kind: ActionKind, dry_run: bool,
     if wait is not None and notify is not None:
         notify(wait)
     steps = [] if dry_run else _run(agent, action, obs, on_step)
+    forced = journal_force(agent, node, group.phase, broken, steps)
     result = AdminResult(kind.value, node, dry_run, action, steps, message=forced)
     failed = [s for s in steps if s.outcome is StepOutcome.ERROR]
     if failed:

@@ -55,7 +55,7 @@ def force(agent: Agent, name: str, kind: ActionKind, dry_run: bool,
           on_step: OnStep | None = None, override: bool = False) -> AdminResult:
     """`lend MODEL#INDEX` (serving, not pinned, within the model's floor and max_lent_fraction
     unless `override`) or `reclaim MODEL#INDEX` (lent); `on_step` gets each step as it ends."""
-    from slurm_idle.admin import AdminFailed, AdminResult, _run, check_limits
+    from slurm_idle.admin import AdminFailed, AdminResult, _run, check_limits, journal_force
 
     obs = agent.observe()
     r = replica_view(obs, name)
@@ -65,12 +65,12 @@ def force(agent: Agent, name: str, kind: ActionKind, dry_run: bool,
     if r.phase is not wanted:
         raise Refused(f"{name} is {r.phase.value}, not {wanted.value}; cannot {kind.value} "
                       "it now (see `slurm-idle status`)")
-    forced = ""
+    broken = None
     if kind is ActionKind.LEND:
-        forced = check_limits(agent, obs, name, r.phase, [(r.model, not out_of_service(r.load))],
-                              dry_run, override)
+        broken = check_limits(agent, obs, name, [(r.model, not out_of_service(r.load))], override)
     action = _action(r, kind, f"admin: slurm-idle {kind.value} {name}")
     steps = [] if dry_run else _run(agent, action, obs, on_step)
+    forced = journal_force(agent, name, r.phase, broken, steps)
     result = AdminResult(kind.value, name, dry_run, action, steps, message=forced)
     if any(s.outcome is StepOutcome.ERROR for s in steps):
         raise AdminFailed(f"{kind.value} {name} failed: {steps[-1].error}", result)

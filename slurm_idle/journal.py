@@ -480,13 +480,14 @@ class RouterRecord:
 
 @dataclass(frozen=True)
 class AdminRecord:
-    """An admin's pin or unpin of a node (admin.py); lend and reclaim journal transitions."""
+    """An admin's pin or unpin of a node, or a `lend --force` that overrode a rule (admin.py);
+    lend and reclaim journal transitions."""
 
     EVENT: ClassVar[str] = "admin"
 
     ts: float
     node: str
-    command: str  # pin | unpin
+    command: str  # pin | unpin | lend --force
     phase: str  # the node's phase at the time
     outcome: StepOutcome | str
     detail: str = ""

@@ -119,14 +119,15 @@ def _plan_model(obs: Observation, config: Config, model: ModelConfig,
                                 f"engine of serving replica {r.name} gone or not ours: "
                                 f"cancelling job {r.job_id}, submitted again when needed"))
             touched.add(r.name)
-    # A lend under way stops while its job can still serve (RETIRING; a LENDING job is being
-    # cancelled) when the replica is pinned or the evidence is not good enough to lend on.
-    for r in by[Phase.RETIRING]:
+    # A lend under way stops while its job can still serve (RETIRING and in service; a LENDING
+    # job is being cancelled, and one out of service is being repaired or has nothing to serve
+    # with) when the replica is pinned or the evidence is not good enough to lend on.
+    for r in live[Phase.RETIRING]:
         why = stop_lend(r.pinned, verdict.known, reason)
         if why:
             actions.append(_act(ActionKind.ABORT_LEND, r, Phase.SERVING, why))
             touched.add(r.name)
-            supply += 0 if out_of_service(r.load) else 1
+            supply += 1
     deficit = needed - supply
     if deficit > 0:
         why = f"{reason}; {supply} serving or coming back: needs {needed}"

@@ -25,7 +25,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from slurm_idle.config import Config, ModelConfig, PolicyConfig
-from slurm_idle.lifecycle import job_lent_phases, lent_phases
+from slurm_idle.lifecycle import (
+    arriving_phases,
+    job_arriving_phases,
+    job_lent_phases,
+    job_overdue,
+    lent_phases,
+    overdue,
+)
 from slurm_idle.model import ModelLoad, Observation, Phase, ReplicaLoad
 from slurm_idle.policy.service import failing, out_of_service, usable
 from slurm_idle.topology import group_views
@@ -93,30 +100,47 @@ class Headcount:
     total: int  # replicas not held by an admin
     serving: int  # in SERVING and in service (a RETIRING one is on its way out)
     lent: int  # on the lent side (RETIRING, LENDING, LENT)
+    arriving: int = 0  # on their way back (RECLAIMING, HELD, STARTING), not stuck
 
 
 def headcount(obs: Observation, config: Config, model: ModelConfig) -> Headcount:
     """`model`'s Headcount: its replica jobs (`placement: jobs`) or its replicas on the lend
     groups (`placement: nodes`; a group an admin drained counts for nothing)."""
+    now = obs.now
     if model.placement == "jobs" and model.job is not None:
         mine = [r for r in obs.replica_jobs if r.model == model.name]
-        return Headcount(model.job.replicas,
-                         sum(1 for r in mine if r.phase is Phase.SERVING and not out_of_service(r.load)),
-                         sum(1 for r in mine if r.phase in job_lent_phases()))
-    total = serving = lent = 0
+        return Headcount(
+            model.job.replicas,
+            sum(1 for r in mine if r.phase is Phase.SERVING and not out_of_service(r.load)),
+            sum(1 for r in mine if r.phase in job_lent_phases()),
+            sum(1 for r in mine if r.phase in job_arriving_phases()
+                and not job_overdue(r.phase, r.phase_since, config, now)))
+    total = serving = lent = arriving = 0
     for g in group_views(obs, config):
         if g.phase is Phase.ADMIN:
             continue
+        coming = g.phase in arriving_phases() and not overdue(g.phase, g.phase_since, config, now)
         for r in g.group.replicas:
             if r.model != model.name:
                 continue
             total += 1
             serving += g.phase is Phase.SERVING and not out_of_service(g.load(r))
             lent += g.phase in lent_phases()
-    return Headcount(total, serving, lent)
+            arriving += coming
+    return Headcount(total, serving, lent, arriving)
 
 
-def lend_refusal(obs: Observation, config: Config, leaving: Sequence[tuple[str, bool]]) -> str | None:
+@dataclass(frozen=True)
+class Refusal:
+    """A lend an admin asked for that would break a rule: which (`floor` or
+    `max_lent_fraction`) and one line saying how."""
+
+    rule: str
+    why: str
+
+
+def lend_refusal(obs: Observation, config: Config,
+                 leaving: Sequence[tuple[str, bool]]) -> Refusal | None:
     """Why lending these replicas now (`leaving`: each one's model and whether it serves)
     would break a model's floor or its max_lent_fraction; None if it would not."""
     for name in dict.fromkeys(m for m, _ in leaving):
@@ -125,21 +149,23 @@ def lend_refusal(obs: Observation, config: Config, leaving: Sequence[tuple[str, 
         mine = [serves for m, serves in leaving if m == name]
         left, low = count.serving - sum(mine), floor(model, count.total)
         if left < low:
-            return (f"{name} would have {left} serving replica(s), under its floor "
-                    f"(min_serving_replicas {model.min_serving_replicas})")
+            return Refusal("floor", f"{name} would have {left} serving replica(s), under its floor "
+                                    f"(min_serving_replicas {model.min_serving_replicas})")
         if not may_lend(config.policy, count.total, count.lent, len(mine)):
-            return (f"{name} would have {count.lent + len(mine)} of its {count.total} replicas "
-                    f"lent, over policy.max_lent_fraction {config.policy.max_lent_fraction:g} "
-                    f"(at most {lent_cap(config.policy, count.total)})")
+            return Refusal("max_lent_fraction", (
+                f"{name} would have {count.lent + len(mine)} of its {count.total} replicas lent, "
+                f"over policy.max_lent_fraction {config.policy.max_lent_fraction:g} "
+                f"(at most {lent_cap(config.policy, count.total)})"))
     return None
 
 
 def below_floor(obs: Observation, config: Config) -> dict[str, str]:
-    """model -> why, for every model with fewer replicas serving than its floor."""
+    """model -> why, for every model with fewer replicas serving or on their way back (not
+    stuck) than its floor: one already coming back restores it without another reclaim."""
     out: dict[str, str] = {}
     for model in config.models:
         count = headcount(obs, config, model)
         low = floor(model, count.total)
-        if count.serving < low:
+        if count.serving + count.arriving < low:
             out[model.name] = f"{count.serving} serving, under its floor {low}"
     return out

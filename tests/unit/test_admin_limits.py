@@ -42,8 +42,8 @@ def test_a_lend_below_the_floor_is_refused_with_exit_2_dry_run_too(tmp_path: Pat
 
 
 def test_force_lends_below_the_floor_and_journals_the_rule(tmp_path: Path) -> None:
-    """Nodes: `--force` lends the last serving node; an `admin` record names the rule it
-    overrode and the result says so (a dry run journals nothing)."""
+    """Nodes: `--force` lends the last serving node; once lent, an `admin` record names the rule
+    it overrode and the result says so (a dry run journals nothing)."""
     agent, _ = nodes_admin.adopted(tmp_path)
     admin.force(agent, "gpu1", ActionKind.LEND)
     admin.force(agent, "gpu2", ActionKind.LEND)
@@ -54,7 +54,7 @@ def test_force_lends_below_the_floor_and_journals_the_rule(tmp_path: Path) -> No
     assert [s.to_phase for s in result.steps][-1] is Phase.LENT
     [record] = admin_records(agent.config.paths.journal)
     assert (record.node, record.command, record.phase) == ("gpu3", "lend --force", "serving")
-    assert "under its floor" in record.detail
+    assert record.detail.startswith("overrode floor: m would have 0 serving")
 
 
 def test_the_cli_exits_2_and_force_prints_what_it_overrode(tmp_path: Path) -> None:
@@ -89,11 +89,12 @@ def test_a_jobs_replica_lend_obeys_the_floor_and_force(tmp_path: Path) -> None:
 @pytest.mark.parametrize("placement", ["nodes", "jobs"])
 def test_lend_refusal_counts_the_lent_cap_in_both_placements(placement: str) -> None:
     """max_lent_fraction 0.5 of four, one already lent: one more may go, two may not, naming
-    the cap; with the rule's count taken out (lent_cap huge) both may."""
+    the cap."""
     obs, cfg = pool(placement, (S, S, S, L), max_lent_fraction=0.5)
     assert rules.lend_refusal(obs, cfg, [("m0", True)]) is None
-    why = rules.lend_refusal(obs, cfg, [("m0", True), ("m0", True)])
-    assert why is not None and "max_lent_fraction 0.5 (at most 2)" in why
+    broken = rules.lend_refusal(obs, cfg, [("m0", True), ("m0", True)])
+    assert broken is not None and broken.rule == "max_lent_fraction"
+    assert "max_lent_fraction 0.5 (at most 2)" in broken.why
 
 
 @pytest.mark.parametrize("placement", ["nodes", "jobs"])
@@ -127,10 +128,23 @@ def test_headcount_leaves_out_an_admins_node() -> None:
 @pytest.mark.parametrize("placement", ["nodes", "jobs"])
 def test_a_replica_out_of_service_does_not_hold_the_floor(placement: str) -> None:
     """The one serving replica asleep (out of service) serves nothing: the model is under its
-    floor, for the fast check and for an admin's lend alike."""
+    floor."""
     obs, cfg = pool(placement, (S, L))
     obs = replace(obs, nodes=tuple(replace(v, replica=replace(v.replica, sleeping=True))
                                    if v.replica is not None else v for v in obs.nodes),
                   replica_jobs=tuple(replace(r, load=replace(r.load, sleeping=True))
                                      if r.load is not None else r for r in obs.replica_jobs))
     assert rules.below_floor(obs, cfg) == {"m0": "0 serving, under its floor 1"}
+
+
+@pytest.mark.parametrize("placement", ["nodes", "jobs"])
+def test_a_replica_on_its_way_back_holds_the_floor_for_the_fast_check(placement: str) -> None:
+    """Nothing serves yet but one replica is starting (the agent just started, or a reclaim
+    under way): the floor is on its way, so the fast check reclaims nothing more; once that
+    start is stuck past its timeout it no longer counts."""
+    obs, cfg = pool(placement, (Phase.STARTING, L, L))
+    assert rules.below_floor(obs, cfg) == {}
+    assert [a.kind for a in fast_plan(obs, cfg, obs.now)] == [ActionKind.CONTINUE]
+    late = obs.now + cfg.timeouts.start_s + 700
+    stuck = replace(obs, now=late)
+    assert rules.below_floor(stuck, cfg) == {"m0": "0 serving, under its floor 1"}

@@ -431,3 +431,18 @@ def test_free_gpus_need_no_steering() -> None:
     nodes = placement(("busy", 8, [idle_job(1, T0 - 60), idle_job(2, T0 - 60)]), ("half", 4, []))
     actions = plan_jobs(replace(obs(cfg, BOTH[:1], demand=150.0), placement_nodes=nodes), cfg, T0)
     assert [(a.node, a.details.get("nodelist")) for a in actions] == [("jm#1", None)]
+
+
+@pytest.mark.parametrize("broken", [{"foreign": True}, {"healthy": False}])
+def test_a_retiring_replica_out_of_service_is_carried_on_not_put_back(broken: dict[str, bool]) -> None:
+    """A replica job RETIRING whose engine is gone, not ours or failing (a repair or a lend
+    whose engine died while it drained) is carried on to its cancel: never aborted back into
+    serving (the router) because the model's evidence is bad."""
+    cfg = config()
+    jobs = [BOTH[0], job(6, "RUNNING", comment(Phase.RETIRING, 1))]
+    o = obs(cfg, jobs, demand=50.0)
+    o = replace(o, replica_jobs=tuple(replace(r, load=replace(r.load, **broken)) if r.index == 1 else r
+                                      for r in o.replica_jobs))
+    actions = plan_jobs(o, cfg, T0)
+    assert [(a.kind, a.node, a.to_phase) for a in actions] == [
+        (ActionKind.CONTINUE, "jm#1", Phase.LENDING)]
