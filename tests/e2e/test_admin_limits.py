@@ -82,12 +82,20 @@ def test_lend_below_the_floor_exits_2_and_force_is_undone_by_a_fast_check(
         assert "--force" in refused.stderr
     assert phases()["gpu4"] is Phase.SERVING
 
+    def at_rest() -> bool:
+        """The planner reclaims nothing now: the load history a module run before this one on
+        the same worker left (its level and trend over the planner's windows) is gone."""
+        plan = json.loads(run(sb, env, "tick", "--dry-run", "--json").stdout)
+        return not any(a["kind"] == "reclaim" for a in plan["actions"])
+
+    poll(at_rest, 600, "the planner at rest (no reclaim at load 0)", interval_s=5.0)
     agent = subprocess.Popen([sys.executable, "-m", "slurm_idle.cli", "agent", "--json"], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         before = len(tick_times(journal))
         poll(lambda: len(tick_times(journal)) > before, 60, "the agent's first full tick")
-        assert phases()["gpu4"] is Phase.SERVING  # the floor met: the agent lends nothing
+        now = phases()  # the floor met, nothing to reclaim: the agent moved nothing
+        assert now == {**{n: Phase.LENT for n in NODES[:3]}, "gpu4": Phase.SERVING}, now
         forced = run(sb, env, "lend", "gpu4", "--force", "--json")
         lent_at = time.time()
         assert forced.returncode == 0, forced.stderr
